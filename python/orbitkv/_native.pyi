@@ -1,0 +1,126 @@
+"""Type stubs for the native module `orbitkv._native` (PyO3, Rust).
+
+Every call that talks to the Manager or copies bytes releases the GIL.
+Buffers: any object exporting the Python buffer protocol (bytes for sources,
+bytearray / memoryview / numpy arrays for destinations). Torch CPU tensors are
+accepted through `orbitkv.client.as_buffer` (a zero-copy numpy view).
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from typing_extensions import Buffer
+
+PROTOCOL_VERSION: int
+HASH_BYTES: int  # 32: every block hash is exactly 32 bytes
+
+class OrbitKVError(Exception):
+    """Base error of the native client. `.code` names the failure class."""
+
+class ManagerUnavailable(OrbitKVError):
+    """No Manager listens on the socket, or the connection broke."""
+
+class AuthError(OrbitKVError):
+    """The Manager refused this peer (uid not allowed or token wrong)."""
+
+class ProtocolError(OrbitKVError):
+    """Malformed or unexpected frame; the session is closed."""
+
+class Busy(OrbitKVError):
+    """Refused because owners are still live (e.g. generation reset)."""
+
+class RestoreFailed(OrbitKVError):
+    """The Manager could not stage the leased blocks (tier error or injected
+    fault). The lease is released; treat as a load failure."""
+
+class Namespace:
+    @property
+    def id(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def fingerprint(self) -> bytes: ...
+    @property
+    def shard(self) -> int: ...
+
+class Lease:
+    """Pins `hit_blocks` blocks (the longest contiguous prefix hit) until
+    released. Releasing twice is a no-op."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def hit_blocks(self) -> int: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def released(self) -> bool: ...
+
+class SaveResult:
+    @property
+    def stored(self) -> int: ...  # newly committed blocks
+    @property
+    def already_present(self) -> int: ...  # skipped: an equal key was visible
+    @property
+    def refused(self) -> int: ...  # admission said no (arena full of pinned blocks)
+    @property
+    def bytes_copied(self) -> int: ...
+
+class PendingSave:
+    """Slots allocated for a save; invisible until `Client.commit_save`."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def slots(self) -> list[tuple[int, int] | None]: ...  # (segment, offset) or None when skipped
+    @property
+    def statuses(self) -> list[str]: ...  # "allocated" | "present" | "refused"
+
+class Client:
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        token: str | None = None,
+        timeout_ms: int = 5000,
+    ) -> None: ...
+    @property
+    def session_id(self) -> int: ...
+    @property
+    def socket_path(self) -> str: ...
+    def segments(self) -> list[tuple[int, int]]: ...  # (segment id, size in bytes)
+    def segment_view(self, segment: int) -> memoryview: ...  # writable view of a mapped arena segment
+    def register_namespace(
+        self,
+        fingerprint: bytes,
+        block_bytes: int,
+        *,
+        shard: int = 0,
+        salt: bytes = b"",
+    ) -> Namespace: ...
+    def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
+    def acquire(self, lease: Lease) -> list[tuple[int, int]]: ...  # stage + (segment, offset) per hit block
+    def restore(
+        self,
+        lease: Lease,
+        dst: Buffer | Sequence[Buffer],
+        *,
+        start: int = 0,
+        count: int | None = None,
+    ) -> int: ...  # bytes copied
+    def release(self, lease: Lease) -> None: ...
+    def save(self, ns: Namespace, hashes: Sequence[bytes], src: Buffer | Sequence[Buffer]) -> SaveResult: ...
+    def begin_save(self, ns: Namespace, hashes: Sequence[bytes]) -> PendingSave: ...
+    def commit_save(self, pending: PendingSave) -> int: ...
+    def abort_save(self, pending: PendingSave) -> None: ...
+    def reset_generation(self, ns: Namespace) -> int: ...
+    def inject_faults(self, *, restore_failures: int = 0) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Client: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+def serve(argv: Sequence[str]) -> int: ...
+def default_socket_path() -> str: ...
