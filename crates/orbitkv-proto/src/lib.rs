@@ -1,0 +1,37 @@
+//! The OrbitKV control protocol.
+//!
+//! Every message is one frame: a 16-byte header followed by a body.
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  magic  b"OKV\x01"
+//!      4     2  protocol version (little endian)
+//!      6     2  message kind
+//!      8     4  body length (≤ MAX_BODY)
+//!     12     4  request id (echoed in the reply)
+//! ```
+//!
+//! Bodies are little-endian fixed-width fields; sequences carry a `u32` count
+//! and are bounded. Decoding never panics and rejects trailing bytes. The arena
+//! file descriptors travel beside the `HelloOk` frame as `SCM_RIGHTS`.
+//! These are the only serialisable types of OrbitKV's IPC boundary.
+#![forbid(unsafe_code)]
+
+mod codec;
+mod frame;
+mod msg;
+
+pub use codec::DecodeError;
+pub use frame::{FrameError, HEADER_LEN, Header, MAGIC, MAX_BODY, read_frame, write_frame};
+pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, decode_response};
+
+/// Protocol version spoken by this build.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Bytes per block hash.
+pub const HASH_BYTES: usize = 32;
+/// Most hashes one request may carry.
+pub const MAX_HASHES: usize = 65_536;
+/// Longest token accepted in `Hello`.
+pub const MAX_TOKEN: usize = 1024;
+/// Longest error or stats text.
+pub const MAX_TEXT: usize = 1 << 20;

@@ -1,0 +1,345 @@
+//! Message types and their body encodings.
+
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT, MAX_TOKEN};
+
+/// Message kinds. Requests are < 0x80, replies ≥ 0x80.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Kind {
+    Hello = 0x01,
+    RegisterNamespace = 0x02,
+    Lookup = 0x03,
+    Acquire = 0x04,
+    Release = 0x05,
+    BeginSave = 0x06,
+    CommitSave = 0x07,
+    AbortSave = 0x08,
+    ResetGeneration = 0x09,
+    Stats = 0x0a,
+    InjectFault = 0x0b,
+    Close = 0x0c,
+    HelloOk = 0x81,
+    Namespace = 0x82,
+    LookupOk = 0x83,
+    Slots = 0x84,
+    Ok = 0x85,
+    SaveBegun = 0x86,
+    Committed = 0x87,
+    Generation = 0x88,
+    StatsOk = 0x89,
+    Error = 0xff,
+}
+
+/// Error classes carried by `Response::Error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum ErrorCode {
+    BadFrame = 1,
+    Version = 2,
+    Auth = 3,
+    UnknownNamespace = 4,
+    Busy = 5,
+    NotFound = 6,
+    NotOwner = 7,
+    RestoreFailed = 8,
+    InvalidArgument = 9,
+    Internal = 10,
+    FaultInjectionDisabled = 11,
+    TooLarge = 12,
+    SessionClosed = 13,
+}
+
+impl ErrorCode {
+    pub fn from_u16(v: u16) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        Some(match v {
+            1 => BadFrame,
+            2 => Version,
+            3 => Auth,
+            4 => UnknownNamespace,
+            5 => Busy,
+            6 => NotFound,
+            7 => NotOwner,
+            8 => RestoreFailed,
+            9 => InvalidArgument,
+            10 => Internal,
+            11 => FaultInjectionDisabled,
+            12 => TooLarge,
+            13 => SessionClosed,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Hello { pid: u32, token: Vec<u8> },
+    RegisterNamespace { fingerprint: [u8; 32], shard: u32, salt: [u8; 32], block_bytes: u64 },
+    Lookup { ns: u32, hashes: Vec<[u8; HASH_BYTES]> },
+    Acquire { lease: u64 },
+    Release { lease: u64 },
+    BeginSave { ns: u32, hashes: Vec<[u8; HASH_BYTES]> },
+    CommitSave { save: u64 },
+    AbortSave { save: u64 },
+    ResetGeneration { ns: u32 },
+    Stats,
+    InjectFault { restore_failures: u32 },
+    /// The client has drained every copy it started; release all its holds.
+    Close,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub id: u32,
+    pub size: u64,
+}
+
+/// Outcome of one block of a `BeginSave`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveItem {
+    Allocated { segment: u32, offset: u64 },
+    Present,
+    Refused,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// Followed on the socket by one fd per segment (SCM_RIGHTS), in order.
+    HelloOk { session: u64, segments: Vec<SegmentInfo> },
+    Namespace { ns: u32, generation: u64 },
+    LookupOk { lease: u64, hit_blocks: u32, generation: u64 },
+    Slots { slots: Vec<(u32, u64)> },
+    Ok,
+    SaveBegun { save: u64, items: Vec<SaveItem> },
+    Committed { blocks: u32 },
+    Generation { generation: u64 },
+    StatsOk { json: String },
+    Error { code: u16, message: String },
+}
+
+const MAX_SEGMENTS: usize = 1024;
+
+fn hashes(w: &mut Writer, hs: &[[u8; HASH_BYTES]]) {
+    w.count(hs.len());
+    for h in hs {
+        w.raw(h);
+    }
+}
+
+fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<[u8; HASH_BYTES]>, DecodeError> {
+    let n = r.count("hashes", MAX_HASHES, HASH_BYTES)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(r.hash("hash")?);
+    }
+    Ok(out)
+}
+
+impl Request {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Request::Hello { .. } => Kind::Hello,
+            Request::RegisterNamespace { .. } => Kind::RegisterNamespace,
+            Request::Lookup { .. } => Kind::Lookup,
+            Request::Acquire { .. } => Kind::Acquire,
+            Request::Release { .. } => Kind::Release,
+            Request::BeginSave { .. } => Kind::BeginSave,
+            Request::CommitSave { .. } => Kind::CommitSave,
+            Request::AbortSave { .. } => Kind::AbortSave,
+            Request::ResetGeneration { .. } => Kind::ResetGeneration,
+            Request::Stats => Kind::Stats,
+            Request::InjectFault { .. } => Kind::InjectFault,
+            Request::Close => Kind::Close,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Request::Hello { pid, token } => {
+                w.u32(*pid).bytes(token);
+            }
+            Request::RegisterNamespace { fingerprint, shard, salt, block_bytes } => {
+                w.raw(fingerprint).u32(*shard).raw(salt).u64(*block_bytes);
+            }
+            Request::Lookup { ns, hashes: hs } | Request::BeginSave { ns, hashes: hs } => {
+                w.u32(*ns);
+                hashes(&mut w, hs);
+            }
+            Request::Acquire { lease } | Request::Release { lease } => {
+                w.u64(*lease);
+            }
+            Request::CommitSave { save } | Request::AbortSave { save } => {
+                w.u64(*save);
+            }
+            Request::ResetGeneration { ns } => {
+                w.u32(*ns);
+            }
+            Request::InjectFault { restore_failures } => {
+                w.u32(*restore_failures);
+            }
+            Request::Stats | Request::Close => {}
+        }
+        w.buf
+    }
+}
+
+/// Decode a request body of the given kind.
+pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
+    let mut r = Reader::new(body);
+    let req = match kind {
+        0x01 => Request::Hello { pid: r.u32("pid")?, token: r.bytes("token", MAX_TOKEN)? },
+        0x02 => Request::RegisterNamespace {
+            fingerprint: r.hash("fingerprint")?,
+            shard: r.u32("shard")?,
+            salt: r.hash("salt")?,
+            block_bytes: r.u64("block_bytes")?,
+        },
+        0x03 => Request::Lookup { ns: r.u32("ns")?, hashes: read_hashes(&mut r)? },
+        0x04 => Request::Acquire { lease: r.u64("lease")? },
+        0x05 => Request::Release { lease: r.u64("lease")? },
+        0x06 => Request::BeginSave { ns: r.u32("ns")?, hashes: read_hashes(&mut r)? },
+        0x07 => Request::CommitSave { save: r.u64("save")? },
+        0x08 => Request::AbortSave { save: r.u64("save")? },
+        0x09 => Request::ResetGeneration { ns: r.u32("ns")? },
+        0x0a => Request::Stats,
+        0x0b => Request::InjectFault { restore_failures: r.u32("restore_failures")? },
+        0x0c => Request::Close,
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    r.finish()?;
+    Ok(req)
+}
+
+impl Response {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Response::HelloOk { .. } => Kind::HelloOk,
+            Response::Namespace { .. } => Kind::Namespace,
+            Response::LookupOk { .. } => Kind::LookupOk,
+            Response::Slots { .. } => Kind::Slots,
+            Response::Ok => Kind::Ok,
+            Response::SaveBegun { .. } => Kind::SaveBegun,
+            Response::Committed { .. } => Kind::Committed,
+            Response::Generation { .. } => Kind::Generation,
+            Response::StatsOk { .. } => Kind::StatsOk,
+            Response::Error { .. } => Kind::Error,
+        }
+    }
+
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+        let mut message: String = message.into();
+        if message.len() > MAX_TEXT {
+            let mut cut = MAX_TEXT;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        Response::Error { code: code as u16, message }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Response::HelloOk { session, segments } => {
+                w.u64(*session).count(segments.len());
+                for s in segments {
+                    w.u32(s.id).u64(s.size);
+                }
+            }
+            Response::Namespace { ns, generation } => {
+                w.u32(*ns).u64(*generation);
+            }
+            Response::LookupOk { lease, hit_blocks, generation } => {
+                w.u64(*lease).u32(*hit_blocks).u64(*generation);
+            }
+            Response::Slots { slots } => {
+                w.count(slots.len());
+                for (seg, off) in slots {
+                    w.u32(*seg).u64(*off);
+                }
+            }
+            Response::Ok => {}
+            Response::SaveBegun { save, items } => {
+                w.u64(*save).count(items.len());
+                for it in items {
+                    match it {
+                        SaveItem::Allocated { segment, offset } => w.u8(0).u32(*segment).u64(*offset),
+                        SaveItem::Present => w.u8(1).u32(0).u64(0),
+                        SaveItem::Refused => w.u8(2).u32(0).u64(0),
+                    };
+                }
+            }
+            Response::Committed { blocks } => {
+                w.u32(*blocks);
+            }
+            Response::Generation { generation } => {
+                w.u64(*generation);
+            }
+            Response::StatsOk { json } => {
+                w.bytes(json.as_bytes());
+            }
+            Response::Error { code, message } => {
+                w.u16(*code).bytes(message.as_bytes());
+            }
+        }
+        w.buf
+    }
+}
+
+/// Decode a reply body of the given kind.
+pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> {
+    let mut r = Reader::new(body);
+    let resp = match kind {
+        0x81 => {
+            let session = r.u64("session")?;
+            let n = r.count("segments", MAX_SEGMENTS, 12)?;
+            let mut segments = Vec::with_capacity(n);
+            for _ in 0..n {
+                segments.push(SegmentInfo { id: r.u32("segment id")?, size: r.u64("segment size")? });
+            }
+            Response::HelloOk { session, segments }
+        }
+        0x82 => Response::Namespace { ns: r.u32("ns")?, generation: r.u64("generation")? },
+        0x83 => Response::LookupOk {
+            lease: r.u64("lease")?,
+            hit_blocks: r.u32("hit_blocks")?,
+            generation: r.u64("generation")?,
+        },
+        0x84 => {
+            let n = r.count("slots", MAX_HASHES, 12)?;
+            let mut slots = Vec::with_capacity(n);
+            for _ in 0..n {
+                slots.push((r.u32("segment")?, r.u64("offset")?));
+            }
+            Response::Slots { slots }
+        }
+        0x85 => Response::Ok,
+        0x86 => {
+            let save = r.u64("save")?;
+            let n = r.count("items", MAX_HASHES, 13)?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                let tag = r.u8("item status")?;
+                let segment = r.u32("segment")?;
+                let offset = r.u64("offset")?;
+                items.push(match tag {
+                    0 => SaveItem::Allocated { segment, offset },
+                    1 => SaveItem::Present,
+                    2 => SaveItem::Refused,
+                    v => return Err(DecodeError::Invalid { field: "item status", value: u64::from(v) }),
+                });
+            }
+            Response::SaveBegun { save, items }
+        }
+        0x87 => Response::Committed { blocks: r.u32("blocks")? },
+        0x88 => Response::Generation { generation: r.u64("generation")? },
+        0x89 => Response::StatsOk { json: r.text("stats", MAX_TEXT)? },
+        0xff => Response::Error { code: r.u16("code")?, message: r.text("message", MAX_TEXT)? },
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    r.finish()?;
+    Ok(resp)
+}

@@ -1,0 +1,200 @@
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("memfd_create: {0}")]
+    Create(rustix::io::Errno),
+    #[error("sizing the segment to {size} bytes: {err}")]
+    Truncate { size: u64, err: rustix::io::Errno },
+    #[error("sealing the segment: {0}")]
+    Seal(rustix::io::Errno),
+    #[error("mmap of {size} bytes: {err}")]
+    Map { size: u64, err: rustix::io::Errno },
+    #[error("fstat: {0}")]
+    Stat(rustix::io::Errno),
+    #[error("segment fd holds {actual} bytes, expected {expected}")]
+    SizeMismatch { expected: u64, actual: u64 },
+    #[error("range [{offset}, {offset}+{len}) is outside the {size}-byte segment")]
+    OutOfBounds { offset: u64, len: u64, size: u64 },
+}
+
+/// A memfd segment owned by the Manager. Its size is sealed, so a client can
+/// neither shrink it (which would fault the Manager) nor grow it.
+#[derive(Debug)]
+pub struct Segment {
+    fd: OwnedFd,
+    mapping: Mapping,
+}
+
+impl Segment {
+    pub fn create(name: &str, size: u64) -> Result<Segment, ShmError> {
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(ShmError::Create)?;
+        rustix::fs::ftruncate(&fd, size).map_err(|err| ShmError::Truncate { size, err })?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(ShmError::Seal)?;
+        let mapping = Mapping::map(&fd, size)?;
+        Ok(Segment { fd, mapping })
+    }
+
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    pub fn mapping(&self) -> &Mapping {
+        &self.mapping
+    }
+
+    pub fn size(&self) -> u64 {
+        self.mapping.len() as u64
+    }
+}
+
+/// A shared read-write mapping of a segment.
+///
+/// Bytes in the mapping are shared with other processes; the cache protocol
+/// (leases, invisible slots until commit, quarantine) decides who may write a
+/// range at a time. The copy helpers check bounds only.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory with no thread affinity; access
+// discipline is enforced by the cache protocol, not by Rust aliasing rules.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; all accessors take `&self` and copy through raw pointers.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map `size` bytes of `fd` shared and read-write. Checks that the file
+    /// really is that large, so later accesses cannot fault.
+    pub fn map(fd: impl AsFd, size: u64) -> Result<Mapping, ShmError> {
+        let st = rustix::fs::fstat(&fd).map_err(ShmError::Stat)?;
+        let actual = u64::try_from(st.st_size).unwrap_or(0);
+        if actual < size || size == 0 {
+            return Err(ShmError::SizeMismatch { expected: size, actual });
+        }
+        let len = usize::try_from(size).map_err(|_| ShmError::SizeMismatch { expected: size, actual })?;
+        // SAFETY: a fresh mapping at a kernel-chosen address (null hint), so it
+        // cannot overlap any Rust-owned memory; the fd is valid for the call.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(|err| ShmError::Map { size, err })?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(ShmError::Map {
+            size,
+            err: rustix::io::Errno::INVAL,
+        })?;
+        Ok(Mapping { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Base address, for registering the mapping with a GPU runtime.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<usize, ShmError> {
+        let end = offset.checked_add(len as u64);
+        match end {
+            Some(end) if end <= self.len as u64 => Ok(offset as usize),
+            _ => Err(ShmError::OutOfBounds {
+                offset,
+                len: len as u64,
+                size: self.len as u64,
+            }),
+        }
+    }
+
+    /// Copy `src` into the mapping at `offset`.
+    pub fn write_at(&self, offset: u64, src: &[u8]) -> Result<(), ShmError> {
+        let off = self.check(offset, src.len())?;
+        // SAFETY: `check` proved [off, off+len) lies inside the live mapping;
+        // `src` is a Rust slice that cannot overlap a mapping we created.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len());
+        }
+        Ok(())
+    }
+
+    /// Copy from the mapping at `offset` into `dst`.
+    pub fn read_at(&self, offset: u64, dst: &mut [u8]) -> Result<(), ShmError> {
+        let off = self.check(offset, dst.len())?;
+        // SAFETY: bounds proved by `check`; `dst` is exclusively borrowed and
+        // does not overlap the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len());
+        }
+        Ok(())
+    }
+
+    /// Copy from the mapping into raw memory owned by the caller.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes and not overlap the mapping.
+    pub unsafe fn read_to_ptr(&self, offset: u64, dst: *mut u8, len: usize) -> Result<(), ShmError> {
+        let off = self.check(offset, len)?;
+        // SAFETY: bounds proved by `check`; the caller guarantees `dst`.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst, len) };
+        Ok(())
+    }
+
+    /// Copy raw caller memory into the mapping.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    pub unsafe fn write_from_ptr(&self, offset: u64, src: *const u8, len: usize) -> Result<(), ShmError> {
+        let off = self.check(offset, len)?;
+        // SAFETY: bounds proved by `check`; the caller guarantees `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.ptr.as_ptr().add(off), len) };
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned and nothing borrows
+        // the mapping past the owner's lifetime (accessors copy out).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_is_shared_between_mappings_and_sealed() {
+        let seg = Segment::create("orbitkv-test", 1 << 16).expect("create");
+        let other = Mapping::map(seg.fd(), 1 << 16).expect("map");
+        seg.mapping().write_at(4096, b"hello").expect("write");
+        let mut out = [0u8; 5];
+        other.read_at(4096, &mut out).expect("read");
+        assert_eq!(&out, b"hello");
+        assert!(other.write_at((1 << 16) - 2, b"abc").is_err());
+        assert!(other.read_at(u64::MAX, &mut out).is_err());
+        // The size is sealed: shrinking must fail.
+        assert!(rustix::fs::ftruncate(seg.fd(), 4096).is_err());
+        assert!(Mapping::map(seg.fd(), 1 << 17).is_err(), "mapping past the end is refused");
+    }
+}
