@@ -35,3 +35,15 @@ pub const MAX_HASHES: usize = 65_536;
 pub const MAX_TOKEN: usize = 1024;
 /// Longest error or stats text.
 pub const MAX_TEXT: usize = 1 << 20;
+
+/// Default Manager socket: `$ORBITKV_SOCKET`, else
+/// `$XDG_RUNTIME_DIR/orbitkv/manager.sock`, else `/tmp/orbitkv-<uid>/manager.sock`.
+pub fn default_socket_path(uid: u32) -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("ORBITKV_SOCKET").filter(|p| !p.is_empty()) {
+        return p.into();
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
+        return std::path::PathBuf::from(d).join("orbitkv").join("manager.sock");
+    }
+    std::path::PathBuf::from(format!("/tmp/orbitkv-{uid}")).join("manager.sock")
+}

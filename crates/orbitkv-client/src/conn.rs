@@ -1,0 +1,110 @@
+//! The session's socket: handshake with fd receipt, then request/reply.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use orbitkv_proto::{
+    ErrorCode, FrameError, HEADER_LEN, Header, Request, Response, decode_response, read_frame, write_frame,
+};
+use orbitkv_shm::Mapping;
+use orbitkv_shm::fdpass::recv_with_fds;
+
+use crate::ClientError;
+
+#[derive(Debug)]
+struct Inner {
+    stream: UnixStream,
+    next_id: u32,
+    broken: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Conn {
+    inner: Mutex<Inner>,
+}
+
+fn io_err(e: FrameError) -> ClientError {
+    match e {
+        FrameError::Closed => ClientError::Unavailable("the Manager closed the connection".into()),
+        FrameError::Io(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            ClientError::Unavailable("timed out waiting for the Manager".into())
+        }
+        FrameError::Io(e) => ClientError::Unavailable(e.to_string()),
+        other => ClientError::Protocol(other.to_string()),
+    }
+}
+
+impl Conn {
+    pub(crate) fn open(
+        path: &Path,
+        token: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<(Conn, u64, Vec<(u32, Mapping)>), ClientError> {
+        let mut stream = UnixStream::connect(path).map_err(|e| {
+            ClientError::Unavailable(format!("cannot connect to {}: {e} (is `orbitkv serve` running?)", path.display()))
+        })?;
+        stream.set_read_timeout(Some(timeout)).map_err(|e| ClientError::Unavailable(e.to_string()))?;
+        stream.set_write_timeout(Some(timeout)).map_err(|e| ClientError::Unavailable(e.to_string()))?;
+        let hello = Request::Hello { pid: std::process::id(), token: token.unwrap_or_default().to_vec() };
+        write_frame(&mut stream, hello.kind() as u16, 1, &hello.encode()).map_err(io_err)?;
+        stream.flush().map_err(|e| ClientError::Unavailable(e.to_string()))?;
+
+        let mut raw = [0u8; HEADER_LEN];
+        let mut fds = recv_with_fds(&stream, &mut raw).map_err(|e| {
+            ClientError::Unavailable(format!("handshake with {} failed: {e}", path.display()))
+        })?;
+        let header = Header::decode(&raw).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut body = vec![0u8; header.len as usize];
+        if !body.is_empty() {
+            fds.extend(recv_with_fds(&stream, &mut body).map_err(|e| ClientError::Unavailable(e.to_string()))?);
+        }
+        let resp = decode_response(header.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (session, segments) = match resp {
+            Response::HelloOk { session, segments } => (session, segments),
+            Response::Error { code, message } if code == ErrorCode::Auth as u16 => return Err(ClientError::Auth(message)),
+            Response::Error { message, .. } => return Err(ClientError::Protocol(message)),
+            other => return Err(ClientError::Protocol(format!("expected HelloOk, got {:?}", other.kind()))),
+        };
+        if fds.len() != segments.len() {
+            return Err(ClientError::Protocol(format!(
+                "Manager announced {} segment(s) but passed {} fd(s)",
+                segments.len(),
+                fds.len()
+            )));
+        }
+        let mut maps = Vec::with_capacity(segments.len());
+        for (info, fd) in segments.iter().zip(fds) {
+            maps.push((info.id, Mapping::map(&fd, info.size)?));
+        }
+        Ok((Conn { inner: Mutex::new(Inner { stream, next_id: 2, broken: false }) }, session, maps))
+    }
+
+    pub(crate) fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.broken {
+            return Err(ClientError::Unavailable("connection to the Manager is broken".into()));
+        }
+        let id = g.next_id;
+        g.next_id = g.next_id.wrapping_add(1);
+        let r = (|| {
+            write_frame(&mut g.stream, req.kind() as u16, id, &req.encode()).map_err(io_err)?;
+            let (h, body) = read_frame(&mut g.stream).map_err(io_err)?;
+            if h.request_id != id && h.request_id != 0 {
+                return Err(ClientError::Protocol(format!("reply id {} for request {id}", h.request_id)));
+            }
+            decode_response(h.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))
+        })();
+        if matches!(r, Err(ClientError::Unavailable(_) | ClientError::Protocol(_))) {
+            g.broken = true; // framing can no longer be trusted
+        }
+        r
+    }
+
+    pub(crate) fn shutdown(&self) {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = g.stream.shutdown(std::net::Shutdown::Both);
+    }
+}

@@ -1,0 +1,48 @@
+use orbitkv_proto::ErrorCode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("Manager unavailable: {0}")]
+    Unavailable(String),
+    #[error("refused by the Manager: {0}")]
+    Auth(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("{message}")]
+    Server { code: ErrorCode, message: String },
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("client is closed")]
+    Closed,
+    #[error("arena access: {0}")]
+    Arena(#[from] orbitkv_shm::ShmError),
+}
+
+impl ClientError {
+    /// Stable name of the failure class (used by the Python exceptions).
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            ClientError::Unavailable(_) => "unavailable",
+            ClientError::Auth(_) => "auth",
+            ClientError::Protocol(_) => "protocol",
+            ClientError::Invalid(_) => "invalid_argument",
+            ClientError::Closed => "closed",
+            ClientError::Arena(_) => "arena",
+            ClientError::Server { code, .. } => match code {
+                ErrorCode::BadFrame => "bad_frame",
+                ErrorCode::Version => "version",
+                ErrorCode::Auth => "auth",
+                ErrorCode::UnknownNamespace => "unknown_namespace",
+                ErrorCode::Busy => "busy",
+                ErrorCode::NotFound => "not_found",
+                ErrorCode::NotOwner => "not_owner",
+                ErrorCode::RestoreFailed => "restore_failed",
+                ErrorCode::InvalidArgument => "invalid_argument",
+                ErrorCode::Internal => "internal",
+                ErrorCode::FaultInjectionDisabled => "fault_injection_disabled",
+                ErrorCode::TooLarge => "too_large",
+                ErrorCode::SessionClosed => "session_closed",
+            },
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Rust client of the OrbitKV Manager.
+//!
+//! A [`Client`] is one session: it authenticates, maps the Manager's DRAM
+//! arena (fds received over the socket) and runs host copies itself. Requests
+//! are serialised on one connection; every call is blocking and bounded by the
+//! configured timeout.
+#![forbid(unsafe_code)]
+
+mod conn;
+mod error;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+pub use error::ClientError;
+use orbitkv_proto::{ErrorCode, HASH_BYTES, Request, Response, SaveItem};
+use orbitkv_shm::Mapping;
+
+pub type Hash = [u8; HASH_BYTES];
+
+/// A registered namespace (contract K1).
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    pub id: u32,
+    pub generation: u64,
+    pub block_bytes: u64,
+    pub fingerprint: [u8; 32],
+    pub shard: u32,
+}
+
+/// Result of a lookup: the longest contiguous hit, pinned under `lease`
+/// (`lease == 0` when nothing was hit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LookupHit {
+    pub lease: u64,
+    pub hit_blocks: u32,
+    pub generation: u64,
+}
+
+/// Outcome of one block of a save.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotStatus {
+    Allocated { segment: u32, offset: u64 },
+    Present,
+    Refused,
+}
+
+#[derive(Debug, Clone)]
+pub struct PendingSave {
+    pub id: u64,
+    pub items: Vec<SlotStatus>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SaveResult {
+    pub stored: u32,
+    pub already_present: u32,
+    pub refused: u32,
+    pub bytes_copied: u64,
+}
+
+#[derive(Debug)]
+pub struct Client {
+    conn: conn::Conn,
+    session: u64,
+    segments: Vec<(u32, Mapping)>,
+    socket_path: PathBuf,
+    closed: AtomicBool,
+}
+
+impl Client {
+    /// Connect, authenticate and map the arena.
+    pub fn connect(path: &Path, token: Option<&[u8]>, timeout: Duration) -> Result<Client, ClientError> {
+        let (conn, session, segs) = conn::Conn::open(path, token, timeout)?;
+        Ok(Client { conn, session, segments: segs, socket_path: path.to_path_buf(), closed: AtomicBool::new(false) })
+    }
+
+    pub fn session_id(&self) -> u64 {
+        self.session
+    }
+
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// `(segment id, size)` of every mapped arena segment.
+    pub fn segments(&self) -> Vec<(u32, u64)> {
+        self.segments.iter().map(|(i, m)| (*i, m.len() as u64)).collect()
+    }
+
+    pub fn segment(&self, id: u32) -> Result<&Mapping, ClientError> {
+        self.segments
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, m)| m)
+            .ok_or_else(|| ClientError::Protocol(format!("Manager named unknown segment {id}")))
+    }
+
+    fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ClientError::Closed);
+        }
+        match self.conn.call(req)? {
+            Response::Error { code, message } => Err(ClientError::Server {
+                code: ErrorCode::from_u16(code).unwrap_or(ErrorCode::Internal),
+                message,
+            }),
+            r => Ok(r),
+        }
+    }
+
+    fn unexpected(r: Response) -> ClientError {
+        ClientError::Protocol(format!("unexpected reply {:?}", r.kind()))
+    }
+
+    pub fn register_namespace(
+        &self,
+        fingerprint: [u8; 32],
+        block_bytes: u64,
+        shard: u32,
+        salt: [u8; 32],
+    ) -> Result<Namespace, ClientError> {
+        match self.call(&Request::RegisterNamespace { fingerprint, shard, salt, block_bytes })? {
+            Response::Namespace { ns, generation } => {
+                Ok(Namespace { id: ns, generation, block_bytes, fingerprint, shard })
+            }
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn lookup(&self, ns: &Namespace, hashes: &[Hash]) -> Result<LookupHit, ClientError> {
+        check_count(hashes.len())?;
+        match self.call(&Request::Lookup { ns: ns.id, hashes: hashes.to_vec() })? {
+            Response::LookupOk { lease, hit_blocks, generation } => {
+                if hit_blocks as usize > hashes.len() || (hit_blocks > 0) != (lease != 0) {
+                    return Err(ClientError::Protocol("inconsistent lookup reply".into()));
+                }
+                Ok(LookupHit { lease, hit_blocks, generation })
+            }
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Stage the leased blocks and learn where they are: `(segment, offset)`
+    /// per hit block. From here until [`Client::release`] copies may read them.
+    pub fn acquire(&self, lease: u64) -> Result<Vec<(u32, u64)>, ClientError> {
+        match self.call(&Request::Acquire { lease })? {
+            Response::Slots { slots } => Ok(slots),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Retire a lease: the caller asserts every copy out of it has drained.
+    pub fn release(&self, lease: u64) -> Result<(), ClientError> {
+        match self.call(&Request::Release { lease })? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Copy blocks `[start, start + dst.len())` of an acquired lease into `dst`
+    /// (each exactly `block_bytes` long).
+    pub fn copy_out(
+        &self,
+        slots: &[(u32, u64)],
+        block_bytes: u64,
+        start: usize,
+        dst: &mut [&mut [u8]],
+    ) -> Result<u64, ClientError> {
+        let end = start.checked_add(dst.len()).filter(|e| *e <= slots.len()).ok_or_else(|| {
+            ClientError::Invalid(format!("blocks {start}..{} outside the {} leased", start + dst.len(), slots.len()))
+        })?;
+        let mut bytes = 0;
+        for ((seg, off), d) in slots[start..end].iter().zip(dst.iter_mut()) {
+            if d.len() as u64 != block_bytes {
+                return Err(ClientError::Invalid(format!(
+                    "destination of {} bytes, block is {block_bytes}",
+                    d.len()
+                )));
+            }
+            self.segment(*seg)?.read_at(*off, d)?;
+            bytes += block_bytes;
+        }
+        Ok(bytes)
+    }
+
+    pub fn begin_save(&self, ns: &Namespace, hashes: &[Hash]) -> Result<PendingSave, ClientError> {
+        check_count(hashes.len())?;
+        match self.call(&Request::BeginSave { ns: ns.id, hashes: hashes.to_vec() })? {
+            Response::SaveBegun { save, items } => {
+                if items.len() != hashes.len() {
+                    return Err(ClientError::Protocol("save reply length mismatch".into()));
+                }
+                Ok(PendingSave {
+                    id: save,
+                    items: items
+                        .into_iter()
+                        .map(|i| match i {
+                            SaveItem::Allocated { segment, offset } => SlotStatus::Allocated { segment, offset },
+                            SaveItem::Present => SlotStatus::Present,
+                            SaveItem::Refused => SlotStatus::Refused,
+                        })
+                        .collect(),
+                })
+            }
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn commit_save(&self, save: u64) -> Result<u32, ClientError> {
+        match self.call(&Request::CommitSave { save })? {
+            Response::Committed { blocks } => Ok(blocks),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn abort_save(&self, save: u64) -> Result<(), ClientError> {
+        match self.call(&Request::AbortSave { save })? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Allocate → copy → commit. A copy failure aborts the save (nothing
+    /// becomes visible) and returns the error.
+    pub fn save(&self, ns: &Namespace, hashes: &[Hash], src: &[&[u8]]) -> Result<SaveResult, ClientError> {
+        if src.len() != hashes.len() {
+            return Err(ClientError::Invalid(format!("{} hashes but {} source blocks", hashes.len(), src.len())));
+        }
+        if let Some(s) = src.iter().find(|s| s.len() as u64 != ns.block_bytes) {
+            return Err(ClientError::Invalid(format!("source of {} bytes, block is {}", s.len(), ns.block_bytes)));
+        }
+        let pending = self.begin_save(ns, hashes)?;
+        let mut res = SaveResult::default();
+        let copied = (|| -> Result<(), ClientError> {
+            for (st, s) in pending.items.iter().zip(src) {
+                match st {
+                    SlotStatus::Allocated { segment, offset } => {
+                        self.segment(*segment)?.write_at(*offset, s)?;
+                        res.bytes_copied += s.len() as u64;
+                    }
+                    SlotStatus::Present => res.already_present += 1,
+                    SlotStatus::Refused => res.refused += 1,
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = copied {
+            let _ = self.abort_save(pending.id);
+            return Err(e);
+        }
+        res.stored = self.commit_save(pending.id)?;
+        Ok(res)
+    }
+
+    /// Lookup + acquire + copy + release in one call: restores the longest hit
+    /// prefix of `hashes` into the first `hit` buffers of `dst`.
+    pub fn restore(&self, ns: &Namespace, hashes: &[Hash], dst: &mut [&mut [u8]]) -> Result<u32, ClientError> {
+        let hit = self.lookup(ns, hashes)?;
+        if hit.hit_blocks == 0 {
+            return Ok(0);
+        }
+        let n = (hit.hit_blocks as usize).min(dst.len());
+        let result = self.acquire(hit.lease).and_then(|slots| self.copy_out(&slots, ns.block_bytes, 0, &mut dst[..n]));
+        match result {
+            Ok(_) => {
+                self.release(hit.lease)?;
+                Ok(n as u32)
+            }
+            Err(ClientError::Server { code: ErrorCode::RestoreFailed, message }) => {
+                Err(ClientError::Server { code: ErrorCode::RestoreFailed, message })
+            }
+            Err(e) => {
+                let _ = self.release(hit.lease);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn reset_generation(&self, ns: &Namespace) -> Result<u64, ClientError> {
+        match self.call(&Request::ResetGeneration { ns: ns.id })? {
+            Response::Generation { generation } => Ok(generation),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    pub fn inject_faults(&self, restore_failures: u32) -> Result<(), ClientError> {
+        match self.call(&Request::InjectFault { restore_failures })? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Manager statistics as a JSON object text.
+    pub fn stats_json(&self) -> Result<String, ClientError> {
+        match self.call(&Request::Stats)? {
+            Response::StatsOk { json } => Ok(json),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Drain and close: host copies are synchronous, so nothing is in flight
+    /// once no call is running; the Manager then releases every hold of this
+    /// session at once. Idempotent.
+    pub fn close(&self) -> Result<(), ClientError> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match self.conn.call(&Request::Close)? {
+            Response::Ok => Ok(()),
+            Response::Error { message, .. } => Err(ClientError::Protocol(message)),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Drop the connection without a clean close (tests of the vanish path).
+    pub fn abandon(self) {
+        self.closed.store(true, Ordering::Release);
+        self.conn.shutdown();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+fn check_count(n: usize) -> Result<(), ClientError> {
+    if n > orbitkv_proto::MAX_HASHES {
+        return Err(ClientError::Invalid(format!("{n} hashes exceed the per-request limit {}", orbitkv_proto::MAX_HASHES)));
+    }
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! Manager configuration: embedded defaults, optional TOML file, environment
+//! (`ORBITKV_*`) and flags, in increasing precedence.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Args(#[from] clap::Error),
+    #[error("reading config file {path}: {err}")]
+    Read { path: PathBuf, err: std::io::Error },
+    #[error("config file {path}: {err}")]
+    Toml { path: PathBuf, err: toml::de::Error },
+    #[error("invalid size {0:?}: use bytes or a suffix KiB, MiB, GiB (also K, M, G)")]
+    Size(String),
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+/// Command line of `orbitkv serve` / `orbitkv-manager`.
+#[derive(Debug, Parser, Default)]
+#[command(name = "orbitkv serve", about = "Run the OrbitKV Manager (one per host).")]
+pub struct Args {
+    /// Unix socket path [default: $XDG_RUNTIME_DIR/orbitkv/manager.sock or /tmp/orbitkv-<uid>/manager.sock]
+    #[arg(long, env = "ORBITKV_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Total DRAM arena size, e.g. 4GiB [default: 1GiB]
+    #[arg(long, env = "ORBITKV_DRAM_SIZE")]
+    pub dram_size: Option<String>,
+    /// Arena segment size; the arena is split into few large segments [default: 256MiB]
+    #[arg(long, env = "ORBITKV_SEGMENT_SIZE")]
+    pub segment_size: Option<String>,
+    /// Prometheus endpoint address (loopback only), or "off" [default: 127.0.0.1:9464]
+    #[arg(long, env = "ORBITKV_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// File holding a shared token every client must present
+    #[arg(long, env = "ORBITKV_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Also accept peers with this uid (requires --token-file)
+    #[arg(long = "allow-uid")]
+    pub allow_uid: Vec<u32>,
+    /// Socket file mode, octal [default: 600]
+    #[arg(long)]
+    pub socket_mode: Option<String>,
+    /// Accept InjectFault requests (tests only)
+    #[arg(long)]
+    pub enable_fault_injection: bool,
+    /// TOML config file (keys as the long flags with underscores)
+    #[arg(long, env = "ORBITKV_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log level: error, warn, info, debug
+    #[arg(long, env = "ORBITKV_LOG")]
+    pub log_level: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    socket: Option<PathBuf>,
+    dram_size: Option<String>,
+    segment_size: Option<String>,
+    metrics_addr: Option<String>,
+    token_file: Option<PathBuf>,
+    allow_uid: Option<Vec<u32>>,
+    socket_mode: Option<String>,
+    enable_fault_injection: Option<bool>,
+    log_level: Option<String>,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    pub socket: PathBuf,
+    pub dram_size: u64,
+    pub segment_size: u64,
+    pub metrics_addr: Option<SocketAddr>,
+    pub token: Option<Vec<u8>>,
+    pub allow_uids: Vec<u32>,
+    pub socket_mode: u32,
+    pub enable_fault_injection: bool,
+    pub log_level: crate::log::Level,
+}
+
+pub const DEFAULT_DRAM: &str = "1GiB";
+pub const DEFAULT_SEGMENT: &str = "256MiB";
+pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
+
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| ConfigError::Size(s.into()))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        "t" | "tib" | "tb" => 1 << 40,
+        _ => return Err(ConfigError::Size(s.into())),
+    };
+    n.checked_mul(mult).ok_or_else(|| ConfigError::Size(s.into()))
+}
+
+impl ManagerConfig {
+    pub fn from_argv<I, T>(argv: I) -> Result<ManagerConfig, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let args = Args::try_parse_from(argv)?;
+        Self::from_args(args)
+    }
+
+    pub fn from_args(a: Args) -> Result<ManagerConfig, ConfigError> {
+        let file = match &a.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|err| ConfigError::Read { path: p.clone(), err })?;
+                toml::from_str::<FileConfig>(&text).map_err(|err| ConfigError::Toml { path: p.clone(), err })?
+            }
+            None => FileConfig::default(),
+        };
+        let uid = orbitkv_shm::peer::my_uid();
+        let socket = a
+            .socket
+            .or(file.socket)
+            .unwrap_or_else(|| orbitkv_proto::default_socket_path(uid));
+        let dram_size = parse_size(a.dram_size.or(file.dram_size).as_deref().unwrap_or(DEFAULT_DRAM))?;
+        let segment_size = parse_size(a.segment_size.or(file.segment_size).as_deref().unwrap_or(DEFAULT_SEGMENT))?;
+        if dram_size < orbitkv_core::ALIGN {
+            return Err(ConfigError::Invalid(format!("dram_size {dram_size} is below one 4 KiB page")));
+        }
+        if segment_size < orbitkv_core::ALIGN || segment_size % orbitkv_core::ALIGN != 0 {
+            return Err(ConfigError::Invalid(format!(
+                "segment_size {segment_size} must be a positive multiple of 4096"
+            )));
+        }
+        let metrics = a.metrics_addr.or(file.metrics_addr).unwrap_or_else(|| DEFAULT_METRICS.into());
+        let metrics_addr = if metrics.eq_ignore_ascii_case("off") {
+            None
+        } else {
+            let addr: SocketAddr = metrics
+                .parse()
+                .map_err(|_| ConfigError::Invalid(format!("metrics_addr {metrics:?} is not host:port or \"off\"")))?;
+            if !addr.ip().is_loopback() {
+                return Err(ConfigError::Invalid(format!(
+                    "metrics_addr {addr} is not loopback; the metrics endpoint has no authentication, so only 127.0.0.0/8 or [::1] is allowed"
+                )));
+            }
+            Some(addr)
+        };
+        let token = match a.token_file.or(file.token_file) {
+            Some(p) => {
+                let raw = std::fs::read(&p).map_err(|err| ConfigError::Read { path: p.clone(), err })?;
+                let t = raw.trim_ascii().to_vec();
+                if t.len() < 16 || t.len() > orbitkv_proto::MAX_TOKEN {
+                    return Err(ConfigError::Invalid(format!(
+                        "token in {} must be 16..=1024 bytes",
+                        p.display()
+                    )));
+                }
+                Some(t)
+            }
+            None => None,
+        };
+        let mut allow_uids = a.allow_uid;
+        allow_uids.extend(file.allow_uid.unwrap_or_default());
+        if !allow_uids.is_empty() && token.is_none() {
+            return Err(ConfigError::Invalid(
+                "--allow-uid admits other users and requires --token-file".into(),
+            ));
+        }
+        let mode_s = a.socket_mode.or(file.socket_mode).unwrap_or_else(|| "600".into());
+        let socket_mode = u32::from_str_radix(mode_s.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777 && m & 0o007 == 0)
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!("socket_mode {mode_s:?} must be octal and grant nothing to others"))
+            })?;
+        let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
+            .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
+        Ok(ManagerConfig {
+            socket,
+            dram_size,
+            segment_size,
+            metrics_addr,
+            token,
+            allow_uids,
+            socket_mode,
+            enable_fault_injection: a.enable_fault_injection || file.enable_fault_injection.unwrap_or(false),
+            log_level,
+        })
+    }
+
+    /// Segment sizes: `dram_size` split into `segment_size` pieces, the last
+    /// one possibly smaller (rounded down to the 4 KiB granularity).
+    pub fn segment_sizes(&self) -> Vec<u64> {
+        let mut left = self.dram_size / orbitkv_core::ALIGN * orbitkv_core::ALIGN;
+        let mut out = Vec::new();
+        while left > 0 {
+            let s = left.min(self.segment_size);
+            out.push(s);
+            left -= s;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1GiB").ok(), Some(1 << 30));
+        assert_eq!(parse_size("64M").ok(), Some(64 << 20));
+        assert_eq!(parse_size("4096").ok(), Some(4096));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("99999999999999T").is_err());
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let c = ManagerConfig::from_argv(["x", "--socket", "/tmp/s.sock"]).expect("defaults");
+        assert_eq!(c.dram_size, 1 << 30);
+        assert_eq!(c.segment_sizes(), vec![256 << 20; 4]);
+        assert_eq!(c.socket_mode, 0o600);
+        let e = ManagerConfig::from_argv(["x", "--metrics-addr", "0.0.0.0:9464"]).expect_err("non-loopback");
+        assert!(e.to_string().contains("not loopback"));
+        let e = ManagerConfig::from_argv(["x", "--allow-uid", "1000"]).expect_err("needs token");
+        assert!(e.to_string().contains("requires --token-file"));
+        let e = ManagerConfig::from_argv(["x", "--socket-mode", "666"]).expect_err("world");
+        assert!(e.to_string().contains("grant nothing to others"));
+        let c = ManagerConfig::from_argv(["x", "--dram-size", "10MiB", "--segment-size", "4MiB"]).expect("ok");
+        assert_eq!(c.segment_sizes(), vec![4 << 20, 4 << 20, 2 << 20]);
+    }
+
+    #[test]
+    fn toml_file_is_overridden_by_flags() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("m.toml");
+        std::fs::write(&p, "dram_size = \"8MiB\"\nmetrics_addr = \"off\"\n").expect("write");
+        let ps = p.to_string_lossy().to_string();
+        let c = ManagerConfig::from_argv(["x", "--config", &ps]).expect("ok");
+        assert_eq!((c.dram_size, c.metrics_addr), (8 << 20, None));
+        let c = ManagerConfig::from_argv(["x", "--config", &ps, "--dram-size", "16MiB"]).expect("ok");
+        assert_eq!(c.dram_size, 16 << 20);
+        std::fs::write(&p, "dram_sise = \"8MiB\"\n").expect("write");
+        let e = ManagerConfig::from_argv(["x", "--config", &ps]).expect_err("typo");
+        assert!(e.to_string().contains("dram_sise"));
+    }
+}

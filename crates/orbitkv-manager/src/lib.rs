@@ -1,0 +1,138 @@
+//! The OrbitKV Manager: one per host.
+//!
+//! Threads: an accept loop on the Unix socket, one thread per session, a
+//! quarantine reaper, and the loopback metrics endpoint. Cache policy lives in
+//! `orbitkv_core::CacheState` behind one mutex; this crate adds I/O only.
+#![forbid(unsafe_code)]
+
+pub mod config;
+#[macro_use]
+pub mod log;
+mod metrics;
+mod server;
+mod session;
+mod shared;
+mod stats;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+
+pub use config::{ConfigError, ManagerConfig};
+use orbitkv_shm::Segment;
+use shared::Shared;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("creating the DRAM arena: {0}")]
+    Arena(#[from] orbitkv_shm::ShmError),
+    #[error("binding {path}: {err}")]
+    Bind { path: PathBuf, err: std::io::Error },
+    #[error("binding the metrics endpoint {addr}: {err}")]
+    Metrics { addr: SocketAddr, err: std::io::Error },
+    #[error("starting a thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A running Manager. Dropping it does not stop it; call [`Manager::shutdown`].
+#[derive(Debug)]
+pub struct Manager {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Manager {
+    pub fn start(config: ManagerConfig) -> Result<Manager, ManagerError> {
+        log::set_level(config.log_level);
+        let mut segments = Vec::new();
+        for (i, size) in config.segment_sizes().into_iter().enumerate() {
+            segments.push(Segment::create(&format!("orbitkv-arena-{i}"), size)?);
+        }
+        let listener = server::bind(&config.socket, config.socket_mode)
+            .map_err(|err| ManagerError::Bind { path: config.socket.clone(), err })?;
+        let metrics = match config.metrics_addr {
+            Some(addr) => Some(TcpListener::bind(addr).map_err(|err| ManagerError::Metrics { addr, err })?),
+            None => None,
+        };
+        let shared = Arc::new(Shared::new(config, segments));
+        let mut threads = Vec::new();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name.into()).spawn(f).map_err(ManagerError::Thread)
+        };
+        if let Some(m) = metrics {
+            let addr = m.local_addr().ok();
+            if let Ok(mut slot) = shared.metrics_addr.lock() {
+                *slot = addr;
+            }
+            let sh = shared.clone();
+            threads.push(spawn("orbitkv-metrics", Box::new(move || metrics::serve(sh, m)))?);
+        }
+        let sh = shared.clone();
+        threads.push(spawn("orbitkv-accept", Box::new(move || server::accept_loop(sh, listener)))?);
+        let sh = shared.clone();
+        threads.push(spawn("orbitkv-reaper", Box::new(move || server::reaper(sh)))?);
+        log!(
+            Info,
+            "serving on {} (arena {} bytes in {} segment(s); metrics {})",
+            shared.config.socket.display(),
+            shared.config.dram_size,
+            shared.segments.len(),
+            shared.metrics_addr.lock().ok().and_then(|a| *a).map_or("off".to_string(), |a| format!("http://{a}/metrics"))
+        );
+        Ok(Manager { shared, threads })
+    }
+
+    pub fn socket_path(&self) -> &std::path::Path {
+        &self.shared.config.socket
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.shared.metrics_addr.lock().ok().and_then(|a| *a)
+    }
+
+    /// Stop accepting, remove the socket file and join the service threads.
+    /// Session threads end with their connections (or the process).
+    pub fn shutdown(mut self) {
+        self.shared.shutdown.store(true, Ordering::Relaxed);
+        if let Some(addr) = self.metrics_addr() {
+            let _ = std::net::TcpStream::connect(addr); // wake the blocking accept
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.shared.config.socket);
+        log!(Info, "stopped");
+    }
+}
+
+/// Entry point of `orbitkv serve` and the `orbitkv-manager` binary: run until
+/// SIGINT/SIGTERM. Returns the process exit code.
+pub fn run_until_signal(argv: Vec<String>, stop: Arc<std::sync::atomic::AtomicBool>) -> i32 {
+    let config = match ManagerConfig::from_argv(argv) {
+        Ok(c) => c,
+        Err(ConfigError::Args(e)) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+        Err(e) => {
+            eprintln!("orbitkv serve: {e}");
+            return 2;
+        }
+    };
+    let manager = match Manager::start(config) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("orbitkv serve: {e}");
+            return 1;
+        }
+    };
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    manager.shutdown();
+    0
+}

@@ -1,0 +1,273 @@
+//! One client connection: authentication, arena hand-off, request loop.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use orbitkv_core::{CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionEnd, SessionId};
+use orbitkv_proto::{
+    ErrorCode, FrameError, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, read_frame, write_frame,
+};
+use orbitkv_shm::fdpass::send_with_fds;
+use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
+
+use crate::shared::{Quarantined, ServerCounters, Shared};
+use crate::stats;
+
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn reply(stream: &mut UnixStream, id: u32, resp: &Response) -> Result<(), FrameError> {
+    write_frame(stream, resp.kind() as u16, id, &resp.encode())?;
+    stream.flush()?;
+    Ok(())
+}
+
+fn refuse(stream: &mut UnixStream, shared: &Shared, id: u32, code: ErrorCode, msg: &str) {
+    if code == ErrorCode::Auth {
+        ServerCounters::inc(&shared.counters.auth_refused);
+    }
+    log!(Warn, "refusing connection: {msg}");
+    let _ = reply(stream, id, &Response::error(code, msg));
+}
+
+/// Constant-time comparison (length is not secret).
+fn token_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorize(shared: &Shared, cred: &PeerCred) -> Result<(), String> {
+    if cred.uid == my_uid() || shared.config.allow_uids.contains(&cred.uid) {
+        Ok(())
+    } else {
+        Err(format!("peer uid {} is not allowed (Manager uid {})", cred.uid, my_uid()))
+    }
+}
+
+pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
+    let cred = match peer_cred(&stream) {
+        Ok(c) => c,
+        Err(e) => {
+            log!(Warn, "SO_PEERCRED failed: {e}");
+            return;
+        }
+    };
+    if let Err(msg) = authorize(&shared, &cred) {
+        refuse(&mut stream, &shared, 0, ErrorCode::Auth, &msg);
+        return;
+    }
+    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    let (hello_id, token) = match read_frame(&mut stream) {
+        Ok((h, body)) if h.kind == Kind::Hello as u16 => match decode_request(h.kind, &body) {
+            Ok(Request::Hello { token, .. }) => (h.request_id, token),
+            Ok(_) | Err(_) => {
+                ServerCounters::inc(&shared.counters.bad_frames);
+                refuse(&mut stream, &shared, h.request_id, ErrorCode::BadFrame, "malformed Hello");
+                return;
+            }
+        },
+        Ok((h, _)) => {
+            ServerCounters::inc(&shared.counters.bad_frames);
+            refuse(&mut stream, &shared, h.request_id, ErrorCode::BadFrame, "first frame must be Hello");
+            return;
+        }
+        Err(FrameError::Closed) => return,
+        Err(e) => {
+            ServerCounters::inc(&shared.counters.bad_frames);
+            refuse(&mut stream, &shared, 0, frame_code(&e), &e.to_string());
+            return;
+        }
+    };
+    if let Some(expected) = &shared.config.token {
+        if !token_eq(expected, &token) {
+            refuse(&mut stream, &shared, hello_id, ErrorCode::Auth, "wrong or missing token");
+            return;
+        }
+    }
+    let _ = stream.set_read_timeout(None);
+    let process = ProcessHandle::open(cred.pid).ok();
+    let session = shared.cache().open_session();
+    ServerCounters::inc(&shared.counters.sessions_opened);
+    let hello = Response::HelloOk {
+        session: session.0,
+        segments: shared
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SegmentInfo { id: i as u32, size: s.size() })
+            .collect(),
+    };
+    let mut frame = Vec::new();
+    if write_frame(&mut frame, hello.kind() as u16, hello_id, &hello.encode()).is_err() {
+        return;
+    }
+    let fds: Vec<_> = shared.segments.iter().map(|s| s.fd().as_fd()).collect();
+    if let Err(e) = send_with_fds(&stream, &frame, &fds) {
+        log!(Warn, "session {}: sending arena fds failed: {e}", session.0);
+        end(&shared, session, cred.pid, process, SessionEnd::Vanished);
+        return;
+    }
+    log!(Debug, "session {} opened by pid {} uid {}", session.0, cred.pid, cred.uid);
+
+    let how = request_loop(&shared, &mut stream, session);
+    end(&shared, session, cred.pid, process, how);
+}
+
+fn frame_code(e: &FrameError) -> ErrorCode {
+    match e {
+        FrameError::Version(_) => ErrorCode::Version,
+        FrameError::TooLarge(_) => ErrorCode::TooLarge,
+        _ => ErrorCode::BadFrame,
+    }
+}
+
+fn request_loop(shared: &Shared, stream: &mut UnixStream, session: SessionId) -> SessionEnd {
+    loop {
+        let (h, body) = match read_frame(stream) {
+            Ok(x) => x,
+            Err(FrameError::Closed) => return SessionEnd::Vanished,
+            Err(FrameError::Io(e)) => {
+                log!(Debug, "session {}: read failed: {e}", session.0);
+                return SessionEnd::Vanished;
+            }
+            Err(e) => {
+                // Framing is lost: answer once, then drop the connection.
+                ServerCounters::inc(&shared.counters.bad_frames);
+                log!(Warn, "session {}: {e}; closing", session.0);
+                let _ = reply(stream, 0, &Response::error(frame_code(&e), e.to_string()));
+                return SessionEnd::Vanished;
+            }
+        };
+        let (resp, done) = match decode_request(h.kind, &body) {
+            Ok(Request::Close) => {
+                let r = shared.cache().end_session(session, SessionEnd::Clean);
+                ServerCounters::inc(&shared.counters.sessions_closed_clean);
+                let _ = reply(stream, h.request_id, &map(r.map(|_| Response::Ok)));
+                return SessionEnd::Clean;
+            }
+            Ok(req) => (handle(shared, session, req), false),
+            Err(e) => {
+                ServerCounters::inc(&shared.counters.bad_frames);
+                (Response::error(ErrorCode::BadFrame, format!("kind {:#06x}: {e}", h.kind)), false)
+            }
+        };
+        if reply(stream, h.request_id, &resp).is_err() {
+            return SessionEnd::Vanished;
+        }
+        if done {
+            return SessionEnd::Clean;
+        }
+    }
+}
+
+fn end(shared: &Shared, session: SessionId, pid: i32, process: Option<ProcessHandle>, how: SessionEnd) {
+    if how == SessionEnd::Clean {
+        return; // already ended under the lock in the Close handler
+    }
+    ServerCounters::inc(&shared.counters.sessions_vanished);
+    let mut cache = shared.cache();
+    let _ = cache.end_session(session, SessionEnd::Vanished);
+    if cache.is_quarantined(session) {
+        drop(cache);
+        log!(
+            Info,
+            "session {} (pid {pid}) vanished holding leases/slots: quarantined until the process is gone",
+            session.0
+        );
+        shared.quarantine().push(Quarantined { session, pid, process });
+    }
+}
+
+fn cache_code(e: &CacheError) -> ErrorCode {
+    match e {
+        CacheError::UnknownSession(_) | CacheError::SessionClosed(_) => ErrorCode::SessionClosed,
+        CacheError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+        CacheError::BlockBytesMismatch { .. } | CacheError::BadBlockBytes(_) => ErrorCode::InvalidArgument,
+        CacheError::UnknownLease(_) | CacheError::UnknownSave(_) => ErrorCode::NotFound,
+        CacheError::NotOwner { .. } => ErrorCode::NotOwner,
+        CacheError::Busy { .. } => ErrorCode::Busy,
+    }
+}
+
+fn map(r: Result<Response, CacheError>) -> Response {
+    r.unwrap_or_else(|e| Response::error(cache_code(&e), e.to_string()))
+}
+
+fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
+    match req {
+        Request::Hello { .. } => Response::error(ErrorCode::BadFrame, "Hello sent twice"),
+        Request::RegisterNamespace { fingerprint, shard, salt, block_bytes } => {
+            let key = NamespaceKey { fingerprint: Fingerprint(fingerprint), shard, salt };
+            map(shared
+                .cache()
+                .register_namespace(key, block_bytes)
+                .map(|(ns, generation)| Response::Namespace { ns: ns.0, generation }))
+        }
+        Request::Lookup { ns, hashes } => map(shared.cache().lookup(s, NsId(ns), &hashes).map(|r| {
+            Response::LookupOk { lease: r.lease.map_or(0, |l| l.0), hit_blocks: r.hit_blocks, generation: r.generation }
+        })),
+        Request::Acquire { lease } => {
+            let mut cache = shared.cache();
+            let injected = shared
+                .restore_faults
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if injected {
+                // Nothing was handed out, so no copy can be in flight: retire now.
+                ServerCounters::inc(&shared.counters.restore_failures_injected);
+                let released = cache.release(s, LeaseId(lease));
+                return match released {
+                    Ok(()) => Response::error(
+                        ErrorCode::RestoreFailed,
+                        format!("restore of lease {lease} failed: injected fault; lease released"),
+                    ),
+                    Err(e) => map(Err(e)),
+                };
+            }
+            let r = cache.acquire(s, LeaseId(lease));
+            if r.is_ok() {
+                ServerCounters::inc(&shared.counters.leases_acquired);
+            }
+            map(r.map(|slots| Response::Slots { slots: slots.iter().map(|x| (x.segment, x.offset)).collect() }))
+        }
+        Request::Release { lease } => map(shared.cache().release(s, LeaseId(lease)).map(|_| Response::Ok)),
+        Request::BeginSave { ns, hashes } => map(shared.cache().begin_save(s, NsId(ns), &hashes).map(|(id, st)| {
+            Response::SaveBegun {
+                save: id.0,
+                items: st
+                    .into_iter()
+                    .map(|x| match x {
+                        SaveStatus::Allocated(slot) => SaveItem::Allocated { segment: slot.segment, offset: slot.offset },
+                        SaveStatus::Present => SaveItem::Present,
+                        SaveStatus::Refused => SaveItem::Refused,
+                    })
+                    .collect(),
+            }
+        })),
+        Request::CommitSave { save } => {
+            map(shared.cache().commit_save(s, SaveId(save)).map(|blocks| Response::Committed { blocks }))
+        }
+        Request::AbortSave { save } => map(shared.cache().abort_save(s, SaveId(save)).map(|_| Response::Ok)),
+        Request::ResetGeneration { ns } => {
+            let r = shared.cache().bump_generation(NsId(ns));
+            if let Ok(g) = &r {
+                log!(Info, "namespace {ns}: moved to generation {g}");
+            }
+            map(r.map(|generation| Response::Generation { generation }))
+        }
+        Request::Stats => Response::StatsOk { json: stats::json(shared) },
+        Request::InjectFault { restore_failures } => {
+            if !shared.config.enable_fault_injection {
+                return Response::error(
+                    ErrorCode::FaultInjectionDisabled,
+                    "fault injection is disabled; start the Manager with --enable-fault-injection",
+                );
+            }
+            shared.restore_faults.store(restore_failures, Ordering::Release);
+            Response::Ok
+        }
+        Request::Close => Response::Ok, // handled in the loop
+    }
+}

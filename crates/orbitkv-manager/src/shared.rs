@@ -1,0 +1,84 @@
+//! State shared by the Manager's threads.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use orbitkv_core::{CacheState, SessionId};
+use orbitkv_shm::Segment;
+use orbitkv_shm::peer::ProcessHandle;
+
+use crate::config::ManagerConfig;
+
+/// Server-level counters (the cache's own counters live in `CacheState`).
+#[derive(Debug, Default)]
+pub struct ServerCounters {
+    pub sessions_opened: AtomicU64,
+    pub sessions_closed_clean: AtomicU64,
+    pub sessions_vanished: AtomicU64,
+    pub auth_refused: AtomicU64,
+    pub bad_frames: AtomicU64,
+    pub restore_failures_injected: AtomicU64,
+    pub leases_acquired: AtomicU64,
+}
+
+impl ServerCounters {
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A session held in quarantine until its process is proven gone.
+#[derive(Debug)]
+pub struct Quarantined {
+    pub session: SessionId,
+    pub pid: i32,
+    /// `None` when the pid could not be opened (e.g. another pid namespace):
+    /// such holds stay until the Manager restarts; reported in metrics.
+    pub process: Option<ProcessHandle>,
+}
+
+#[derive(Debug)]
+pub struct Shared {
+    pub config: ManagerConfig,
+    pub segments: Vec<Segment>,
+    cache: Mutex<CacheState>,
+    pub quarantine: Mutex<Vec<Quarantined>>,
+    pub restore_faults: AtomicU32,
+    pub counters: ServerCounters,
+    pub shutdown: AtomicBool,
+    pub metrics_addr: Mutex<Option<SocketAddr>>,
+    pub started: Instant,
+}
+
+impl Shared {
+    pub fn new(config: ManagerConfig, segments: Vec<Segment>) -> Shared {
+        let sizes: Vec<u64> = segments.iter().map(|s| s.size()).collect();
+        Shared {
+            config,
+            segments,
+            cache: Mutex::new(CacheState::new(&sizes)),
+            quarantine: Mutex::new(Vec::new()),
+            restore_faults: AtomicU32::new(0),
+            counters: ServerCounters::default(),
+            shutdown: AtomicBool::new(false),
+            metrics_addr: Mutex::new(None),
+            started: Instant::now(),
+        }
+    }
+
+    /// The cache lock. A panic while holding it is a Manager bug; the state is
+    /// still consistent at every `CacheState` method boundary, so recover it.
+    pub fn cache(&self) -> MutexGuard<'_, CacheState> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn quarantine(&self) -> MutexGuard<'_, Vec<Quarantined>> {
+        self.quarantine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+}

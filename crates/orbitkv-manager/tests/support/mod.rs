@@ -1,0 +1,89 @@
+//! Real Manager processes for integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use orbitkv_client::Client;
+
+pub struct ManagerProc {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl ManagerProc {
+    pub fn start(extra: &[&str]) -> ManagerProc {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("m.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--metrics-addr", "off", "--log-level", "warn"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn manager");
+        let m = ManagerProc { child, socket, dir };
+        m.wait_ready();
+        m
+    }
+
+    fn wait_ready(&self) {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("manager did not come up on {}", self.socket.display());
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket, None, Duration::from_secs(5)).expect("connect")
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        let c = self.client();
+        let s = c.stats_json().expect("stats");
+        c.close().expect("close");
+        serde_json::from_str(&s).expect("json")
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for ManagerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Poll `f` until it returns true or 5 s pass.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+pub fn block(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+pub fn hash(chain: u8, i: u8) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[0] = chain;
+    h[1] = i;
+    h[31] = 0xAB;
+    h
+}
