@@ -91,7 +91,7 @@ class Client:
     @property
     def socket_path(self) -> str: ...
     def segments(self) -> list[tuple[int, int]]: ...  # (segment id, size in bytes)
-    def segment_view(self, segment: int) -> memoryview: ...  # writable view of a mapped arena segment
+    def segment_address(self, segment: int) -> tuple[int, int]: ...  # (address, size) of the mapping in this process
     def register_namespace(
         self,
         fingerprint: bytes,

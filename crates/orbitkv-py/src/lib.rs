@@ -1,0 +1,495 @@
+//! `orbitkv._native`: PyO3 bindings over `orbitkv-client` (and the Manager
+//! entry point for `orbitkv serve`). Every call that talks to the Manager or
+//! copies bytes releases the GIL.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod buffers;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orbitkv_client::{ClientError, SlotStatus};
+use orbitkv_proto::ErrorCode;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+create_exception!(_native, OrbitKVError, PyException, "Base error of the native client.");
+create_exception!(_native, ManagerUnavailable, OrbitKVError, "No Manager on the socket, or the connection broke.");
+create_exception!(_native, AuthError, OrbitKVError, "The Manager refused this peer.");
+create_exception!(_native, ProtocolError, OrbitKVError, "Malformed or unexpected frame.");
+create_exception!(_native, Busy, OrbitKVError, "Refused because owners are still live.");
+create_exception!(_native, RestoreFailed, OrbitKVError, "The Manager could not stage the leased blocks.");
+
+fn to_py(e: ClientError) -> PyErr {
+    let code = e.code_name();
+    let msg = format!("{e} [{code}]");
+    let err = match &e {
+        ClientError::Unavailable(_) | ClientError::Closed => ManagerUnavailable::new_err(msg),
+        ClientError::Auth(_) => AuthError::new_err(msg),
+        ClientError::Protocol(_) => ProtocolError::new_err(msg),
+        ClientError::Invalid(_) => PyValueError::new_err(msg),
+        ClientError::Server { code: ErrorCode::Busy, .. } => Busy::new_err(msg),
+        ClientError::Server { code: ErrorCode::RestoreFailed, .. } => RestoreFailed::new_err(msg),
+        ClientError::Server { code: ErrorCode::Auth, .. } => AuthError::new_err(msg),
+        ClientError::Server { code: ErrorCode::InvalidArgument, .. } => PyValueError::new_err(msg),
+        _ => OrbitKVError::new_err(msg),
+    };
+    err
+}
+
+fn hash32(b: &[u8], what: &str) -> PyResult<[u8; 32]> {
+    b.try_into().map_err(|_| PyValueError::new_err(format!("{what} must be exactly 32 bytes, got {}", b.len())))
+}
+
+fn hashes_of(list: Vec<Vec<u8>>) -> PyResult<Vec<[u8; 32]>> {
+    list.iter().map(|h| hash32(h, "block hash")).collect()
+}
+
+#[pyclass(frozen, module = "orbitkv._native")]
+struct Namespace {
+    inner: orbitkv_client::Namespace,
+}
+
+#[pymethods]
+impl Namespace {
+    #[getter]
+    fn id(&self) -> u32 {
+        self.inner.id
+    }
+    #[getter]
+    fn generation(&self) -> u64 {
+        self.inner.generation
+    }
+    #[getter]
+    fn block_bytes(&self) -> u64 {
+        self.inner.block_bytes
+    }
+    #[getter]
+    fn fingerprint<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.inner.fingerprint)
+    }
+    #[getter]
+    fn shard(&self) -> u32 {
+        self.inner.shard
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Namespace(id={}, generation={}, block_bytes={}, shard={})",
+            self.inner.id, self.inner.generation, self.inner.block_bytes, self.inner.shard
+        )
+    }
+}
+
+#[derive(Default)]
+struct LeaseState {
+    slots: Option<Vec<(u32, u64)>>,
+    released: bool,
+}
+
+#[pyclass(frozen, module = "orbitkv._native")]
+struct Lease {
+    id: u64,
+    hit_blocks: u32,
+    block_bytes: u64,
+    session: u64,
+    state: Mutex<LeaseState>,
+}
+
+impl Lease {
+    fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[pymethods]
+impl Lease {
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+    #[getter]
+    fn hit_blocks(&self) -> u32 {
+        self.hit_blocks
+    }
+    #[getter]
+    fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+    #[getter]
+    fn released(&self) -> bool {
+        self.hit_blocks == 0 || self.state().released
+    }
+    fn __repr__(&self) -> String {
+        format!("Lease(id={}, hit_blocks={}, released={})", self.id, self.hit_blocks, self.released())
+    }
+}
+
+#[pyclass(frozen, module = "orbitkv._native")]
+struct SaveResult {
+    #[pyo3(get)]
+    stored: u32,
+    #[pyo3(get)]
+    already_present: u32,
+    #[pyo3(get)]
+    refused: u32,
+    #[pyo3(get)]
+    bytes_copied: u64,
+}
+
+#[pymethods]
+impl SaveResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "SaveResult(stored={}, already_present={}, refused={}, bytes_copied={})",
+            self.stored, self.already_present, self.refused, self.bytes_copied
+        )
+    }
+}
+
+#[pyclass(frozen, module = "orbitkv._native")]
+struct PendingSave {
+    #[pyo3(get)]
+    id: u64,
+    items: Vec<SlotStatus>,
+    session: u64,
+    done: AtomicBool,
+}
+
+#[pymethods]
+impl PendingSave {
+    #[getter]
+    fn slots(&self) -> Vec<Option<(u32, u64)>> {
+        self.items
+            .iter()
+            .map(|s| match s {
+                SlotStatus::Allocated { segment, offset } => Some((*segment, *offset)),
+                _ => None,
+            })
+            .collect()
+    }
+    #[getter]
+    fn statuses(&self) -> Vec<&'static str> {
+        self.items
+            .iter()
+            .map(|s| match s {
+                SlotStatus::Allocated { .. } => "allocated",
+                SlotStatus::Present => "present",
+                SlotStatus::Refused => "refused",
+            })
+            .collect()
+    }
+}
+
+#[pyclass(frozen, module = "orbitkv._native")]
+struct Client {
+    inner: Arc<orbitkv_client::Client>,
+}
+
+impl Client {
+    fn check_lease(&self, lease: &Lease) -> PyResult<()> {
+        if lease.session != self.inner.session_id() {
+            return Err(PyValueError::new_err("lease belongs to another client"));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000))]
+    fn new(py: Python<'_>, socket_path: Option<PathBuf>, token: Option<String>, timeout_ms: u64) -> PyResult<Self> {
+        let path = socket_path.unwrap_or_else(|| orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()));
+        let token = token.map(String::into_bytes);
+        let client = py
+            .detach(|| orbitkv_client::Client::connect(&path, token.as_deref(), Duration::from_millis(timeout_ms)))
+            .map_err(to_py)?;
+        Ok(Client { inner: Arc::new(client) })
+    }
+
+    #[getter]
+    fn session_id(&self) -> u64 {
+        self.inner.session_id()
+    }
+
+    #[getter]
+    fn socket_path(&self) -> String {
+        self.inner.socket_path().display().to_string()
+    }
+
+    fn segments(&self) -> Vec<(u32, u64)> {
+        self.inner.segments()
+    }
+
+    #[pyo3(signature = (fingerprint, block_bytes, *, shard=0, salt=b"".to_vec()))]
+    fn register_namespace(
+        &self,
+        py: Python<'_>,
+        fingerprint: Vec<u8>,
+        block_bytes: u64,
+        shard: u32,
+        salt: Vec<u8>,
+    ) -> PyResult<Namespace> {
+        let fp = hash32(&fingerprint, "fingerprint")?;
+        if salt.len() > 32 {
+            return Err(PyValueError::new_err("salt must be at most 32 bytes (hash longer salts first)"));
+        }
+        let mut salt32 = [0u8; 32];
+        salt32[..salt.len()].copy_from_slice(&salt);
+        if !salt.is_empty() {
+            // Length-tag the salt so b"a" and b"a\0" are different domains.
+            salt32[31] ^= 0x80 | salt.len() as u8;
+        }
+        let c = self.inner.clone();
+        let ns = py.detach(|| c.register_namespace(fp, block_bytes, shard, salt32)).map_err(to_py)?;
+        Ok(Namespace { inner: ns })
+    }
+
+    fn lookup(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<Lease> {
+        let hs = hashes_of(hashes)?;
+        let c = self.inner.clone();
+        let nsi = ns.inner.clone();
+        let hit = py.detach(|| c.lookup(&nsi, &hs)).map_err(to_py)?;
+        Ok(Lease {
+            id: hit.lease,
+            hit_blocks: hit.hit_blocks,
+            block_bytes: ns.inner.block_bytes,
+            session: self.inner.session_id(),
+            state: Mutex::new(LeaseState::default()),
+        })
+    }
+
+    fn acquire(&self, py: Python<'_>, lease: &Lease) -> PyResult<Vec<(u32, u64)>> {
+        self.check_lease(lease)?;
+        acquire_slots(py, &self.inner, lease)
+    }
+
+    #[pyo3(signature = (lease, dst, *, start=0, count=None))]
+    fn restore(
+        &self,
+        py: Python<'_>,
+        lease: &Lease,
+        dst: &Bound<'_, PyAny>,
+        start: usize,
+        count: Option<usize>,
+    ) -> PyResult<u64> {
+        self.check_lease(lease)?;
+        let hit = lease.hit_blocks as usize;
+        let count = count.unwrap_or(hit.saturating_sub(start));
+        if start.checked_add(count).is_none_or(|e| e > hit) {
+            return Err(PyValueError::new_err(format!("blocks {start}..{} outside the {hit} hit", start + count)));
+        }
+        if count == 0 {
+            return Ok(0);
+        }
+        let slots = acquire_slots(py, &self.inner, lease)?;
+        let (_held, ranges) = buffers::hold_blocks(py, dst, lease.block_bytes as usize, count, true)?;
+        check_disjoint(&ranges)?;
+        let c = self.inner.clone();
+        let bb = lease.block_bytes;
+        py.detach(|| {
+            // SAFETY: `_held` keeps every exported buffer alive until after this
+            // closure; ranges were checked writable and pairwise disjoint.
+            let mut dsts: Vec<&mut [u8]> = ranges.iter().map(|r| unsafe { r.as_mut_slice() }).collect();
+            c.copy_out(&slots, bb, start, &mut dsts)
+        })
+        .map_err(to_py)
+    }
+
+    fn release(&self, py: Python<'_>, lease: &Lease) -> PyResult<()> {
+        self.check_lease(lease)?;
+        if lease.hit_blocks == 0 {
+            return Ok(());
+        }
+        {
+            let mut st = lease.state();
+            if st.released {
+                return Ok(());
+            }
+            st.released = true;
+        }
+        let c = self.inner.clone();
+        let id = lease.id;
+        py.detach(|| c.release(id)).map_err(to_py)
+    }
+
+    fn save(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>, src: &Bound<'_, PyAny>) -> PyResult<SaveResult> {
+        let hs = hashes_of(hashes)?;
+        let (_held, ranges) = buffers::hold_blocks(py, src, ns.inner.block_bytes as usize, hs.len(), false)?;
+        let c = self.inner.clone();
+        let nsi = ns.inner.clone();
+        let r = py
+            .detach(|| {
+                // SAFETY: `_held` keeps every source buffer alive for the closure;
+                // shared slices only.
+                let srcs: Vec<&[u8]> = ranges.iter().map(|r| unsafe { r.as_slice() }).collect();
+                c.save(&nsi, &hs, &srcs)
+            })
+            .map_err(to_py)?;
+        Ok(SaveResult { stored: r.stored, already_present: r.already_present, refused: r.refused, bytes_copied: r.bytes_copied })
+    }
+
+    fn begin_save(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<PendingSave> {
+        let hs = hashes_of(hashes)?;
+        let c = self.inner.clone();
+        let nsi = ns.inner.clone();
+        let p = py.detach(|| c.begin_save(&nsi, &hs)).map_err(to_py)?;
+        Ok(PendingSave { id: p.id, items: p.items, session: self.inner.session_id(), done: AtomicBool::new(false) })
+    }
+
+    fn commit_save(&self, py: Python<'_>, pending: &PendingSave) -> PyResult<u32> {
+        if pending.session != self.inner.session_id() {
+            return Err(PyValueError::new_err("pending save belongs to another client"));
+        }
+        if pending.done.swap(true, Ordering::AcqRel) {
+            return Err(PyValueError::new_err("pending save already committed or aborted"));
+        }
+        let c = self.inner.clone();
+        let id = pending.id;
+        py.detach(|| c.commit_save(id)).map_err(to_py)
+    }
+
+    fn abort_save(&self, py: Python<'_>, pending: &PendingSave) -> PyResult<()> {
+        if pending.session != self.inner.session_id() {
+            return Err(PyValueError::new_err("pending save belongs to another client"));
+        }
+        if pending.done.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let c = self.inner.clone();
+        let id = pending.id;
+        py.detach(|| c.abort_save(id)).map_err(to_py)
+    }
+
+    /// `(address, size)` of a mapped arena segment in this process, for GPU
+    /// registration (`cudaHostRegister`) and gather/scatter kernels. Valid
+    /// while this client is open.
+    fn segment_address(&self, segment: u32) -> PyResult<(usize, usize)> {
+        let m = self.inner.segment(segment).map_err(to_py)?;
+        Ok((m.as_ptr() as usize, m.len()))
+    }
+
+    fn reset_generation(&self, py: Python<'_>, ns: &Namespace) -> PyResult<u64> {
+        let c = self.inner.clone();
+        let nsi = ns.inner.clone();
+        py.detach(|| c.reset_generation(&nsi)).map_err(to_py)
+    }
+
+    #[pyo3(signature = (*, restore_failures=0))]
+    fn inject_faults(&self, py: Python<'_>, restore_failures: u32) -> PyResult<()> {
+        let c = self.inner.clone();
+        py.detach(|| c.inject_faults(restore_failures)).map_err(to_py)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.inner.clone();
+        let text = py.detach(|| c.stats_json()).map_err(to_py)?;
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let c = self.inner.clone();
+        py.detach(|| c.close()).map_err(to_py)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, _a: Py<PyAny>, _b: Py<PyAny>, _c: Py<PyAny>) -> PyResult<()> {
+        self.close(py)
+    }
+}
+
+fn acquire_slots(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease) -> PyResult<Vec<(u32, u64)>> {
+    if lease.hit_blocks == 0 {
+        return Ok(Vec::new());
+    }
+    let mut st = lease.state();
+    if st.released {
+        return Err(PyValueError::new_err("lease already released"));
+    }
+    if let Some(s) = &st.slots {
+        return Ok(s.clone());
+    }
+    let c = c.clone();
+    let id = lease.id;
+    match py.detach(|| c.acquire(id)) {
+        Ok(slots) => {
+            st.slots = Some(slots.clone());
+            Ok(slots)
+        }
+        Err(e) => {
+            if matches!(e, ClientError::Server { code: ErrorCode::RestoreFailed, .. }) {
+                st.released = true; // the Manager retired it: nothing was handed out
+            }
+            Err(to_py(e))
+        }
+    }
+}
+
+fn check_disjoint(ranges: &[buffers::RawRange]) -> PyResult<()> {
+    let mut v: Vec<(usize, usize)> = ranges.iter().map(|r| r.bounds()).collect();
+    v.sort_unstable();
+    if v.windows(2).any(|w| w[0].1 > w[1].0) {
+        return Err(PyValueError::new_err("destination buffers overlap"));
+    }
+    Ok(())
+}
+
+/// Run the Manager in this process until SIGINT/SIGTERM (Python signal
+/// handlers run while we wait) and return its exit code.
+#[pyfunction]
+fn serve(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let handle = std::thread::Builder::new()
+        .name("orbitkv-serve".into())
+        .spawn(move || orbitkv_manager::run_until_signal(argv, s2))
+        .map_err(|e| OrbitKVError::new_err(format!("cannot start the Manager thread: {e}")))?;
+    loop {
+        if handle.is_finished() {
+            return handle.join().map_err(|_| OrbitKVError::new_err("the Manager thread panicked"));
+        }
+        if let Err(e) = py.check_signals() {
+            stop.store(true, Ordering::Relaxed);
+            let code = py.detach(|| handle.join()).map_err(|_| OrbitKVError::new_err("the Manager thread panicked"))?;
+            // KeyboardInterrupt / SystemExit from a signal handler: a clean stop.
+            let is_stop = e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
+                || e.is_instance_of::<pyo3::exceptions::PySystemExit>(py);
+            return if is_stop { Ok(code) } else { Err(e) };
+        }
+        py.detach(|| std::thread::sleep(Duration::from_millis(50)));
+    }
+}
+
+#[pyfunction]
+fn default_socket_path() -> String {
+    orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()).display().to_string()
+}
+
+#[pymodule(gil_used = false)]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("PROTOCOL_VERSION", orbitkv_proto::PROTOCOL_VERSION)?;
+    m.add("HASH_BYTES", orbitkv_proto::HASH_BYTES)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("OrbitKVError", py.get_type::<OrbitKVError>())?;
+    m.add("ManagerUnavailable", py.get_type::<ManagerUnavailable>())?;
+    m.add("AuthError", py.get_type::<AuthError>())?;
+    m.add("ProtocolError", py.get_type::<ProtocolError>())?;
+    m.add("Busy", py.get_type::<Busy>())?;
+    m.add("RestoreFailed", py.get_type::<RestoreFailed>())?;
+    m.add_class::<Client>()?;
+    m.add_class::<Namespace>()?;
+    m.add_class::<Lease>()?;
+    m.add_class::<SaveResult>()?;
+    m.add_class::<PendingSave>()?;
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(default_socket_path, m)?)?;
+    Ok(())
+}

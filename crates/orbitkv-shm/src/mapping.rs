@@ -88,7 +88,9 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
+                // Populate: allocate the shared pages (Manager) or fill the page
+                // tables (client) up front, so no copy pays first-touch faults.
+                MapFlags::SHARED | MapFlags::POPULATE,
                 &fd,
                 0,
             )

@@ -1,0 +1,3 @@
+from orbitkv.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""`orbitkv` command line: serve, status, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+
+USAGE = """orbitkv <command> [options]
+
+commands:
+  serve    run the Manager in the foreground (flags: orbitkv serve --help)
+  status   show a running Manager's counters and gauges
+  demo     start (or use) a Manager and replay a multi-turn chat workload
+           from several client processes; prints hit rate and GB/s
+"""
+
+
+def _serve(argv: Sequence[str]) -> int:
+    from orbitkv import _native
+
+    def _stop(signum: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    return int(_native.serve(["orbitkv serve", *argv]))
+
+
+def _status(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="orbitkv status", description="Show a running Manager's state.")
+    p.add_argument("--socket", help="Manager socket (default: $ORBITKV_SOCKET or the per-user default)")
+    p.add_argument("--token-file", help="file holding the Manager token, if it requires one")
+    p.add_argument("--json", action="store_true", help="print raw JSON")
+    a = p.parse_args(argv)
+    from orbitkv import _native
+
+    token = open(a.token_file).read().strip() if a.token_file else None
+    try:
+        with _native.Client(a.socket, token=token) as c:
+            st = c.stats()
+    except _native.OrbitKVError as e:
+        print(f"orbitkv status: {e}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+        return 0
+    gib = 1 << 30
+    used = st["dram_capacity_bytes"] - st["dram_free_bytes"]
+    lookups = st["lookup_blocks_total"] or 1
+    print(f"Manager pid {st['pid']} v{st['version']} on {st['socket']} (up {st['uptime_seconds']} s)")
+    print(f"  metrics      {('http://' + st['metrics_addr'] + '/metrics') if st['metrics_addr'] else 'off'}")
+    print(
+        f"  DRAM arena   {used / gib:.2f} / {st['dram_capacity_bytes'] / gib:.2f} GiB used, "
+        f"{st['dram_visible_blocks']} blocks visible, {st['dram_pinned_blocks']} pinned, "
+        f"{len(st['segment_sizes'])} segment(s)"
+    )
+    print(
+        f"  lookups      {st['lookups_total']} ({st['hit_blocks_total']}/{st['lookup_blocks_total']} blocks hit, "
+        f"{100 * st['hit_blocks_total'] / lookups:.1f} %)"
+    )
+    print(
+        f"  saves        {st['blocks_committed_total']} committed, {st['blocks_present_total']} already present, "
+        f"{st['blocks_refused_total']} refused, {st['evictions_total']} evicted"
+    )
+    print(
+        f"  sessions     {st['sessions']} live, {st['quarantined_sessions']} quarantined, "
+        f"{st['auth_refused_total']} refused, {st['bad_frames_total']} bad frames"
+    )
+    print(f"  leases       {st['live_leases']} live; saves pending {st['live_saves']}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd == "serve":
+        return _serve(rest)
+    if cmd == "status":
+        return _status(rest)
+    if cmd == "demo":
+        from orbitkv.demo import main as demo_main
+
+        return demo_main(rest)
+    if cmd in ("--version", "version"):
+        from orbitkv import __version__
+
+        print(__version__)
+        return 0
+    print(f"orbitkv: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
