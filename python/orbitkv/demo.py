@@ -233,7 +233,8 @@ def main(argv: list[str]) -> int:
     print(f"OrbitKV demo: {res['clients']} client processes, {wl.conversations} conversations x {wl.turns} turns, "
           f"{wl.block_bytes // 1024} KiB blocks")
     print(f"  hit rate          {100 * res['hit_rate']:.1f} %  ({res['blocks_hit']}/{res['blocks_asked']} blocks)")
-    print(f"  bytes moved       {res['bytes_restored'] / gib:.2f} GiB restored, {res['bytes_saved'] / gib:.2f} GiB saved")
+    moved = f"{res['bytes_restored'] / gib:.2f} GiB restored, {res['bytes_saved'] / gib:.2f} GiB saved"
+    print(f"  bytes moved       {moved}")
     print(f"  restore           {res['restore_gbps_per_client']:.2f} GB/s per client (inside restore calls)")
     print(f"  save              {res['save_gbps_per_client']:.2f} GB/s per client (inside save calls)")
     print(f"  aggregate         {res['aggregate_gbps']:.2f} GB/s over {res['wall_seconds']:.2f} s wall")

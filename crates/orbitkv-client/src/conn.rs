@@ -14,6 +14,9 @@ use orbitkv_shm::fdpass::recv_with_fds;
 
 use crate::ClientError;
 
+/// An open connection, its session id and the mapped arena segments.
+pub(crate) type Opened = (Conn, u64, Vec<(u32, Mapping)>);
+
 #[derive(Debug)]
 struct Inner {
     stream: UnixStream,
@@ -29,7 +32,12 @@ pub(crate) struct Conn {
 fn io_err(e: FrameError) -> ClientError {
     match e {
         FrameError::Closed => ClientError::Unavailable("the Manager closed the connection".into()),
-        FrameError::Io(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+        FrameError::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
             ClientError::Unavailable("timed out waiting for the Manager".into())
         }
         FrameError::Io(e) => ClientError::Unavailable(e.to_string()),
@@ -38,19 +46,27 @@ fn io_err(e: FrameError) -> ClientError {
 }
 
 impl Conn {
-    pub(crate) fn open(
-        path: &Path,
-        token: Option<&[u8]>,
-        timeout: Duration,
-    ) -> Result<(Conn, u64, Vec<(u32, Mapping)>), ClientError> {
+    pub(crate) fn open(path: &Path, token: Option<&[u8]>, timeout: Duration) -> Result<Opened, ClientError> {
         let mut stream = UnixStream::connect(path).map_err(|e| {
-            ClientError::Unavailable(format!("cannot connect to {}: {e} (is `orbitkv serve` running?)", path.display()))
+            ClientError::Unavailable(format!(
+                "cannot connect to {}: {e} (is `orbitkv serve` running?)",
+                path.display()
+            ))
         })?;
-        stream.set_read_timeout(Some(timeout)).map_err(|e| ClientError::Unavailable(e.to_string()))?;
-        stream.set_write_timeout(Some(timeout)).map_err(|e| ClientError::Unavailable(e.to_string()))?;
-        let hello = Request::Hello { pid: std::process::id(), token: token.unwrap_or_default().to_vec() };
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| ClientError::Unavailable(e.to_string()))?;
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(|e| ClientError::Unavailable(e.to_string()))?;
+        let hello = Request::Hello {
+            pid: std::process::id(),
+            token: token.unwrap_or_default().to_vec(),
+        };
         write_frame(&mut stream, hello.kind() as u16, 1, &hello.encode()).map_err(io_err)?;
-        stream.flush().map_err(|e| ClientError::Unavailable(e.to_string()))?;
+        stream
+            .flush()
+            .map_err(|e| ClientError::Unavailable(e.to_string()))?;
 
         let mut raw = [0u8; HEADER_LEN];
         let mut fds = recv_with_fds(&stream, &mut raw).map_err(|e| {
@@ -59,14 +75,23 @@ impl Conn {
         let header = Header::decode(&raw).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut body = vec![0u8; header.len as usize];
         if !body.is_empty() {
-            fds.extend(recv_with_fds(&stream, &mut body).map_err(|e| ClientError::Unavailable(e.to_string()))?);
+            fds.extend(
+                recv_with_fds(&stream, &mut body).map_err(|e| ClientError::Unavailable(e.to_string()))?,
+            );
         }
         let resp = decode_response(header.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let (session, segments) = match resp {
             Response::HelloOk { session, segments } => (session, segments),
-            Response::Error { code, message } if code == ErrorCode::Auth as u16 => return Err(ClientError::Auth(message)),
+            Response::Error { code, message } if code == ErrorCode::Auth as u16 => {
+                return Err(ClientError::Auth(message));
+            }
             Response::Error { message, .. } => return Err(ClientError::Protocol(message)),
-            other => return Err(ClientError::Protocol(format!("expected HelloOk, got {:?}", other.kind()))),
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "expected HelloOk, got {:?}",
+                    other.kind()
+                )));
+            }
         };
         if fds.len() != segments.len() {
             return Err(ClientError::Protocol(format!(
@@ -79,13 +104,25 @@ impl Conn {
         for (info, fd) in segments.iter().zip(fds) {
             maps.push((info.id, Mapping::map(&fd, info.size)?));
         }
-        Ok((Conn { inner: Mutex::new(Inner { stream, next_id: 2, broken: false }) }, session, maps))
+        Ok((
+            Conn {
+                inner: Mutex::new(Inner {
+                    stream,
+                    next_id: 2,
+                    broken: false,
+                }),
+            },
+            session,
+            maps,
+        ))
     }
 
     pub(crate) fn call(&self, req: &Request) -> Result<Response, ClientError> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if g.broken {
-            return Err(ClientError::Unavailable("connection to the Manager is broken".into()));
+            return Err(ClientError::Unavailable(
+                "connection to the Manager is broken".into(),
+            ));
         }
         let id = g.next_id;
         g.next_id = g.next_id.wrapping_add(1);
@@ -93,7 +130,10 @@ impl Conn {
             write_frame(&mut g.stream, req.kind() as u16, id, &req.encode()).map_err(io_err)?;
             let (h, body) = read_frame(&mut g.stream).map_err(io_err)?;
             if h.request_id != id && h.request_id != 0 {
-                return Err(ClientError::Protocol(format!("reply id {} for request {id}", h.request_id)));
+                return Err(ClientError::Protocol(format!(
+                    "reply id {} for request {id}",
+                    h.request_id
+                )));
             }
             decode_response(h.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))
         })();

@@ -73,7 +73,13 @@ impl Client {
     /// Connect, authenticate and map the arena.
     pub fn connect(path: &Path, token: Option<&[u8]>, timeout: Duration) -> Result<Client, ClientError> {
         let (conn, session, segs) = conn::Conn::open(path, token, timeout)?;
-        Ok(Client { conn, session, segments: segs, socket_path: path.to_path_buf(), closed: AtomicBool::new(false) })
+        Ok(Client {
+            conn,
+            session,
+            segments: segs,
+            socket_path: path.to_path_buf(),
+            closed: AtomicBool::new(false),
+        })
     }
 
     pub fn session_id(&self) -> u64 {
@@ -121,22 +127,42 @@ impl Client {
         shard: u32,
         salt: [u8; 32],
     ) -> Result<Namespace, ClientError> {
-        match self.call(&Request::RegisterNamespace { fingerprint, shard, salt, block_bytes })? {
-            Response::Namespace { ns, generation } => {
-                Ok(Namespace { id: ns, generation, block_bytes, fingerprint, shard })
-            }
+        match self.call(&Request::RegisterNamespace {
+            fingerprint,
+            shard,
+            salt,
+            block_bytes,
+        })? {
+            Response::Namespace { ns, generation } => Ok(Namespace {
+                id: ns,
+                generation,
+                block_bytes,
+                fingerprint,
+                shard,
+            }),
             r => Err(Self::unexpected(r)),
         }
     }
 
     pub fn lookup(&self, ns: &Namespace, hashes: &[Hash]) -> Result<LookupHit, ClientError> {
         check_count(hashes.len())?;
-        match self.call(&Request::Lookup { ns: ns.id, hashes: hashes.to_vec() })? {
-            Response::LookupOk { lease, hit_blocks, generation } => {
+        match self.call(&Request::Lookup {
+            ns: ns.id,
+            hashes: hashes.to_vec(),
+        })? {
+            Response::LookupOk {
+                lease,
+                hit_blocks,
+                generation,
+            } => {
                 if hit_blocks as usize > hashes.len() || (hit_blocks > 0) != (lease != 0) {
                     return Err(ClientError::Protocol("inconsistent lookup reply".into()));
                 }
-                Ok(LookupHit { lease, hit_blocks, generation })
+                Ok(LookupHit {
+                    lease,
+                    hit_blocks,
+                    generation,
+                })
             }
             r => Err(Self::unexpected(r)),
         }
@@ -168,9 +194,16 @@ impl Client {
         start: usize,
         dst: &mut [&mut [u8]],
     ) -> Result<u64, ClientError> {
-        let end = start.checked_add(dst.len()).filter(|e| *e <= slots.len()).ok_or_else(|| {
-            ClientError::Invalid(format!("blocks {start}..{} outside the {} leased", start + dst.len(), slots.len()))
-        })?;
+        let end = start
+            .checked_add(dst.len())
+            .filter(|e| *e <= slots.len())
+            .ok_or_else(|| {
+                ClientError::Invalid(format!(
+                    "blocks {start}..{} outside the {} leased",
+                    start + dst.len(),
+                    slots.len()
+                ))
+            })?;
         let mut bytes = 0;
         for ((seg, off), d) in slots[start..end].iter().zip(dst.iter_mut()) {
             if d.len() as u64 != block_bytes {
@@ -187,7 +220,10 @@ impl Client {
 
     pub fn begin_save(&self, ns: &Namespace, hashes: &[Hash]) -> Result<PendingSave, ClientError> {
         check_count(hashes.len())?;
-        match self.call(&Request::BeginSave { ns: ns.id, hashes: hashes.to_vec() })? {
+        match self.call(&Request::BeginSave {
+            ns: ns.id,
+            hashes: hashes.to_vec(),
+        })? {
             Response::SaveBegun { save, items } => {
                 if items.len() != hashes.len() {
                     return Err(ClientError::Protocol("save reply length mismatch".into()));
@@ -197,7 +233,9 @@ impl Client {
                     items: items
                         .into_iter()
                         .map(|i| match i {
-                            SaveItem::Allocated { segment, offset } => SlotStatus::Allocated { segment, offset },
+                            SaveItem::Allocated { segment, offset } => {
+                                SlotStatus::Allocated { segment, offset }
+                            }
                             SaveItem::Present => SlotStatus::Present,
                             SaveItem::Refused => SlotStatus::Refused,
                         })
@@ -226,10 +264,18 @@ impl Client {
     /// becomes visible) and returns the error.
     pub fn save(&self, ns: &Namespace, hashes: &[Hash], src: &[&[u8]]) -> Result<SaveResult, ClientError> {
         if src.len() != hashes.len() {
-            return Err(ClientError::Invalid(format!("{} hashes but {} source blocks", hashes.len(), src.len())));
+            return Err(ClientError::Invalid(format!(
+                "{} hashes but {} source blocks",
+                hashes.len(),
+                src.len()
+            )));
         }
         if let Some(s) = src.iter().find(|s| s.len() as u64 != ns.block_bytes) {
-            return Err(ClientError::Invalid(format!("source of {} bytes, block is {}", s.len(), ns.block_bytes)));
+            return Err(ClientError::Invalid(format!(
+                "source of {} bytes, block is {}",
+                s.len(),
+                ns.block_bytes
+            )));
         }
         let pending = self.begin_save(ns, hashes)?;
         let mut res = SaveResult::default();
@@ -256,21 +302,32 @@ impl Client {
 
     /// Lookup + acquire + copy + release in one call: restores the longest hit
     /// prefix of `hashes` into the first `hit` buffers of `dst`.
-    pub fn restore(&self, ns: &Namespace, hashes: &[Hash], dst: &mut [&mut [u8]]) -> Result<u32, ClientError> {
+    pub fn restore(
+        &self,
+        ns: &Namespace,
+        hashes: &[Hash],
+        dst: &mut [&mut [u8]],
+    ) -> Result<u32, ClientError> {
         let hit = self.lookup(ns, hashes)?;
         if hit.hit_blocks == 0 {
             return Ok(0);
         }
         let n = (hit.hit_blocks as usize).min(dst.len());
-        let result = self.acquire(hit.lease).and_then(|slots| self.copy_out(&slots, ns.block_bytes, 0, &mut dst[..n]));
+        let result = self
+            .acquire(hit.lease)
+            .and_then(|slots| self.copy_out(&slots, ns.block_bytes, 0, &mut dst[..n]));
         match result {
             Ok(_) => {
                 self.release(hit.lease)?;
                 Ok(n as u32)
             }
-            Err(ClientError::Server { code: ErrorCode::RestoreFailed, message }) => {
-                Err(ClientError::Server { code: ErrorCode::RestoreFailed, message })
-            }
+            Err(ClientError::Server {
+                code: ErrorCode::RestoreFailed,
+                message,
+            }) => Err(ClientError::Server {
+                code: ErrorCode::RestoreFailed,
+                message,
+            }),
             Err(e) => {
                 let _ = self.release(hit.lease);
                 Err(e)
@@ -329,7 +386,10 @@ impl Drop for Client {
 
 fn check_count(n: usize) -> Result<(), ClientError> {
     if n > orbitkv_proto::MAX_HASHES {
-        return Err(ClientError::Invalid(format!("{n} hashes exceed the per-request limit {}", orbitkv_proto::MAX_HASHES)));
+        return Err(ClientError::Invalid(format!(
+            "{n} hashes exceed the per-request limit {}",
+            orbitkv_proto::MAX_HASHES
+        )));
     }
     Ok(())
 }

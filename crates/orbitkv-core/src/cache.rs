@@ -14,9 +14,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::arena::{ArenaAllocator, aligned_len};
-use crate::keys::{
-    BlockHash, BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,
-};
+use crate::keys::{BlockHash, BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot};
 use crate::policy::S3Fifo;
 
 /// Largest block the arena accepts (a single extent).
@@ -42,7 +40,9 @@ pub enum CacheError {
     UnknownSave(SaveId),
     #[error("{what} {id} belongs to another session")]
     NotOwner { what: &'static str, id: u64 },
-    #[error("generation reset refused: {leases} lease(s) and {saves} pending save(s) still live on this fingerprint")]
+    #[error(
+        "generation reset refused: {leases} lease(s) and {saves} pending save(s) still live on this fingerprint"
+    )]
     Busy { leases: usize, saves: usize },
 }
 
@@ -322,7 +322,10 @@ impl CacheState {
             .keys()
             .filter(|k| {
                 k.generation != current
-                    && self.namespaces.get(&k.ns).is_some_and(|i| i.key.fingerprint == fp)
+                    && self
+                        .namespaces
+                        .get(&k.ns)
+                        .is_some_and(|i| i.key.fingerprint == fp)
             })
             .copied()
             .collect();
@@ -610,8 +613,7 @@ impl CacheState {
     }
 
     pub fn gauges(&self) -> Gauges {
-        let quarantined: Vec<&SessionInfo> =
-            self.sessions.values().filter(|i| i.quarantined).collect();
+        let quarantined: Vec<&SessionInfo> = self.sessions.values().filter(|i| i.quarantined).collect();
         let mut quarantined_bytes = 0;
         for info in &quarantined {
             for sv in &info.saves {

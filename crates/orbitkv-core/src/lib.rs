@@ -11,10 +11,9 @@ pub mod policy;
 
 pub use arena::{ALIGN, ArenaAllocator, aligned_len};
 pub use cache::{
-    CacheError, CacheState, Counters, Gauges, LeaseState, LookupResult, MAX_BLOCK_BYTES,
-    SaveStatus, SessionEnd,
+    CacheError, CacheState, Counters, Gauges, LeaseState, LookupResult, MAX_BLOCK_BYTES, SaveStatus,
+    SessionEnd,
 };
 pub use keys::{
-    BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId,
-    Slot,
+    BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,
 };

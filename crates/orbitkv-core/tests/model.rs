@@ -9,11 +9,11 @@
 //!   is not visible;
 //! - arena accounting and ownership invariants hold after every step.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use orbitkv_core::{
-    BlockHash, CacheError, CacheState, Fingerprint, LeaseId, NamespaceKey, SaveId, SaveStatus,
-    SessionEnd, SessionId,
+    BlockHash, CacheError, CacheState, Fingerprint, LeaseId, NamespaceKey, SaveId, SaveStatus, SessionEnd,
+    SessionId,
 };
 use proptest::prelude::*;
 

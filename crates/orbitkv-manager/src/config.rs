@@ -118,8 +118,10 @@ impl ManagerConfig {
     pub fn from_args(a: Args) -> Result<ManagerConfig, ConfigError> {
         let file = match &a.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|err| ConfigError::Read { path: p.clone(), err })?;
-                toml::from_str::<FileConfig>(&text).map_err(|err| ConfigError::Toml { path: p.clone(), err })?
+                let text =
+                    std::fs::read_to_string(p).map_err(|err| ConfigError::Read { path: p.clone(), err })?;
+                toml::from_str::<FileConfig>(&text)
+                    .map_err(|err| ConfigError::Toml { path: p.clone(), err })?
             }
             None => FileConfig::default(),
         };
@@ -129,22 +131,32 @@ impl ManagerConfig {
             .or(file.socket)
             .unwrap_or_else(|| orbitkv_proto::default_socket_path(uid));
         let dram_size = parse_size(a.dram_size.or(file.dram_size).as_deref().unwrap_or(DEFAULT_DRAM))?;
-        let segment_size = parse_size(a.segment_size.or(file.segment_size).as_deref().unwrap_or(DEFAULT_SEGMENT))?;
+        let segment_size = parse_size(
+            a.segment_size
+                .or(file.segment_size)
+                .as_deref()
+                .unwrap_or(DEFAULT_SEGMENT),
+        )?;
         if dram_size < orbitkv_core::ALIGN {
-            return Err(ConfigError::Invalid(format!("dram_size {dram_size} is below one 4 KiB page")));
+            return Err(ConfigError::Invalid(format!(
+                "dram_size {dram_size} is below one 4 KiB page"
+            )));
         }
         if segment_size < orbitkv_core::ALIGN || segment_size % orbitkv_core::ALIGN != 0 {
             return Err(ConfigError::Invalid(format!(
                 "segment_size {segment_size} must be a positive multiple of 4096"
             )));
         }
-        let metrics = a.metrics_addr.or(file.metrics_addr).unwrap_or_else(|| DEFAULT_METRICS.into());
+        let metrics = a
+            .metrics_addr
+            .or(file.metrics_addr)
+            .unwrap_or_else(|| DEFAULT_METRICS.into());
         let metrics_addr = if metrics.eq_ignore_ascii_case("off") {
             None
         } else {
-            let addr: SocketAddr = metrics
-                .parse()
-                .map_err(|_| ConfigError::Invalid(format!("metrics_addr {metrics:?} is not host:port or \"off\"")))?;
+            let addr: SocketAddr = metrics.parse().map_err(|_| {
+                ConfigError::Invalid(format!("metrics_addr {metrics:?} is not host:port or \"off\""))
+            })?;
             if !addr.ip().is_loopback() {
                 return Err(ConfigError::Invalid(format!(
                     "metrics_addr {addr} is not loopback; the metrics endpoint has no authentication, so only 127.0.0.0/8 or [::1] is allowed"
@@ -178,7 +190,9 @@ impl ManagerConfig {
             .ok()
             .filter(|m| *m <= 0o777 && m & 0o007 == 0)
             .ok_or_else(|| {
-                ConfigError::Invalid(format!("socket_mode {mode_s:?} must be octal and grant nothing to others"))
+                ConfigError::Invalid(format!(
+                    "socket_mode {mode_s:?} must be octal and grant nothing to others"
+                ))
             })?;
         let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
             .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
@@ -234,7 +248,8 @@ mod tests {
         assert!(e.to_string().contains("requires --token-file"));
         let e = ManagerConfig::from_argv(["x", "--socket-mode", "666"]).expect_err("world");
         assert!(e.to_string().contains("grant nothing to others"));
-        let c = ManagerConfig::from_argv(["x", "--dram-size", "10MiB", "--segment-size", "4MiB"]).expect("ok");
+        let c =
+            ManagerConfig::from_argv(["x", "--dram-size", "10MiB", "--segment-size", "4MiB"]).expect("ok");
         assert_eq!(c.segment_sizes(), vec![4 << 20, 4 << 20, 2 << 20]);
     }
 

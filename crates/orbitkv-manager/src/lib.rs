@@ -52,8 +52,11 @@ impl Manager {
         for (i, size) in config.segment_sizes().into_iter().enumerate() {
             segments.push(Segment::create(&format!("orbitkv-arena-{i}"), size)?);
         }
-        let listener = server::bind(&config.socket, config.socket_mode)
-            .map_err(|err| ManagerError::Bind { path: config.socket.clone(), err })?;
+        let listener =
+            server::bind(&config.socket, config.socket_mode).map_err(|err| ManagerError::Bind {
+                path: config.socket.clone(),
+                err,
+            })?;
         let metrics = match config.metrics_addr {
             Some(addr) => Some(TcpListener::bind(addr).map_err(|err| ManagerError::Metrics { addr, err })?),
             None => None,
@@ -61,7 +64,10 @@ impl Manager {
         let shared = Arc::new(Shared::new(config, segments));
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new().name(name.into()).spawn(f).map_err(ManagerError::Thread)
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(ManagerError::Thread)
         };
         if let Some(m) = metrics {
             let addr = m.local_addr().ok();
@@ -72,7 +78,10 @@ impl Manager {
             threads.push(spawn("orbitkv-metrics", Box::new(move || metrics::serve(sh, m)))?);
         }
         let sh = shared.clone();
-        threads.push(spawn("orbitkv-accept", Box::new(move || server::accept_loop(sh, listener)))?);
+        threads.push(spawn(
+            "orbitkv-accept",
+            Box::new(move || server::accept_loop(sh, listener)),
+        )?);
         let sh = shared.clone();
         threads.push(spawn("orbitkv-reaper", Box::new(move || server::reaper(sh)))?);
         log!(
@@ -81,7 +90,12 @@ impl Manager {
             shared.config.socket.display(),
             shared.config.dram_size,
             shared.segments.len(),
-            shared.metrics_addr.lock().ok().and_then(|a| *a).map_or("off".to_string(), |a| format!("http://{a}/metrics"))
+            shared
+                .metrics_addr
+                .lock()
+                .ok()
+                .and_then(|a| *a)
+                .map_or("off".to_string(), |a| format!("http://{a}/metrics"))
         );
         Ok(Manager { shared, threads })
     }

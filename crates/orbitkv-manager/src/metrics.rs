@@ -35,7 +35,11 @@ fn answer(shared: &Shared, mut s: TcpStream) -> std::io::Result<()> {
         ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", stats::prometheus(shared)),
         ("GET", "/health") => ("200 OK", "text/plain", "ok\n".to_string()),
         ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain", "method not allowed\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "method not allowed\n".to_string(),
+        ),
     };
     write!(
         s,

@@ -12,16 +12,17 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use crate::session;
 use crate::shared::Shared;
 
-const POLL: Timespec = Timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+const POLL: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: 100_000_000,
+};
 
 /// Bind the Unix socket: parent directory created 0700, stale socket of a dead
 /// Manager replaced, a live Manager never displaced, file mode applied.
 pub fn bind(path: &Path, mode: u32) -> io::Result<UnixListener> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     if path.exists() {
         match UnixStream::connect(path) {

@@ -7,9 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use orbitkv_core::{CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionEnd, SessionId};
+use orbitkv_core::{
+    CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionEnd, SessionId,
+};
 use orbitkv_proto::{
-    ErrorCode, FrameError, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, read_frame, write_frame,
+    ErrorCode, FrameError, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, read_frame,
+    write_frame,
 };
 use orbitkv_shm::fdpass::send_with_fds;
 use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
@@ -42,7 +45,11 @@ fn authorize(shared: &Shared, cred: &PeerCred) -> Result<(), String> {
     if cred.uid == my_uid() || shared.config.allow_uids.contains(&cred.uid) {
         Ok(())
     } else {
-        Err(format!("peer uid {} is not allowed (Manager uid {})", cred.uid, my_uid()))
+        Err(format!(
+            "peer uid {} is not allowed (Manager uid {})",
+            cred.uid,
+            my_uid()
+        ))
     }
 }
 
@@ -64,13 +71,25 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
             Ok(Request::Hello { token, .. }) => (h.request_id, token),
             Ok(_) | Err(_) => {
                 ServerCounters::inc(&shared.counters.bad_frames);
-                refuse(&mut stream, &shared, h.request_id, ErrorCode::BadFrame, "malformed Hello");
+                refuse(
+                    &mut stream,
+                    &shared,
+                    h.request_id,
+                    ErrorCode::BadFrame,
+                    "malformed Hello",
+                );
                 return;
             }
         },
         Ok((h, _)) => {
             ServerCounters::inc(&shared.counters.bad_frames);
-            refuse(&mut stream, &shared, h.request_id, ErrorCode::BadFrame, "first frame must be Hello");
+            refuse(
+                &mut stream,
+                &shared,
+                h.request_id,
+                ErrorCode::BadFrame,
+                "first frame must be Hello",
+            );
             return;
         }
         Err(FrameError::Closed) => return,
@@ -80,9 +99,17 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
             return;
         }
     };
-    if let Some(expected) = &shared.config.token {
-        if !token_eq(expected, &token) {
-            refuse(&mut stream, &shared, hello_id, ErrorCode::Auth, "wrong or missing token");
+    if let Some(expected) = &shared.config.token
+        && !token_eq(expected, &token)
+    {
+        {
+            refuse(
+                &mut stream,
+                &shared,
+                hello_id,
+                ErrorCode::Auth,
+                "wrong or missing token",
+            );
             return;
         }
     }
@@ -96,7 +123,10 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
             .segments
             .iter()
             .enumerate()
-            .map(|(i, s)| SegmentInfo { id: i as u32, size: s.size() })
+            .map(|(i, s)| SegmentInfo {
+                id: i as u32,
+                size: s.size(),
+            })
             .collect(),
     };
     let mut frame = Vec::new();
@@ -109,7 +139,13 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
         end(&shared, session, cred.pid, process, SessionEnd::Vanished);
         return;
     }
-    log!(Debug, "session {} opened by pid {} uid {}", session.0, cred.pid, cred.uid);
+    log!(
+        Debug,
+        "session {} opened by pid {} uid {}",
+        session.0,
+        cred.pid,
+        cred.uid
+    );
 
     let how = request_loop(&shared, &mut stream, session);
     end(&shared, session, cred.pid, process, how);
@@ -150,7 +186,10 @@ fn request_loop(shared: &Shared, stream: &mut UnixStream, session: SessionId) ->
             Ok(req) => (handle(shared, session, req), false),
             Err(e) => {
                 ServerCounters::inc(&shared.counters.bad_frames);
-                (Response::error(ErrorCode::BadFrame, format!("kind {:#06x}: {e}", h.kind)), false)
+                (
+                    Response::error(ErrorCode::BadFrame, format!("kind {:#06x}: {e}", h.kind)),
+                    false,
+                )
             }
         };
         if reply(stream, h.request_id, &resp).is_err() {
@@ -176,7 +215,11 @@ fn end(shared: &Shared, session: SessionId, pid: i32, process: Option<ProcessHan
             "session {} (pid {pid}) vanished holding leases/slots: quarantined until the process is gone",
             session.0
         );
-        shared.quarantine().push(Quarantined { session, pid, process });
+        shared.quarantine().push(Quarantined {
+            session,
+            pid,
+            process,
+        });
     }
 }
 
@@ -198,16 +241,32 @@ fn map(r: Result<Response, CacheError>) -> Response {
 fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
     match req {
         Request::Hello { .. } => Response::error(ErrorCode::BadFrame, "Hello sent twice"),
-        Request::RegisterNamespace { fingerprint, shard, salt, block_bytes } => {
-            let key = NamespaceKey { fingerprint: Fingerprint(fingerprint), shard, salt };
+        Request::RegisterNamespace {
+            fingerprint,
+            shard,
+            salt,
+            block_bytes,
+        } => {
+            let key = NamespaceKey {
+                fingerprint: Fingerprint(fingerprint),
+                shard,
+                salt,
+            };
             map(shared
                 .cache()
                 .register_namespace(key, block_bytes)
                 .map(|(ns, generation)| Response::Namespace { ns: ns.0, generation }))
         }
-        Request::Lookup { ns, hashes } => map(shared.cache().lookup(s, NsId(ns), &hashes).map(|r| {
-            Response::LookupOk { lease: r.lease.map_or(0, |l| l.0), hit_blocks: r.hit_blocks, generation: r.generation }
-        })),
+        Request::Lookup { ns, hashes } => {
+            map(shared
+                .cache()
+                .lookup(s, NsId(ns), &hashes)
+                .map(|r| Response::LookupOk {
+                    lease: r.lease.map_or(0, |l| l.0),
+                    hit_blocks: r.hit_blocks,
+                    generation: r.generation,
+                }))
+        }
         Request::Acquire { lease } => {
             let mut cache = shared.cache();
             let injected = shared
@@ -230,25 +289,34 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             if r.is_ok() {
                 ServerCounters::inc(&shared.counters.leases_acquired);
             }
-            map(r.map(|slots| Response::Slots { slots: slots.iter().map(|x| (x.segment, x.offset)).collect() }))
+            map(r.map(|slots| Response::Slots {
+                slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
+            }))
         }
         Request::Release { lease } => map(shared.cache().release(s, LeaseId(lease)).map(|_| Response::Ok)),
-        Request::BeginSave { ns, hashes } => map(shared.cache().begin_save(s, NsId(ns), &hashes).map(|(id, st)| {
-            Response::SaveBegun {
-                save: id.0,
-                items: st
-                    .into_iter()
-                    .map(|x| match x {
-                        SaveStatus::Allocated(slot) => SaveItem::Allocated { segment: slot.segment, offset: slot.offset },
-                        SaveStatus::Present => SaveItem::Present,
-                        SaveStatus::Refused => SaveItem::Refused,
-                    })
-                    .collect(),
-            }
-        })),
-        Request::CommitSave { save } => {
-            map(shared.cache().commit_save(s, SaveId(save)).map(|blocks| Response::Committed { blocks }))
+        Request::BeginSave { ns, hashes } => {
+            map(shared
+                .cache()
+                .begin_save(s, NsId(ns), &hashes)
+                .map(|(id, st)| Response::SaveBegun {
+                    save: id.0,
+                    items: st
+                        .into_iter()
+                        .map(|x| match x {
+                            SaveStatus::Allocated(slot) => SaveItem::Allocated {
+                                segment: slot.segment,
+                                offset: slot.offset,
+                            },
+                            SaveStatus::Present => SaveItem::Present,
+                            SaveStatus::Refused => SaveItem::Refused,
+                        })
+                        .collect(),
+                }))
         }
+        Request::CommitSave { save } => map(shared
+            .cache()
+            .commit_save(s, SaveId(save))
+            .map(|blocks| Response::Committed { blocks })),
         Request::AbortSave { save } => map(shared.cache().abort_save(s, SaveId(save)).map(|_| Response::Ok)),
         Request::ResetGeneration { ns } => {
             let r = shared.cache().bump_generation(NsId(ns));
@@ -257,7 +325,9 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             }
             map(r.map(|generation| Response::Generation { generation }))
         }
-        Request::Stats => Response::StatsOk { json: stats::json(shared) },
+        Request::Stats => Response::StatsOk {
+            json: stats::json(shared),
+        },
         Request::InjectFault { restore_failures } => {
             if !shared.config.enable_fault_injection {
                 return Response::error(

@@ -20,44 +20,219 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
     let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     vec![
         ("lookups_total", "Lookup requests", "counter", c.lookups),
-        ("lookup_blocks_total", "Blocks asked for by lookups", "counter", c.lookup_blocks),
-        ("hit_blocks_total", "Blocks found (longest contiguous prefix)", "counter", c.hit_blocks),
-        ("leases_granted_total", "Leases granted (hit blocks pinned)", "counter", c.leases_granted),
-        ("leases_acquired_total", "Leases whose sources were handed out for copying", "counter", ld(&sc.leases_acquired)),
-        ("leases_retired_total", "Leases retired (copies drained, pins released)", "counter", c.leases_retired),
+        (
+            "lookup_blocks_total",
+            "Blocks asked for by lookups",
+            "counter",
+            c.lookup_blocks,
+        ),
+        (
+            "hit_blocks_total",
+            "Blocks found (longest contiguous prefix)",
+            "counter",
+            c.hit_blocks,
+        ),
+        (
+            "leases_granted_total",
+            "Leases granted (hit blocks pinned)",
+            "counter",
+            c.leases_granted,
+        ),
+        (
+            "leases_acquired_total",
+            "Leases whose sources were handed out for copying",
+            "counter",
+            ld(&sc.leases_acquired),
+        ),
+        (
+            "leases_retired_total",
+            "Leases retired (copies drained, pins released)",
+            "counter",
+            c.leases_retired,
+        ),
         ("saves_begun_total", "Save requests", "counter", c.saves_begun),
-        ("blocks_committed_total", "Blocks made visible", "counter", c.blocks_committed),
-        ("blocks_present_total", "Save blocks skipped because already visible", "counter", c.blocks_present),
-        ("blocks_refused_total", "Save blocks refused by admission (no evictable space)", "counter", c.blocks_refused),
-        ("blocks_aborted_total", "Allocated save blocks discarded without commit", "counter", c.blocks_aborted),
-        ("blocks_duplicate_on_commit_total", "Committed blocks that lost a race to an equal key", "counter", c.blocks_duplicate_on_commit),
-        ("evictions_total", "Blocks evicted from DRAM", "counter", c.evictions),
-        ("evicted_bytes_total", "Bytes evicted from DRAM", "counter", c.evicted_bytes),
-        ("generation_bumps_total", "Namespace generation resets", "counter", c.generation_bumps),
-        ("generation_purged_blocks_total", "Blocks dropped by generation resets", "counter", c.generation_purged_blocks),
-        ("sessions_opened_total", "Sessions opened", "counter", ld(&sc.sessions_opened)),
-        ("sessions_closed_clean_total", "Sessions closed after drain", "counter", ld(&sc.sessions_closed_clean)),
-        ("sessions_vanished_total", "Sessions whose connection dropped without Close", "counter", ld(&sc.sessions_vanished)),
-        ("sessions_quarantined_total", "Vanished sessions that held leases or slots", "counter", c.sessions_quarantined),
-        ("sessions_unquarantined_total", "Quarantined sessions released after process exit", "counter", c.sessions_released_from_quarantine),
-        ("auth_refused_total", "Connections refused by uid or token checks", "counter", ld(&sc.auth_refused)),
-        ("bad_frames_total", "Malformed, truncated or oversized frames", "counter", ld(&sc.bad_frames)),
-        ("restore_failures_injected_total", "Restores failed by fault injection", "counter", ld(&sc.restore_failures_injected)),
-        ("dram_capacity_bytes", "DRAM arena capacity", "gauge", g.capacity_bytes),
-        ("dram_free_bytes", "Unallocated DRAM arena bytes", "gauge", g.free_bytes),
-        ("dram_visible_blocks", "Visible blocks in DRAM", "gauge", g.visible_blocks),
-        ("dram_visible_bytes", "Bytes of visible blocks in DRAM", "gauge", g.visible_bytes),
-        ("dram_pinned_blocks", "Visible blocks pinned by leases", "gauge", g.pinned_blocks),
-        ("dram_pending_save_bytes", "Allocated, not yet committed save bytes", "gauge", g.pending_save_bytes),
+        (
+            "blocks_committed_total",
+            "Blocks made visible",
+            "counter",
+            c.blocks_committed,
+        ),
+        (
+            "blocks_present_total",
+            "Save blocks skipped because already visible",
+            "counter",
+            c.blocks_present,
+        ),
+        (
+            "blocks_refused_total",
+            "Save blocks refused by admission (no evictable space)",
+            "counter",
+            c.blocks_refused,
+        ),
+        (
+            "blocks_aborted_total",
+            "Allocated save blocks discarded without commit",
+            "counter",
+            c.blocks_aborted,
+        ),
+        (
+            "blocks_duplicate_on_commit_total",
+            "Committed blocks that lost a race to an equal key",
+            "counter",
+            c.blocks_duplicate_on_commit,
+        ),
+        (
+            "evictions_total",
+            "Blocks evicted from DRAM",
+            "counter",
+            c.evictions,
+        ),
+        (
+            "evicted_bytes_total",
+            "Bytes evicted from DRAM",
+            "counter",
+            c.evicted_bytes,
+        ),
+        (
+            "generation_bumps_total",
+            "Namespace generation resets",
+            "counter",
+            c.generation_bumps,
+        ),
+        (
+            "generation_purged_blocks_total",
+            "Blocks dropped by generation resets",
+            "counter",
+            c.generation_purged_blocks,
+        ),
+        (
+            "sessions_opened_total",
+            "Sessions opened",
+            "counter",
+            ld(&sc.sessions_opened),
+        ),
+        (
+            "sessions_closed_clean_total",
+            "Sessions closed after drain",
+            "counter",
+            ld(&sc.sessions_closed_clean),
+        ),
+        (
+            "sessions_vanished_total",
+            "Sessions whose connection dropped without Close",
+            "counter",
+            ld(&sc.sessions_vanished),
+        ),
+        (
+            "sessions_quarantined_total",
+            "Vanished sessions that held leases or slots",
+            "counter",
+            c.sessions_quarantined,
+        ),
+        (
+            "sessions_unquarantined_total",
+            "Quarantined sessions released after process exit",
+            "counter",
+            c.sessions_released_from_quarantine,
+        ),
+        (
+            "auth_refused_total",
+            "Connections refused by uid or token checks",
+            "counter",
+            ld(&sc.auth_refused),
+        ),
+        (
+            "bad_frames_total",
+            "Malformed, truncated or oversized frames",
+            "counter",
+            ld(&sc.bad_frames),
+        ),
+        (
+            "restore_failures_injected_total",
+            "Restores failed by fault injection",
+            "counter",
+            ld(&sc.restore_failures_injected),
+        ),
+        (
+            "dram_capacity_bytes",
+            "DRAM arena capacity",
+            "gauge",
+            g.capacity_bytes,
+        ),
+        (
+            "dram_free_bytes",
+            "Unallocated DRAM arena bytes",
+            "gauge",
+            g.free_bytes,
+        ),
+        (
+            "dram_visible_blocks",
+            "Visible blocks in DRAM",
+            "gauge",
+            g.visible_blocks,
+        ),
+        (
+            "dram_visible_bytes",
+            "Bytes of visible blocks in DRAM",
+            "gauge",
+            g.visible_bytes,
+        ),
+        (
+            "dram_pinned_blocks",
+            "Visible blocks pinned by leases",
+            "gauge",
+            g.pinned_blocks,
+        ),
+        (
+            "dram_pending_save_bytes",
+            "Allocated, not yet committed save bytes",
+            "gauge",
+            g.pending_save_bytes,
+        ),
         ("live_leases", "Leases not yet retired", "gauge", g.live_leases),
-        ("live_saves", "Saves not yet committed or aborted", "gauge", g.live_saves),
-        ("sessions", "Sessions known to the cache (open or quarantined)", "gauge", g.sessions),
-        ("quarantined_sessions", "Sessions held until their process is proven gone", "gauge", g.quarantined_sessions),
-        ("quarantined_bytes", "Arena bytes held by quarantined saves", "gauge", g.quarantined_bytes),
-        ("quarantined_unprovable_sessions", "Quarantined sessions whose process cannot be watched (no pidfd)", "gauge", unprovable),
+        (
+            "live_saves",
+            "Saves not yet committed or aborted",
+            "gauge",
+            g.live_saves,
+        ),
+        (
+            "sessions",
+            "Sessions known to the cache (open or quarantined)",
+            "gauge",
+            g.sessions,
+        ),
+        (
+            "quarantined_sessions",
+            "Sessions held until their process is proven gone",
+            "gauge",
+            g.quarantined_sessions,
+        ),
+        (
+            "quarantined_bytes",
+            "Arena bytes held by quarantined saves",
+            "gauge",
+            g.quarantined_bytes,
+        ),
+        (
+            "quarantined_unprovable_sessions",
+            "Quarantined sessions whose process cannot be watched (no pidfd)",
+            "gauge",
+            unprovable,
+        ),
         ("namespaces", "Registered namespaces", "gauge", g.namespaces),
-        ("segments", "Arena segments", "gauge", shared.segments.len() as u64),
-        ("uptime_seconds", "Seconds since start", "gauge", shared.started.elapsed().as_secs()),
+        (
+            "segments",
+            "Arena segments",
+            "gauge",
+            shared.segments.len() as u64,
+        ),
+        (
+            "uptime_seconds",
+            "Seconds since start",
+            "gauge",
+            shared.started.elapsed().as_secs(),
+        ),
     ]
 }
 
@@ -73,7 +248,12 @@ pub fn json(shared: &Shared) -> String {
     m.insert("pid".into(), std::process::id().into());
     m.insert(
         "segment_sizes".into(),
-        shared.segments.iter().map(|s| serde_json::Value::from(s.size())).collect::<Vec<_>>().into(),
+        shared
+            .segments
+            .iter()
+            .map(|s| serde_json::Value::from(s.size()))
+            .collect::<Vec<_>>()
+            .into(),
     );
     serde_json::Value::Object(m).to_string()
 }
@@ -81,7 +261,9 @@ pub fn json(shared: &Shared) -> String {
 pub fn prometheus(shared: &Shared) -> String {
     let mut out = String::new();
     for (name, help, kind, v) in snapshot(shared) {
-        out.push_str(&format!("# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\norbitkv_{name} {v}\n"));
+        out.push_str(&format!(
+            "# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\norbitkv_{name} {v}\n"
+        ));
     }
     out
 }

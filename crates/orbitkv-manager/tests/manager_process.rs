@@ -44,7 +44,10 @@ fn two_sessions_share_blocks_byte_exact_with_cold_partial_and_full_hits() {
     for i in 0..5 {
         assert_eq!(out[i], blocks[i], "block {i} differs");
     }
-    assert!(out[5].iter().all(|&x| x == 0), "blocks past the hit are untouched");
+    assert!(
+        out[5].iter().all(|&x| x == 0),
+        "blocks past the hit are untouched"
+    );
 
     // B saves the rest; saving the first five again is skipped as present.
     let src: Vec<&[u8]> = blocks.iter().map(|v| v.as_slice()).collect();
@@ -63,14 +66,29 @@ fn two_sessions_share_blocks_byte_exact_with_cold_partial_and_full_hits() {
     assert_eq!(a.lookup(&ns_a, &other).expect("lookup").hit_blocks, 0);
 
     // Another shard, salt or fingerprint never shares.
-    for (fp, shard, salt) in [([2u8; 32], 0, [0u8; 32]), ([1; 32], 1, [0; 32]), ([1; 32], 0, [5; 32])] {
+    for (fp, shard, salt) in [
+        ([2u8; 32], 0, [0u8; 32]),
+        ([1; 32], 1, [0; 32]),
+        ([1; 32], 0, [5; 32]),
+    ] {
         let ns = a.register_namespace(fp, BB as u64, shard, salt).expect("ns");
         assert_ne!(ns.id, ns_a.id);
         assert_eq!(a.lookup(&ns, &hashes).expect("lookup").hit_blocks, 0);
     }
     // Same identity with another block size is a configuration error.
-    let e = b.register_namespace([1; 32], 4096, 0, [0; 32]).expect_err("mismatch");
-    assert!(matches!(e, ClientError::Server { code: ErrorCode::InvalidArgument, .. }), "{e}");
+    let e = b
+        .register_namespace([1; 32], 4096, 0, [0; 32])
+        .expect_err("mismatch");
+    assert!(
+        matches!(
+            e,
+            ClientError::Server {
+                code: ErrorCode::InvalidArgument,
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     a.close().expect("close");
     b.close().expect("close");
@@ -89,10 +107,21 @@ fn aborted_and_uncommitted_saves_are_never_visible() {
     let p = c.begin_save(&ns, &hashes).expect("begin");
     assert!(matches!(p.items[0], SlotStatus::Allocated { .. }));
     let other = m.client();
-    assert_eq!(other.lookup(&ns, &hashes).expect("lookup").hit_blocks, 0, "uncommitted is invisible");
+    assert_eq!(
+        other.lookup(&ns, &hashes).expect("lookup").hit_blocks,
+        0,
+        "uncommitted is invisible"
+    );
     c.abort_save(p.id).expect("abort");
-    assert_eq!(other.lookup(&ns, &hashes).expect("lookup").hit_blocks, 0, "aborted is invisible");
-    assert!(c.commit_save(p.id).is_err(), "an aborted save cannot be committed");
+    assert_eq!(
+        other.lookup(&ns, &hashes).expect("lookup").hit_blocks,
+        0,
+        "aborted is invisible"
+    );
+    assert!(
+        c.commit_save(p.id).is_err(),
+        "an aborted save cannot be committed"
+    );
     let st = m.stats();
     assert_eq!(st["dram_pending_save_bytes"], 0);
     assert_eq!(st["blocks_aborted_total"], 2);
@@ -120,7 +149,10 @@ fn eviction_under_pressure_spares_leased_blocks_and_refuses_when_all_pinned() {
         assert_eq!(r.stored + r.refused, 4);
     }
     let st = m.stats();
-    assert!(st["evictions_total"].as_u64().unwrap_or(0) > 0, "pressure evicted something");
+    assert!(
+        st["evictions_total"].as_u64().unwrap_or(0) > 0,
+        "pressure evicted something"
+    );
     // The leased blocks survived, byte-exact.
     let slots = c.acquire(lease.lease).expect("acquire");
     let mut out = vec![vec![0u8; BB]; 4];
@@ -154,7 +186,10 @@ fn eviction_under_pressure_spares_leased_blocks_and_refuses_when_all_pinned() {
 fn raw_session(m: &ManagerProc) -> UnixStream {
     let mut s = UnixStream::connect(m.socket()).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    let hello = Request::Hello { pid: std::process::id(), token: vec![] };
+    let hello = Request::Hello {
+        pid: std::process::id(),
+        token: vec![],
+    };
     write_frame(&mut s, Kind::Hello as u16, 1, &hello.encode()).expect("hello");
     // Read HelloOk (fds are dropped with the control message we do not ask for).
     let (h, _) = read_frame(&mut s).expect("hello ok");
@@ -194,18 +229,29 @@ fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_worki
 
     // Oversized frame: error, then the connection is dropped.
     let mut s2 = raw_session(&m);
-    let mut hdr = orbitkv_proto::Header { version: 1, kind: 3, len: 0, request_id: 5 }.encode();
+    let mut hdr = orbitkv_proto::Header {
+        version: 1,
+        kind: 3,
+        len: 0,
+        request_id: 5,
+    }
+    .encode();
     hdr[8..12].copy_from_slice(&(64u32 << 20).to_le_bytes());
     s2.write_all(&hdr).expect("write");
     let (code, msg) = read_error(&mut s2);
     assert_eq!(code, ErrorCode::TooLarge as u16);
     assert!(msg.contains("exceeds"), "{msg}");
     let mut rest = Vec::new();
-    assert_eq!(s2.read_to_end(&mut rest).expect("eof"), 0, "connection closed after oversized frame");
+    assert_eq!(
+        s2.read_to_end(&mut rest).expect("eof"),
+        0,
+        "connection closed after oversized frame"
+    );
 
     // Pure garbage as the first bytes of a connection.
     let mut s3 = UnixStream::connect(m.socket()).expect("connect");
-    s3.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    s3.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     s3.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
     let (code, msg) = read_error(&mut s3);
     assert_eq!(code, ErrorCode::BadFrame as u16);
@@ -213,7 +259,14 @@ fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_worki
 
     // A frame cut off mid-body, then EOF.
     let mut s4 = raw_session(&m);
-    let mut hdr = orbitkv_proto::Header { version: 1, kind: 3, len: 100, request_id: 6 }.encode().to_vec();
+    let mut hdr = orbitkv_proto::Header {
+        version: 1,
+        kind: 3,
+        len: 100,
+        request_id: 6,
+    }
+    .encode()
+    .to_vec();
     hdr.extend_from_slice(&[0; 10]);
     s4.write_all(&hdr).expect("write");
     drop(s4);
@@ -234,11 +287,27 @@ fn token_is_required_when_configured() {
     let m = ManagerProc::start(&["--token-file", tok.to_str().expect("utf8")]);
     let e = Client::connect(m.socket(), None, Duration::from_secs(5)).expect_err("no token");
     assert!(matches!(e, ClientError::Auth(_)), "{e}");
-    let e = Client::connect(m.socket(), Some(b"0123456789abcdef-wrong"), Duration::from_secs(5)).expect_err("wrong");
-    assert!(matches!(e, ClientError::Auth(ref s) if s.contains("token")), "{e}");
-    let c = Client::connect(m.socket(), Some(b"0123456789abcdef-secret"), Duration::from_secs(5)).expect("right");
+    let e = Client::connect(
+        m.socket(),
+        Some(b"0123456789abcdef-wrong"),
+        Duration::from_secs(5),
+    )
+    .expect_err("wrong");
+    assert!(
+        matches!(e, ClientError::Auth(ref s) if s.contains("token")),
+        "{e}"
+    );
+    let c = Client::connect(
+        m.socket(),
+        Some(b"0123456789abcdef-secret"),
+        Duration::from_secs(5),
+    )
+    .expect("right");
     c.close().expect("close");
-    assert_eq!(m.stats_with_token(b"0123456789abcdef-secret")["auth_refused_total"], 2);
+    assert_eq!(
+        m.stats_with_token(b"0123456789abcdef-secret")["auth_refused_total"],
+        2
+    );
 }
 
 trait StatsWithToken {
@@ -270,7 +339,10 @@ fn socket_is_private_and_a_wrong_uid_peer_is_refused() {
             .output()
             .expect("run child");
         let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(text.contains("CHILD-RESULT: refused: refused by the Manager: peer uid 65534 is not allowed"), "{text}");
+        assert!(
+            text.contains("CHILD-RESULT: refused: refused by the Manager: peer uid 65534 is not allowed"),
+            "{text}"
+        );
         assert_eq!(m.stats()["auth_refused_total"], 1);
     } else {
         println!("wrong-uid half skipped: needs root to act as another uid");
@@ -278,13 +350,19 @@ fn socket_is_private_and_a_wrong_uid_peer_is_refused() {
 }
 
 fn rustix_is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
 }
 
 /// Child role for the wrong-uid test (does nothing when run normally).
 #[test]
 fn child_connects() {
-    let Some(path) = std::env::var_os("ORBITKV_TEST_CHILD") else { return };
+    let Some(path) = std::env::var_os("ORBITKV_TEST_CHILD") else {
+        return;
+    };
     match Client::connect(std::path::Path::new(&path), None, Duration::from_secs(5)) {
         Ok(_) => println!("CHILD-RESULT: connected"),
         Err(e) => println!("CHILD-RESULT: refused: {e}"),
@@ -307,13 +385,25 @@ fn vanished_session_is_quarantined_while_its_process_lives() {
     eventually("session quarantined", || m.stats()["quarantined_sessions"] == 1);
     std::thread::sleep(Duration::from_millis(300));
     let st = m.stats();
-    assert_eq!(st["quarantined_sessions"], 1, "still held: the process has not exited");
+    assert_eq!(
+        st["quarantined_sessions"], 1,
+        "still held: the process has not exited"
+    );
     assert_eq!(st["dram_pinned_blocks"], 1);
     assert_eq!(st["dram_pending_save_bytes"], 4096);
     // A generation reset is refused while the quarantined owners live.
     let other = m.client();
     let e = other.reset_generation(&ns).expect_err("busy");
-    assert!(matches!(e, ClientError::Server { code: ErrorCode::Busy, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ClientError::Server {
+                code: ErrorCode::Busy,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -328,11 +418,25 @@ fn reset_generation_gives_cold_miss_then_reuse() {
     c.save(&other_fp, &hs, &[&d[0], &d[1]]).expect("save");
     let l = c.lookup(&ns, &hs).expect("lookup");
     let e = c.reset_generation(&ns).expect_err("busy while leased");
-    assert!(matches!(e, ClientError::Server { code: ErrorCode::Busy, .. }));
+    assert!(matches!(
+        e,
+        ClientError::Server {
+            code: ErrorCode::Busy,
+            ..
+        }
+    ));
     c.release(l.lease).expect("release");
     assert_eq!(c.reset_generation(&ns).expect("reset"), 1);
-    assert_eq!(c.lookup(&ns, &hs).expect("lookup").hit_blocks, 0, "cold miss after reset");
-    assert_eq!(c.lookup(&other_fp, &hs).expect("lookup").hit_blocks, 2, "other fingerprints keep theirs");
+    assert_eq!(
+        c.lookup(&ns, &hs).expect("lookup").hit_blocks,
+        0,
+        "cold miss after reset"
+    );
+    assert_eq!(
+        c.lookup(&other_fp, &hs).expect("lookup").hit_blocks,
+        2,
+        "other fingerprints keep theirs"
+    );
     c.save(&ns, &hs, &[&d[0], &d[1]]).expect("save");
     let mut out = vec![vec![0u8; 4096]; 2];
     let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
@@ -349,14 +453,35 @@ fn injected_restore_failure_releases_the_lease_and_is_refused_when_disabled() {
     c.save(&ns, &hs, &[&block(9, 4096)]).expect("save");
     c.inject_faults(1).expect("inject");
     let mut out = vec![0u8; 4096];
-    let e = c.restore(&ns, &hs, &mut [out.as_mut_slice()]).expect_err("fails once");
-    assert!(matches!(e, ClientError::Server { code: ErrorCode::RestoreFailed, .. }), "{e}");
+    let e = c
+        .restore(&ns, &hs, &mut [out.as_mut_slice()])
+        .expect_err("fails once");
+    assert!(
+        matches!(
+            e,
+            ClientError::Server {
+                code: ErrorCode::RestoreFailed,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(m.stats()["live_leases"], 0);
-    assert_eq!(c.restore(&ns, &hs, &mut [out.as_mut_slice()]).expect("then works"), 1);
+    assert_eq!(
+        c.restore(&ns, &hs, &mut [out.as_mut_slice()])
+            .expect("then works"),
+        1
+    );
 
     let plain = ManagerProc::start(&[]);
     let e = plain.client().inject_faults(1).expect_err("disabled");
-    assert!(matches!(e, ClientError::Server { code: ErrorCode::FaultInjectionDisabled, .. }));
+    assert!(matches!(
+        e,
+        ClientError::Server {
+            code: ErrorCode::FaultInjectionDisabled,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -364,7 +489,14 @@ fn second_manager_on_a_live_socket_is_refused_and_metrics_are_served() {
     let dir = tempfile::tempdir().expect("tmp");
     let sock = dir.path().join("x.sock");
     let mut first = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
-        .args(["--socket", sock.to_str().expect("utf8"), "--metrics-addr", "127.0.0.1:0", "--dram-size", "4MiB"])
+        .args([
+            "--socket",
+            sock.to_str().expect("utf8"),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--dram-size",
+            "4MiB",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");

@@ -74,17 +74,43 @@ impl ErrorCode {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    Hello { pid: u32, token: Vec<u8> },
-    RegisterNamespace { fingerprint: [u8; 32], shard: u32, salt: [u8; 32], block_bytes: u64 },
-    Lookup { ns: u32, hashes: Vec<[u8; HASH_BYTES]> },
-    Acquire { lease: u64 },
-    Release { lease: u64 },
-    BeginSave { ns: u32, hashes: Vec<[u8; HASH_BYTES]> },
-    CommitSave { save: u64 },
-    AbortSave { save: u64 },
-    ResetGeneration { ns: u32 },
+    Hello {
+        pid: u32,
+        token: Vec<u8>,
+    },
+    RegisterNamespace {
+        fingerprint: [u8; 32],
+        shard: u32,
+        salt: [u8; 32],
+        block_bytes: u64,
+    },
+    Lookup {
+        ns: u32,
+        hashes: Vec<[u8; HASH_BYTES]>,
+    },
+    Acquire {
+        lease: u64,
+    },
+    Release {
+        lease: u64,
+    },
+    BeginSave {
+        ns: u32,
+        hashes: Vec<[u8; HASH_BYTES]>,
+    },
+    CommitSave {
+        save: u64,
+    },
+    AbortSave {
+        save: u64,
+    },
+    ResetGeneration {
+        ns: u32,
+    },
     Stats,
-    InjectFault { restore_failures: u32 },
+    InjectFault {
+        restore_failures: u32,
+    },
     /// The client has drained every copy it started; release all its holds.
     Close,
 }
@@ -106,16 +132,40 @@ pub enum SaveItem {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
     /// Followed on the socket by one fd per segment (SCM_RIGHTS), in order.
-    HelloOk { session: u64, segments: Vec<SegmentInfo> },
-    Namespace { ns: u32, generation: u64 },
-    LookupOk { lease: u64, hit_blocks: u32, generation: u64 },
-    Slots { slots: Vec<(u32, u64)> },
+    HelloOk {
+        session: u64,
+        segments: Vec<SegmentInfo>,
+    },
+    Namespace {
+        ns: u32,
+        generation: u64,
+    },
+    LookupOk {
+        lease: u64,
+        hit_blocks: u32,
+        generation: u64,
+    },
+    Slots {
+        slots: Vec<(u32, u64)>,
+    },
     Ok,
-    SaveBegun { save: u64, items: Vec<SaveItem> },
-    Committed { blocks: u32 },
-    Generation { generation: u64 },
-    StatsOk { json: String },
-    Error { code: u16, message: String },
+    SaveBegun {
+        save: u64,
+        items: Vec<SaveItem>,
+    },
+    Committed {
+        blocks: u32,
+    },
+    Generation {
+        generation: u64,
+    },
+    StatsOk {
+        json: String,
+    },
+    Error {
+        code: u16,
+        message: String,
+    },
 }
 
 const MAX_SEGMENTS: usize = 1024;
@@ -160,7 +210,12 @@ impl Request {
             Request::Hello { pid, token } => {
                 w.u32(*pid).bytes(token);
             }
-            Request::RegisterNamespace { fingerprint, shard, salt, block_bytes } => {
+            Request::RegisterNamespace {
+                fingerprint,
+                shard,
+                salt,
+                block_bytes,
+            } => {
                 w.raw(fingerprint).u32(*shard).raw(salt).u64(*block_bytes);
             }
             Request::Lookup { ns, hashes: hs } | Request::BeginSave { ns, hashes: hs } => {
@@ -189,22 +244,37 @@ impl Request {
 pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
     let mut r = Reader::new(body);
     let req = match kind {
-        0x01 => Request::Hello { pid: r.u32("pid")?, token: r.bytes("token", MAX_TOKEN)? },
+        0x01 => Request::Hello {
+            pid: r.u32("pid")?,
+            token: r.bytes("token", MAX_TOKEN)?,
+        },
         0x02 => Request::RegisterNamespace {
             fingerprint: r.hash("fingerprint")?,
             shard: r.u32("shard")?,
             salt: r.hash("salt")?,
             block_bytes: r.u64("block_bytes")?,
         },
-        0x03 => Request::Lookup { ns: r.u32("ns")?, hashes: read_hashes(&mut r)? },
-        0x04 => Request::Acquire { lease: r.u64("lease")? },
-        0x05 => Request::Release { lease: r.u64("lease")? },
-        0x06 => Request::BeginSave { ns: r.u32("ns")?, hashes: read_hashes(&mut r)? },
+        0x03 => Request::Lookup {
+            ns: r.u32("ns")?,
+            hashes: read_hashes(&mut r)?,
+        },
+        0x04 => Request::Acquire {
+            lease: r.u64("lease")?,
+        },
+        0x05 => Request::Release {
+            lease: r.u64("lease")?,
+        },
+        0x06 => Request::BeginSave {
+            ns: r.u32("ns")?,
+            hashes: read_hashes(&mut r)?,
+        },
         0x07 => Request::CommitSave { save: r.u64("save")? },
         0x08 => Request::AbortSave { save: r.u64("save")? },
         0x09 => Request::ResetGeneration { ns: r.u32("ns")? },
         0x0a => Request::Stats,
-        0x0b => Request::InjectFault { restore_failures: r.u32("restore_failures")? },
+        0x0b => Request::InjectFault {
+            restore_failures: r.u32("restore_failures")?,
+        },
         0x0c => Request::Close,
         other => return Err(DecodeError::UnknownKind(other)),
     };
@@ -237,7 +307,10 @@ impl Response {
             }
             message.truncate(cut);
         }
-        Response::Error { code: code as u16, message }
+        Response::Error {
+            code: code as u16,
+            message,
+        }
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -252,7 +325,11 @@ impl Response {
             Response::Namespace { ns, generation } => {
                 w.u32(*ns).u64(*generation);
             }
-            Response::LookupOk { lease, hit_blocks, generation } => {
+            Response::LookupOk {
+                lease,
+                hit_blocks,
+                generation,
+            } => {
                 w.u64(*lease).u32(*hit_blocks).u64(*generation);
             }
             Response::Slots { slots } => {
@@ -298,11 +375,17 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
             let n = r.count("segments", MAX_SEGMENTS, 12)?;
             let mut segments = Vec::with_capacity(n);
             for _ in 0..n {
-                segments.push(SegmentInfo { id: r.u32("segment id")?, size: r.u64("segment size")? });
+                segments.push(SegmentInfo {
+                    id: r.u32("segment id")?,
+                    size: r.u64("segment size")?,
+                });
             }
             Response::HelloOk { session, segments }
         }
-        0x82 => Response::Namespace { ns: r.u32("ns")?, generation: r.u64("generation")? },
+        0x82 => Response::Namespace {
+            ns: r.u32("ns")?,
+            generation: r.u64("generation")?,
+        },
         0x83 => Response::LookupOk {
             lease: r.u64("lease")?,
             hit_blocks: r.u32("hit_blocks")?,
@@ -329,15 +412,29 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
                     0 => SaveItem::Allocated { segment, offset },
                     1 => SaveItem::Present,
                     2 => SaveItem::Refused,
-                    v => return Err(DecodeError::Invalid { field: "item status", value: u64::from(v) }),
+                    v => {
+                        return Err(DecodeError::Invalid {
+                            field: "item status",
+                            value: u64::from(v),
+                        });
+                    }
                 });
             }
             Response::SaveBegun { save, items }
         }
-        0x87 => Response::Committed { blocks: r.u32("blocks")? },
-        0x88 => Response::Generation { generation: r.u64("generation")? },
-        0x89 => Response::StatsOk { json: r.text("stats", MAX_TEXT)? },
-        0xff => Response::Error { code: r.u16("code")?, message: r.text("message", MAX_TEXT)? },
+        0x87 => Response::Committed {
+            blocks: r.u32("blocks")?,
+        },
+        0x88 => Response::Generation {
+            generation: r.u64("generation")?,
+        },
+        0x89 => Response::StatsOk {
+            json: r.text("stats", MAX_TEXT)?,
+        },
+        0xff => Response::Error {
+            code: r.u16("code")?,
+            message: r.text("message", MAX_TEXT)?,
+        },
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;

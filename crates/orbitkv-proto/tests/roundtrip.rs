@@ -11,12 +11,26 @@ fn h(b: u8) -> [u8; 32] {
 #[test]
 fn every_request_round_trips() {
     let reqs = vec![
-        Request::Hello { pid: 42, token: b"secret".to_vec() },
-        Request::RegisterNamespace { fingerprint: h(1), shard: 3, salt: h(2), block_bytes: 65536 },
-        Request::Lookup { ns: 1, hashes: vec![h(1), h(2)] },
+        Request::Hello {
+            pid: 42,
+            token: b"secret".to_vec(),
+        },
+        Request::RegisterNamespace {
+            fingerprint: h(1),
+            shard: 3,
+            salt: h(2),
+            block_bytes: 65536,
+        },
+        Request::Lookup {
+            ns: 1,
+            hashes: vec![h(1), h(2)],
+        },
         Request::Acquire { lease: 9 },
         Request::Release { lease: 9 },
-        Request::BeginSave { ns: 2, hashes: vec![h(3)] },
+        Request::BeginSave {
+            ns: 2,
+            hashes: vec![h(3)],
+        },
         Request::CommitSave { save: 5 },
         Request::AbortSave { save: 6 },
         Request::ResetGeneration { ns: 1 },
@@ -29,25 +43,47 @@ fn every_request_round_trips() {
         assert_eq!(decode_request(r.kind() as u16, &body).expect("decodes"), r);
         // Every strict prefix of a non-empty body is truncated, never accepted.
         for cut in 0..body.len() {
-            assert!(decode_request(r.kind() as u16, &body[..cut]).is_err(), "{r:?} cut {cut}");
+            assert!(
+                decode_request(r.kind() as u16, &body[..cut]).is_err(),
+                "{r:?} cut {cut}"
+            );
         }
         let mut long = body.clone();
         long.push(0);
-        assert_eq!(decode_request(r.kind() as u16, &long), Err(DecodeError::Trailing(1)));
+        assert_eq!(
+            decode_request(r.kind() as u16, &long),
+            Err(DecodeError::Trailing(1))
+        );
     }
 }
 
 #[test]
 fn every_response_round_trips() {
     let resps = vec![
-        Response::HelloOk { session: 1, segments: vec![SegmentInfo { id: 0, size: 1 << 28 }] },
+        Response::HelloOk {
+            session: 1,
+            segments: vec![SegmentInfo { id: 0, size: 1 << 28 }],
+        },
         Response::Namespace { ns: 1, generation: 2 },
-        Response::LookupOk { lease: 3, hit_blocks: 4, generation: 5 },
-        Response::Slots { slots: vec![(0, 4096), (1, 0)] },
+        Response::LookupOk {
+            lease: 3,
+            hit_blocks: 4,
+            generation: 5,
+        },
+        Response::Slots {
+            slots: vec![(0, 4096), (1, 0)],
+        },
         Response::Ok,
         Response::SaveBegun {
             save: 7,
-            items: vec![SaveItem::Allocated { segment: 1, offset: 8192 }, SaveItem::Present, SaveItem::Refused],
+            items: vec![
+                SaveItem::Allocated {
+                    segment: 1,
+                    offset: 8192,
+                },
+                SaveItem::Present,
+                SaveItem::Refused,
+            ],
         },
         Response::Committed { blocks: 3 },
         Response::Generation { generation: 4 },
@@ -64,22 +100,37 @@ fn every_response_round_trips() {
 fn lying_count_is_rejected_without_allocating() {
     let mut body = 1u32.to_le_bytes().to_vec();
     body.extend_from_slice(&(MAX_HASHES as u32).to_le_bytes());
-    assert!(matches!(decode_request(Kind::Lookup as u16, &body), Err(DecodeError::Truncated { .. })));
+    assert!(matches!(
+        decode_request(Kind::Lookup as u16, &body),
+        Err(DecodeError::Truncated { .. })
+    ));
     let mut body = 1u32.to_le_bytes().to_vec();
     body.extend_from_slice(&u32::MAX.to_le_bytes());
-    assert!(matches!(decode_request(Kind::Lookup as u16, &body), Err(DecodeError::TooMany { .. })));
+    assert!(matches!(
+        decode_request(Kind::Lookup as u16, &body),
+        Err(DecodeError::TooMany { .. })
+    ));
 }
 
 #[test]
 fn header_checks() {
-    let hdr = Header { version: PROTOCOL_VERSION, kind: 3, len: 10, request_id: 7 };
+    let hdr = Header {
+        version: PROTOCOL_VERSION,
+        kind: 3,
+        len: 10,
+        request_id: 7,
+    };
     assert_eq!(Header::decode(&hdr.encode()).expect("valid"), hdr);
     let mut bad = hdr.encode();
     bad[0] = b'X';
     assert!(matches!(Header::decode(&bad), Err(FrameError::BadMagic(_))));
     let v2 = Header { version: 2, ..hdr }.encode();
     assert!(matches!(Header::decode(&v2), Err(FrameError::Version(2))));
-    let big = Header { len: MAX_BODY as u32 + 1, ..hdr }.encode();
+    let big = Header {
+        len: MAX_BODY as u32 + 1,
+        ..hdr
+    }
+    .encode();
     assert!(matches!(Header::decode(&big), Err(FrameError::TooLarge(_))));
 }
 
@@ -87,12 +138,21 @@ fn header_checks() {
 fn frame_io_round_trip() {
     let mut buf = Vec::new();
     write_frame(&mut buf, Kind::Stats as u16, 11, &[]).expect("write");
-    write_frame(&mut buf, Kind::Release as u16, 12, &Request::Release { lease: 1 }.encode()).expect("write");
+    write_frame(
+        &mut buf,
+        Kind::Release as u16,
+        12,
+        &Request::Release { lease: 1 }.encode(),
+    )
+    .expect("write");
     let mut cur = std::io::Cursor::new(buf);
     let (h1, b1) = read_frame(&mut cur).expect("frame 1");
     assert_eq!((h1.kind, h1.request_id, b1.len()), (Kind::Stats as u16, 11, 0));
     let (h2, b2) = read_frame(&mut cur).expect("frame 2");
-    assert_eq!(decode_request(h2.kind, &b2).expect("req"), Request::Release { lease: 1 });
+    assert_eq!(
+        decode_request(h2.kind, &b2).expect("req"),
+        Request::Release { lease: 1 }
+    );
     assert!(matches!(read_frame(&mut cur), Err(FrameError::Closed)));
 }
 

@@ -25,7 +25,11 @@ pub struct RawRange {
 
 impl HeldBuffer {
     pub fn range(&self) -> RawRange {
-        RawRange { ptr: self.buf.buf_ptr() as usize, len: self.buf.len_bytes(), writable: !self.buf.readonly() }
+        RawRange {
+            ptr: self.buf.buf_ptr() as usize,
+            len: self.buf.len_bytes(),
+            writable: !self.buf.readonly(),
+        }
     }
 }
 
@@ -40,7 +44,11 @@ impl RawRange {
 
     pub fn sub(&self, offset: usize, len: usize) -> RawRange {
         debug_assert!(offset + len <= self.len);
-        RawRange { ptr: self.ptr + offset, len, writable: self.writable }
+        RawRange {
+            ptr: self.ptr + offset,
+            len,
+            writable: self.writable,
+        }
     }
 
     /// # Safety
@@ -126,7 +134,9 @@ pub fn hold_blocks(
     if is_seq {
         let n = obj.len()?;
         if n < blocks {
-            return Err(PyValueError::new_err(format!("{n} buffers given for {blocks} blocks")));
+            return Err(PyValueError::new_err(format!(
+                "{n} buffers given for {blocks} blocks"
+            )));
         }
         let mut held = Vec::with_capacity(blocks);
         let mut ranges = Vec::with_capacity(blocks);
@@ -146,7 +156,9 @@ pub fn hold_blocks(
     } else {
         let h = hold(py, obj, writable)?;
         let r = h.range();
-        let need = block_bytes.checked_mul(blocks).ok_or_else(|| PyValueError::new_err("size overflow"))?;
+        let need = block_bytes
+            .checked_mul(blocks)
+            .ok_or_else(|| PyValueError::new_err("size overflow"))?;
         if r.len() < need {
             return Err(PyValueError::new_err(format!(
                 "buffer has {} bytes, {blocks} block(s) of {block_bytes} need {need}",

@@ -17,32 +17,69 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-create_exception!(_native, OrbitKVError, PyException, "Base error of the native client.");
-create_exception!(_native, ManagerUnavailable, OrbitKVError, "No Manager on the socket, or the connection broke.");
+create_exception!(
+    _native,
+    OrbitKVError,
+    PyException,
+    "Base error of the native client."
+);
+create_exception!(
+    _native,
+    ManagerUnavailable,
+    OrbitKVError,
+    "No Manager on the socket, or the connection broke."
+);
 create_exception!(_native, AuthError, OrbitKVError, "The Manager refused this peer.");
-create_exception!(_native, ProtocolError, OrbitKVError, "Malformed or unexpected frame.");
-create_exception!(_native, Busy, OrbitKVError, "Refused because owners are still live.");
-create_exception!(_native, RestoreFailed, OrbitKVError, "The Manager could not stage the leased blocks.");
+create_exception!(
+    _native,
+    ProtocolError,
+    OrbitKVError,
+    "Malformed or unexpected frame."
+);
+create_exception!(
+    _native,
+    Busy,
+    OrbitKVError,
+    "Refused because owners are still live."
+);
+create_exception!(
+    _native,
+    RestoreFailed,
+    OrbitKVError,
+    "The Manager could not stage the leased blocks."
+);
 
 fn to_py(e: ClientError) -> PyErr {
     let code = e.code_name();
     let msg = format!("{e} [{code}]");
-    let err = match &e {
+    match &e {
         ClientError::Unavailable(_) | ClientError::Closed => ManagerUnavailable::new_err(msg),
         ClientError::Auth(_) => AuthError::new_err(msg),
         ClientError::Protocol(_) => ProtocolError::new_err(msg),
         ClientError::Invalid(_) => PyValueError::new_err(msg),
-        ClientError::Server { code: ErrorCode::Busy, .. } => Busy::new_err(msg),
-        ClientError::Server { code: ErrorCode::RestoreFailed, .. } => RestoreFailed::new_err(msg),
-        ClientError::Server { code: ErrorCode::Auth, .. } => AuthError::new_err(msg),
-        ClientError::Server { code: ErrorCode::InvalidArgument, .. } => PyValueError::new_err(msg),
+        ClientError::Server {
+            code: ErrorCode::Busy,
+            ..
+        } => Busy::new_err(msg),
+        ClientError::Server {
+            code: ErrorCode::RestoreFailed,
+            ..
+        } => RestoreFailed::new_err(msg),
+        ClientError::Server {
+            code: ErrorCode::Auth,
+            ..
+        } => AuthError::new_err(msg),
+        ClientError::Server {
+            code: ErrorCode::InvalidArgument,
+            ..
+        } => PyValueError::new_err(msg),
         _ => OrbitKVError::new_err(msg),
-    };
-    err
+    }
 }
 
 fn hash32(b: &[u8], what: &str) -> PyResult<[u8; 32]> {
-    b.try_into().map_err(|_| PyValueError::new_err(format!("{what} must be exactly 32 bytes, got {}", b.len())))
+    b.try_into()
+        .map_err(|_| PyValueError::new_err(format!("{what} must be exactly 32 bytes, got {}", b.len())))
 }
 
 fn hashes_of(list: Vec<Vec<u8>>) -> PyResult<Vec<[u8; 32]>> {
@@ -124,7 +161,12 @@ impl Lease {
         self.hit_blocks == 0 || self.state().released
     }
     fn __repr__(&self) -> String {
-        format!("Lease(id={}, hit_blocks={}, released={})", self.id, self.hit_blocks, self.released())
+        format!(
+            "Lease(id={}, hit_blocks={}, released={})",
+            self.id,
+            self.hit_blocks,
+            self.released()
+        )
     }
 }
 
@@ -202,13 +244,23 @@ impl Client {
 impl Client {
     #[new]
     #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000))]
-    fn new(py: Python<'_>, socket_path: Option<PathBuf>, token: Option<String>, timeout_ms: u64) -> PyResult<Self> {
-        let path = socket_path.unwrap_or_else(|| orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()));
+    fn new(
+        py: Python<'_>,
+        socket_path: Option<PathBuf>,
+        token: Option<String>,
+        timeout_ms: u64,
+    ) -> PyResult<Self> {
+        let path =
+            socket_path.unwrap_or_else(|| orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()));
         let token = token.map(String::into_bytes);
         let client = py
-            .detach(|| orbitkv_client::Client::connect(&path, token.as_deref(), Duration::from_millis(timeout_ms)))
+            .detach(|| {
+                orbitkv_client::Client::connect(&path, token.as_deref(), Duration::from_millis(timeout_ms))
+            })
             .map_err(to_py)?;
-        Ok(Client { inner: Arc::new(client) })
+        Ok(Client {
+            inner: Arc::new(client),
+        })
     }
 
     #[getter]
@@ -236,7 +288,9 @@ impl Client {
     ) -> PyResult<Namespace> {
         let fp = hash32(&fingerprint, "fingerprint")?;
         if salt.len() > 32 {
-            return Err(PyValueError::new_err("salt must be at most 32 bytes (hash longer salts first)"));
+            return Err(PyValueError::new_err(
+                "salt must be at most 32 bytes (hash longer salts first)",
+            ));
         }
         let mut salt32 = [0u8; 32];
         salt32[..salt.len()].copy_from_slice(&salt);
@@ -245,7 +299,9 @@ impl Client {
             salt32[31] ^= 0x80 | salt.len() as u8;
         }
         let c = self.inner.clone();
-        let ns = py.detach(|| c.register_namespace(fp, block_bytes, shard, salt32)).map_err(to_py)?;
+        let ns = py
+            .detach(|| c.register_namespace(fp, block_bytes, shard, salt32))
+            .map_err(to_py)?;
         Ok(Namespace { inner: ns })
     }
 
@@ -281,7 +337,10 @@ impl Client {
         let hit = lease.hit_blocks as usize;
         let count = count.unwrap_or(hit.saturating_sub(start));
         if start.checked_add(count).is_none_or(|e| e > hit) {
-            return Err(PyValueError::new_err(format!("blocks {start}..{} outside the {hit} hit", start + count)));
+            return Err(PyValueError::new_err(format!(
+                "blocks {start}..{} outside the {hit} hit",
+                start + count
+            )));
         }
         if count == 0 {
             return Ok(0);
@@ -317,7 +376,13 @@ impl Client {
         py.detach(|| c.release(id)).map_err(to_py)
     }
 
-    fn save(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>, src: &Bound<'_, PyAny>) -> PyResult<SaveResult> {
+    fn save(
+        &self,
+        py: Python<'_>,
+        ns: &Namespace,
+        hashes: Vec<Vec<u8>>,
+        src: &Bound<'_, PyAny>,
+    ) -> PyResult<SaveResult> {
         let hs = hashes_of(hashes)?;
         let (_held, ranges) = buffers::hold_blocks(py, src, ns.inner.block_bytes as usize, hs.len(), false)?;
         let c = self.inner.clone();
@@ -330,7 +395,12 @@ impl Client {
                 c.save(&nsi, &hs, &srcs)
             })
             .map_err(to_py)?;
-        Ok(SaveResult { stored: r.stored, already_present: r.already_present, refused: r.refused, bytes_copied: r.bytes_copied })
+        Ok(SaveResult {
+            stored: r.stored,
+            already_present: r.already_present,
+            refused: r.refused,
+            bytes_copied: r.bytes_copied,
+        })
     }
 
     fn begin_save(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<PendingSave> {
@@ -338,7 +408,12 @@ impl Client {
         let c = self.inner.clone();
         let nsi = ns.inner.clone();
         let p = py.detach(|| c.begin_save(&nsi, &hs)).map_err(to_py)?;
-        Ok(PendingSave { id: p.id, items: p.items, session: self.inner.session_id(), done: AtomicBool::new(false) })
+        Ok(PendingSave {
+            id: p.id,
+            items: p.items,
+            session: self.inner.session_id(),
+            done: AtomicBool::new(false),
+        })
     }
 
     fn commit_save(&self, py: Python<'_>, pending: &PendingSave) -> PyResult<u32> {
@@ -405,7 +480,11 @@ impl Client {
     }
 }
 
-fn acquire_slots(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease) -> PyResult<Vec<(u32, u64)>> {
+fn acquire_slots(
+    py: Python<'_>,
+    c: &Arc<orbitkv_client::Client>,
+    lease: &Lease,
+) -> PyResult<Vec<(u32, u64)>> {
     if lease.hit_blocks == 0 {
         return Ok(Vec::new());
     }
@@ -424,7 +503,13 @@ fn acquire_slots(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease)
             Ok(slots)
         }
         Err(e) => {
-            if matches!(e, ClientError::Server { code: ErrorCode::RestoreFailed, .. }) {
+            if matches!(
+                e,
+                ClientError::Server {
+                    code: ErrorCode::RestoreFailed,
+                    ..
+                }
+            ) {
                 st.released = true; // the Manager retired it: nothing was handed out
             }
             Err(to_py(e))
@@ -453,11 +538,15 @@ fn serve(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
         .map_err(|e| OrbitKVError::new_err(format!("cannot start the Manager thread: {e}")))?;
     loop {
         if handle.is_finished() {
-            return handle.join().map_err(|_| OrbitKVError::new_err("the Manager thread panicked"));
+            return handle
+                .join()
+                .map_err(|_| OrbitKVError::new_err("the Manager thread panicked"));
         }
         if let Err(e) = py.check_signals() {
             stop.store(true, Ordering::Relaxed);
-            let code = py.detach(|| handle.join()).map_err(|_| OrbitKVError::new_err("the Manager thread panicked"))?;
+            let code = py
+                .detach(|| handle.join())
+                .map_err(|_| OrbitKVError::new_err("the Manager thread panicked"))?;
             // KeyboardInterrupt / SystemExit from a signal handler: a clean stop.
             let is_stop = e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
                 || e.is_instance_of::<pyo3::exceptions::PySystemExit>(py);
@@ -469,7 +558,9 @@ fn serve(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
 
 #[pyfunction]
 fn default_socket_path() -> String {
-    orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()).display().to_string()
+    orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid())
+        .display()
+        .to_string()
 }
 
 #[pymodule(gil_used = false)]

@@ -78,9 +78,15 @@ impl Mapping {
         let st = rustix::fs::fstat(&fd).map_err(ShmError::Stat)?;
         let actual = u64::try_from(st.st_size).unwrap_or(0);
         if actual < size || size == 0 {
-            return Err(ShmError::SizeMismatch { expected: size, actual });
+            return Err(ShmError::SizeMismatch {
+                expected: size,
+                actual,
+            });
         }
-        let len = usize::try_from(size).map_err(|_| ShmError::SizeMismatch { expected: size, actual })?;
+        let len = usize::try_from(size).map_err(|_| ShmError::SizeMismatch {
+            expected: size,
+            actual,
+        })?;
         // SAFETY: a fresh mapping at a kernel-chosen address (null hint), so it
         // cannot overlap any Rust-owned memory; the fd is valid for the call.
         let ptr = unsafe {
@@ -197,6 +203,9 @@ mod tests {
         assert!(other.read_at(u64::MAX, &mut out).is_err());
         // The size is sealed: shrinking must fail.
         assert!(rustix::fs::ftruncate(seg.fd(), 4096).is_err());
-        assert!(Mapping::map(seg.fd(), 1 << 17).is_err(), "mapping past the end is refused");
+        assert!(
+            Mapping::map(seg.fd(), 1 << 17).is_err(),
+            "mapping past the end is refused"
+        );
     }
 }

@@ -47,7 +47,13 @@ impl ProcessHandle {
     /// True once the process has exited.
     pub fn exited(&self) -> io::Result<bool> {
         let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
-        let n = rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 }))?;
+        let n = rustix::event::poll(
+            &mut fds,
+            Some(&rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            }),
+        )?;
         Ok(n > 0 && !fds[0].revents().is_empty())
     }
 

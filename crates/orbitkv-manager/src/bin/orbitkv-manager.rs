@@ -12,5 +12,8 @@ fn main() {
             std::process::exit(1);
         }
     }
-    std::process::exit(orbitkv_manager::run_until_signal(std::env::args().collect(), stop));
+    std::process::exit(orbitkv_manager::run_until_signal(
+        std::env::args().collect(),
+        stop,
+    ));
 }

@@ -77,7 +77,9 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 pub fn block(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 pub fn hash(chain: u8, i: u8) -> [u8; 32] {

@@ -1,0 +1,72 @@
+"""The `orbitkv` command line against real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from orbitkv_testing import eventually
+
+pytestmark = pytest.mark.native
+
+
+def orbitkv(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orbitkv", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_serve_rejects_bad_settings_clearly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sock = str(tmp_path / "s.sock")
+    r = orbitkv("serve", "--socket", sock, "--dram-size", "lots")
+    assert r.returncode == 2 and "invalid size \"lots\"" in r.stderr
+    r = orbitkv("serve", "--socket", sock, "--metrics-addr", "0.0.0.0:9999")
+    assert r.returncode == 2 and "not loopback" in r.stderr
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('dram_size = "8MiB"\nunknown_key = 1\n')
+    r = orbitkv("serve", "--socket", sock, "--config", str(cfg))
+    assert r.returncode == 2 and "unknown_key" in r.stderr
+    r = orbitkv("serve", "--help")
+    assert r.returncode == 0 and "--dram-size" in r.stdout
+
+
+def test_serve_status_and_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sock = tmp_path / "s.sock"
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('dram_size = "8MiB"\nsegment_size = "4MiB"\nmetrics_addr = "127.0.0.1:0"\n')
+    p = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", str(sock), "--config", str(cfg)])
+    try:
+        eventually(lambda: orbitkv("status", "--socket", str(sock)).returncode == 0, "manager up")
+        r = orbitkv("status", "--socket", str(sock))
+        assert "DRAM arena   0.00 / 0.01 GiB used" in r.stdout
+        assert "2 segment(s)" in r.stdout
+        r = orbitkv("status", "--socket", str(sock), "--json")
+        st = json.loads(r.stdout)
+        assert st["dram_capacity_bytes"] == 8 << 20 and st["metrics_addr"].startswith("127.0.0.1:")
+        assert (sock.stat().st_mode & 0o777) == 0o600
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+        assert not sock.exists()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    r = orbitkv("status", "--socket", str(sock))
+    assert r.returncode == 1 and "cannot connect" in r.stderr
+
+
+def test_demo_runs_verifies_and_reports(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "demo.json"
+    t0 = time.monotonic()
+    r = orbitkv("demo", "--clients", "2", "--conversations", "4", "--turns", "3", "--system-tokens", "512",
+                "--block-kib", "64", "--dram-size", "64MiB", "--json", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "hit rate" in r.stdout and "GB/s" in r.stdout and "0 mismatched blocks" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["clients"] == 2 and res["mismatched_blocks"] == 0 and not res["errors"]
+    # 4 conversations share the system prompt and reuse earlier turns: hits must happen.
+    assert 0.3 < res["hit_rate"] < 1.0
+    assert res["bytes_restored"] == res["blocks_hit"] * 64 * 1024
+    assert res["manager"]["live_leases"] == 0 and res["manager"]["live_saves"] == 0
+    assert time.monotonic() - t0 < 120

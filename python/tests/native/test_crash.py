@@ -1,0 +1,130 @@
+"""Killed and vanished clients: nothing partial becomes visible, and no slot a
+live process may still touch is reused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from orbitkv_testing import eventually
+
+from orbitkv import _native
+
+pytestmark = pytest.mark.native
+BB = 64 * 1024
+FP = b"\x21" * 32
+
+
+def spawn(code: str, socket: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), socket],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line.strip() == "READY", line
+    return p
+
+
+def test_sigkill_mid_save_leaves_nothing_visible_and_frees_slots(manager) -> None:  # type: ignore[no-untyped-def]
+    child = spawn(
+        f"""
+        import sys, time
+        from orbitkv import _native
+        c = _native.Client(sys.argv[1])
+        ns = c.register_namespace({FP!r}, {BB})
+        p = c.begin_save(ns, [bytes([i]) * 32 for i in range(1, 9)])
+        assert p.statuses == ["allocated"] * 8
+        print("READY", flush=True)
+        time.sleep(60)
+        """,
+        manager.socket,
+    )
+    assert manager.stats()["dram_pending_save_bytes"] == 8 * BB
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    c = manager.client()
+    ns = c.register_namespace(FP, BB)
+    assert c.lookup(ns, [bytes([i]) * 32 for i in range(1, 9)]).hit_blocks == 0
+    eventually(lambda: manager.stats()["dram_pending_save_bytes"] == 0, "slots reclaimed after the process is gone")
+    st = manager.stats()
+    assert st["blocks_aborted_total"] == 8 and st["blocks_committed_total"] == 0
+
+
+def test_dropped_connection_of_a_live_process_keeps_its_holds(manager) -> None:  # type: ignore[no-untyped-def]
+    c = manager.client()
+    ns = c.register_namespace(FP, BB)
+    hs = [bytes([40 + i]) * 32 for i in range(4)]
+    c.save(ns, hs, b"".join(h * (BB // 32) for h in hs))
+    child = spawn(
+        f"""
+        import os, sys, time
+        from orbitkv import _native
+        c = _native.Client(sys.argv[1])
+        ns = c.register_namespace({FP!r}, {BB})
+        lease = c.lookup(ns, {hs!r})
+        slots = c.acquire(lease)          # copies may now be in flight
+        p = c.begin_save(ns, [b"\\x77" * 32])
+        for fd in range(3, 1024):         # the connection vanishes; the process lives on
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        print("READY", flush=True)
+        time.sleep(60)
+        """,
+        manager.socket,
+    )
+    eventually(lambda: manager.stats()["quarantined_sessions"] == 1, "session quarantined")
+    time.sleep(0.5)
+    st = manager.stats()
+    assert st["quarantined_sessions"] == 1, "held while the process lives"
+    assert st["dram_pinned_blocks"] == 4
+    assert st["quarantined_bytes"] == BB
+    # Fill the arena several times over: the quarantined blocks must survive.
+    for r in range(4):
+        more = [bytes([100 + r]) + i.to_bytes(2, "little") + b"\x00" * 29 for i in range(256)]
+        c.save(ns, more, bytes(len(more) * BB))
+    lease = c.lookup(ns, hs)
+    assert lease.hit_blocks == 4
+    buf = bytearray(4 * BB)
+    c.restore(lease, buf)
+    c.release(lease)
+    assert bytes(buf) == b"".join(h * (BB // 32) for h in hs)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    eventually(lambda: manager.stats()["quarantined_sessions"] == 0, "released once the process is gone")
+    st = manager.stats()
+    assert st["dram_pinned_blocks"] == 0 and st["dram_pending_save_bytes"] == 0
+
+
+def test_sigkill_mid_restore_keeps_blocks_pinned_until_the_process_is_gone(manager) -> None:  # type: ignore[no-untyped-def]
+    c = manager.client()
+    ns = c.register_namespace(FP, BB)
+    hs = [bytes([60 + i]) * 32 for i in range(2)]
+    c.save(ns, hs, bytes(2 * BB))
+    child = spawn(
+        f"""
+        import sys, time
+        from orbitkv import _native
+        c = _native.Client(sys.argv[1])
+        ns = c.register_namespace({FP!r}, {BB})
+        lease = c.lookup(ns, {hs!r})
+        c.acquire(lease)
+        print("READY", flush=True)
+        time.sleep(60)
+        """,
+        manager.socket,
+    )
+    os.kill(child.pid, signal.SIGSTOP)  # frozen mid-copy: alive, connected
+    time.sleep(0.3)
+    assert manager.stats()["dram_pinned_blocks"] == 2
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    eventually(lambda: manager.stats()["dram_pinned_blocks"] == 0, "pins released after exit")
+    assert manager.stats()["live_leases"] == 0
+    with _native.Client(manager.socket) as again:
+        assert again.lookup(again.register_namespace(FP, BB), hs).hit_blocks == 2

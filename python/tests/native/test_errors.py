@@ -1,0 +1,85 @@
+"""Clear errors for bad input; faults and resets through the native client."""
+
+from __future__ import annotations
+
+import pytest
+
+from orbitkv import _native
+
+pytestmark = pytest.mark.native
+BB = 4096
+
+
+def test_bad_arguments_are_value_errors(manager) -> None:  # type: ignore[no-untyped-def]
+    c = manager.client()
+    with pytest.raises(ValueError, match="fingerprint must be exactly 32 bytes"):
+        c.register_namespace(b"short", BB)
+    with pytest.raises(ValueError, match="block_bytes must be between"):
+        c.register_namespace(b"\x01" * 32, 0)
+    with pytest.raises(ValueError, match="salt must be at most 32 bytes"):
+        c.register_namespace(b"\x01" * 32, BB, salt=b"x" * 33)
+    ns = c.register_namespace(b"\x01" * 32, BB)
+    with pytest.raises(ValueError, match="already registered with block_bytes=4096"):
+        c.register_namespace(b"\x01" * 32, 8192)
+    with pytest.raises(ValueError, match="block hash must be exactly 32 bytes"):
+        c.lookup(ns, [b"\x00" * 31])
+    with pytest.raises(ValueError, match="buffer has 100 bytes"):
+        c.save(ns, [b"\x02" * 32], b"x" * 100)
+    with pytest.raises(ValueError, match="buffer 0 has 100 bytes"):
+        c.save(ns, [b"\x02" * 32], [b"x" * 100])
+    c.save(ns, [b"\x02" * 32, b"\x03" * 32], bytes(2 * BB))
+    lease = c.lookup(ns, [b"\x02" * 32, b"\x03" * 32])
+    with pytest.raises(TypeError, match="read-only"):
+        c.restore(lease, bytes(2 * BB))
+    shared = bytearray(BB)
+    with pytest.raises(ValueError, match="overlap"):
+        c.restore(lease, [shared, shared])
+    other = manager.client()
+    with pytest.raises(ValueError, match="another client"):
+        other.release(lease)
+    c.release(lease)
+
+
+def test_manager_unavailable_and_bad_token(tmp_path, manager_factory) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(_native.ManagerUnavailable, match="is `orbitkv serve` running"):
+        _native.Client(str(tmp_path / "nothing.sock"))
+    tok = tmp_path / "tok"
+    tok.write_text("a-very-secret-token-0123\n")
+    m = manager_factory("--token-file", str(tok))
+    with pytest.raises(_native.AuthError, match="wrong or missing token"):
+        _native.Client(m.socket)
+    with _native.Client(m.socket, token="a-very-secret-token-0123") as c:
+        assert c.stats()["auth_refused_total"] == 1
+
+
+def test_reset_generation_busy_then_cold_then_reuse(manager) -> None:  # type: ignore[no-untyped-def]
+    c = manager.client()
+    ns = c.register_namespace(b"\x07" * 32, BB)
+    hs = [b"\x11" * 32]
+    c.save(ns, hs, b"\x05" * BB)
+    lease = c.lookup(ns, hs)
+    with pytest.raises(_native.Busy, match="1 lease"):
+        c.reset_generation(ns)
+    c.release(lease)
+    assert c.reset_generation(ns) == 1
+    assert c.lookup(ns, hs).hit_blocks == 0
+    c.save(ns, hs, b"\x06" * BB)
+    lease = c.lookup(ns, hs)
+    buf = bytearray(BB)
+    c.restore(lease, buf)
+    assert bytes(buf) == b"\x06" * BB
+
+
+def test_injected_restore_failure(manager) -> None:  # type: ignore[no-untyped-def]
+    c = manager.client()
+    ns = c.register_namespace(b"\x08" * 32, BB)
+    hs = [b"\x12" * 32]
+    c.save(ns, hs, b"\x05" * BB)
+    c.inject_faults(restore_failures=1)
+    lease = c.lookup(ns, hs)
+    with pytest.raises(_native.RestoreFailed, match="injected fault"):
+        c.restore(lease, bytearray(BB))
+    assert lease.released, "the Manager retired the lease with the failure"
+    assert manager.stats()["live_leases"] == 0
+    lease = c.lookup(ns, hs)
+    assert c.restore(lease, bytearray(BB)) == BB
