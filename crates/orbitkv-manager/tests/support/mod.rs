@@ -17,9 +17,16 @@ impl ManagerProc {
     pub fn start(extra: &[&str]) -> ManagerProc {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("m.sock");
+        // Small arenas unless a test sizes its own: the arena is populated at start.
+        let default_size: &[&str] = if extra.contains(&"--dram-size") {
+            &[]
+        } else {
+            &["--dram-size", "8MiB"]
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
             .arg("--socket")
             .arg(&socket)
+            .args(default_size)
             .args(["--metrics-addr", "off", "--log-level", "warn"])
             .args(extra)
             .stdout(Stdio::null())

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# README command 2: every test. Used verbatim by .ci/run.
+#   1. Rust: fmt, clippy -D warnings, unit + property + real-process tests
+#   2. the wheel, built and installed into .venv
+#   3. Python: ruff, source-only tests, real-process tests through the wheel
+#   4. engine suites (vLLM 0.31.0 in a cached venv) — see docs/adapters.md
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
+cd "$ROOT"
+export CARGO_TERM_COLOR=never
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+log="$(mktemp)"
+if ! cargo test --workspace --quiet >"$log" 2>&1; then
+    cat "$log"
+    echo "cargo test failed" >&2
+    exit 1
+fi
+awk '/^test result:/ { p += $4; f += $6 } END { printf "cargo test: %d passed, %d failed\n", p, f }' "$log"
+rm -f "$log"
+
+ensure_venv
+whl="$(build_and_install_wheel)"
+echo "== installed $(basename "$whl")"
+
+echo "== ruff"
+"$VENV/bin/ruff" check python
+echo "== pytest (source-only + real Manager processes)"
+ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -p no:cacheprovider
+
+if [[ -x scripts/vllm-tests.sh ]]; then
+    echo "== vLLM adapter suite"
+    scripts/vllm-tests.sh "$whl"
+fi
