@@ -410,6 +410,13 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
                 let offset = r.u64("offset")?;
                 items.push(match tag {
                     0 => SaveItem::Allocated { segment, offset },
+                    // Unused fields must be zero: one encoding per message.
+                    1 | 2 if segment != 0 || offset != 0 => {
+                        return Err(DecodeError::Invalid {
+                            field: "unused slot fields",
+                            value: u64::from(segment) | offset,
+                        });
+                    }
                     1 => SaveItem::Present,
                     2 => SaveItem::Refused,
                     v => {

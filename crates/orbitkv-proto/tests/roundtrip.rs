@@ -160,8 +160,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
     #[test]
     fn garbage_never_panics(kind in any::<u16>(), body in proptest::collection::vec(any::<u8>(), 0..512)) {
-        let _ = decode_request(kind, &body);
-        let _ = decode_response(kind, &body);
+        // Never panics; anything accepted is canonical (re-encodes to the same bytes).
+        if let Ok(r) = decode_request(kind, &body) {
+            prop_assert_eq!(r.encode(), body.clone());
+        }
+        if let Ok(r) = decode_response(kind, &body) {
+            prop_assert_eq!(r.encode(), body);
+        }
     }
 
     #[test]
