@@ -28,7 +28,7 @@ whl="$(build_and_install_wheel)"
 echo "== installed $(basename "$whl")"
 
 echo "== ruff"
-"$VENV/bin/ruff" check python
+"$VENV/bin/ruff" check python benches
 echo "== pytest (source-only + real Manager processes)"
 ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -p no:cacheprovider
 
