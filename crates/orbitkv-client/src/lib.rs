@@ -10,6 +10,7 @@ mod conn;
 mod error;
 
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -67,6 +68,10 @@ pub struct Client {
     segments: Vec<(u32, Mapping)>,
     socket_path: PathBuf,
     closed: AtomicBool,
+    /// Copies hold it shared; `close` takes it exclusively, so the Manager is
+    /// told "drained" only after every copy touching the arena has finished
+    /// (contract L6).
+    copies: RwLock<()>,
 }
 
 impl Client {
@@ -79,6 +84,7 @@ impl Client {
             segments: segs,
             socket_path: path.to_path_buf(),
             closed: AtomicBool::new(false),
+            copies: RwLock::new(()),
         })
     }
 
@@ -114,6 +120,15 @@ impl Client {
             }),
             r => Ok(r),
         }
+    }
+
+    /// Enter a copy section: fails once the client is closing.
+    fn copy_guard(&self) -> Result<std::sync::RwLockReadGuard<'_, ()>, ClientError> {
+        let g = self.copies.read().unwrap_or_else(|p| p.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ClientError::Closed);
+        }
+        Ok(g)
     }
 
     fn unexpected(r: Response) -> ClientError {
@@ -204,6 +219,7 @@ impl Client {
                     slots.len()
                 ))
             })?;
+        let _copying = self.copy_guard()?;
         let mut bytes = 0;
         for ((seg, off), d) in slots[start..end].iter().zip(dst.iter_mut()) {
             if d.len() as u64 != block_bytes {
@@ -280,6 +296,7 @@ impl Client {
         let pending = self.begin_save(ns, hashes)?;
         let mut res = SaveResult::default();
         let copied = (|| -> Result<(), ClientError> {
+            let _copying = self.copy_guard()?;
             for (st, s) in pending.items.iter().zip(src) {
                 match st {
                     SlotStatus::Allocated { segment, offset } => {
@@ -361,9 +378,12 @@ impl Client {
     /// once no call is running; the Manager then releases every hold of this
     /// session at once. Idempotent.
     pub fn close(&self) -> Result<(), ClientError> {
+        // Wait for copies in flight, then refuse new ones.
+        let drained = self.copies.write().unwrap_or_else(|p| p.into_inner());
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        drop(drained);
         match self.conn.call(&Request::Close)? {
             Response::Ok => Ok(()),
             Response::Error { message, .. } => Err(ClientError::Protocol(message)),

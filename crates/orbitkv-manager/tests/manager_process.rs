@@ -526,3 +526,46 @@ fn second_manager_on_a_live_socket_is_refused_and_metrics_are_served() {
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "socket removed on shutdown");
 }
+
+#[test]
+fn close_waits_for_copies_in_flight() {
+    let m = ManagerProc::start(&["--dram-size", "96MiB", "--segment-size", "32MiB"]);
+    let c = std::sync::Arc::new(m.client());
+    const BIG: usize = 1 << 20;
+    let ns = c
+        .register_namespace([10; 32], BIG as u64, 0, [0; 32])
+        .expect("ns");
+    let hs: Vec<[u8; 32]> = (0..64).map(|i| hash(10, i)).collect();
+    let data: Vec<Vec<u8>> = (0..64).map(|i| block(i, BIG)).collect();
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    assert_eq!(c.save(&ns, &hs, &src).expect("save").stored, 64);
+    let reader = {
+        let c = c.clone();
+        let (ns, hs, data) = (ns.clone(), hs.clone(), data.clone());
+        std::thread::spawn(move || {
+            let mut restored = 0;
+            loop {
+                let mut out = vec![vec![0u8; BIG]; 64];
+                let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+                match c.restore(&ns, &hs, &mut dst) {
+                    Ok(n) => {
+                        assert_eq!(n, 64);
+                        assert!(out == data, "a restore that returned Ok must be byte-exact");
+                        restored += 1;
+                    }
+                    // Refused once closing: never a partial copy reported as success.
+                    Err(ClientError::Closed | ClientError::Unavailable(_)) => return restored,
+                    Err(e) => panic!("unexpected error: {e}"),
+                }
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(150));
+    c.close().expect("close drains, then closes");
+    let restored = reader.join().expect("reader");
+    assert!(restored > 0);
+    eventually("close released every hold", || {
+        let st = m.stats();
+        st["live_leases"] == 0 && st["sessions"] == 1 // the stats client itself
+    });
+}
