@@ -41,17 +41,21 @@ def start_manager(tmp: Path, *args: str) -> ManagerProcess:
          "--log-level", "warn", *args],
     )
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"Manager exited early with code {proc.returncode}")
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(str(sock))
-            return ManagerProcess(sock, proc)
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("Manager did not come up")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"Manager exited early with code {proc.returncode}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(sock))
+                return ManagerProcess(sock, proc)
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("Manager did not come up")
+    except BaseException:
+        proc.kill()  # never leak a Manager when start-up fails
+        proc.wait()
+        raise
 
 
 @pytest.fixture
@@ -61,6 +65,8 @@ def manager_factory(tmp_path: Path) -> Iterator[Callable[..., ManagerProcess]]:
     def make(*args: str) -> ManagerProcess:
         d = tmp_path / f"m{len(started)}"
         d.mkdir()
+        if "--dram-size" not in args:
+            args = ("--dram-size", "32MiB", *args)  # the arena is populated at start: keep tests small
         m = start_manager(d, *args)
         started.append(m)
         return m
