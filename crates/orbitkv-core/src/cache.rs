@@ -44,6 +44,8 @@ pub enum CacheError {
         "generation reset refused: {leases} lease(s) and {saves} pending save(s) still live on this fingerprint"
     )]
     Busy { leases: usize, saves: usize },
+    #[error("no DRAM space to stage {blocks} block(s) from SSD: every slot is pinned")]
+    NoStagingSpace { blocks: usize },
 }
 
 /// How a session ended.
@@ -74,15 +76,53 @@ pub struct LookupResult {
 }
 
 #[derive(Debug, Clone)]
-struct NsInfo {
-    key: NamespaceKey,
-    block_bytes: u64,
+pub(crate) struct NsInfo {
+    pub(crate) key: NamespaceKey,
+    pub(crate) block_bytes: u64,
 }
 
+/// One visible (or doomed) block. Residency: DRAM (`slot`), SSD (`on_ssd`), or both.
 #[derive(Debug, Clone)]
-struct Entry {
-    slot: Slot,
-    pins: u32,
+pub(crate) struct Entry {
+    /// DRAM residency; `None` while the block lives on SSD only.
+    pub(crate) slot: Option<Slot>,
+    /// Block bytes as registered by the namespace (not rounded).
+    pub(crate) block_bytes: u64,
+    pub(crate) on_ssd: bool,
+    pub(crate) pins: u32,
+    pub(crate) hits: u32,
+    pub(crate) busy: Busy,
+    /// Invisible to lookups; freed (DRAM slot and SSD copy) once unpinned and idle.
+    pub(crate) doomed: bool,
+}
+
+impl Entry {
+    pub(crate) fn in_dram(slot: Slot, block_bytes: u64) -> Entry {
+        Entry {
+            slot: Some(slot),
+            block_bytes,
+            on_ssd: false,
+            pins: 0,
+            hits: 0,
+            busy: Busy::Idle,
+            doomed: false,
+        }
+    }
+
+    /// May eviction take this entry's DRAM slot?
+    pub(crate) fn evictable(&self) -> bool {
+        self.pins == 0 && self.busy == Busy::Idle && !self.doomed
+    }
+}
+
+/// Tier work in flight on an entry (the Manager's workers do the I/O).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Busy {
+    Idle,
+    /// A worker is copying the DRAM slot to SSD: the slot must not be freed.
+    Spilling,
+    /// A worker is reading the SSD copy into this newly allocated slot.
+    Staging(Slot),
 }
 
 /// Lifecycle of a lease as the Manager can observe it (contract L2). The
@@ -97,11 +137,11 @@ pub enum LeaseState {
 }
 
 #[derive(Debug, Clone)]
-struct Lease {
-    session: SessionId,
-    ns: NsId,
-    keys: Vec<BlockKey>,
-    state: LeaseState,
+pub(crate) struct Lease {
+    pub(crate) session: SessionId,
+    pub(crate) ns: NsId,
+    pub(crate) keys: Vec<BlockKey>,
+    pub(crate) state: LeaseState,
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +179,15 @@ pub struct Counters {
     pub generation_purged_blocks: u64,
     pub sessions_quarantined: u64,
     pub sessions_released_from_quarantine: u64,
+    /// DRAM slots freed while an SSD copy keeps the block visible.
+    pub demotions: u64,
+    pub spilled_blocks: u64,
+    pub spill_failures: u64,
+    pub staged_blocks: u64,
+    pub stage_failures: u64,
+    pub ssd_dropped_blocks: u64,
+    pub ssd_adopted_blocks: u64,
+    pub ssd_rejected_blocks: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,21 +204,25 @@ pub struct Gauges {
     pub quarantined_sessions: u64,
     pub quarantined_bytes: u64,
     pub namespaces: u64,
+    pub ssd_only_blocks: u64,
+    pub ssd_resident_blocks: u64,
+    pub dormant_ssd_blocks: u64,
 }
 
 #[derive(Debug)]
 pub struct CacheState {
-    arena: ArenaAllocator,
-    policy: S3Fifo<BlockKey>,
-    index: HashMap<BlockKey, Entry>,
-    namespaces: HashMap<NsId, NsInfo>,
+    pub(crate) arena: ArenaAllocator,
+    pub(crate) policy: S3Fifo<BlockKey>,
+    pub(crate) index: HashMap<BlockKey, Entry>,
+    pub(crate) namespaces: HashMap<NsId, NsInfo>,
     ns_by_key: HashMap<NamespaceKey, NsId>,
-    generations: HashMap<Fingerprint, u64>,
-    leases: HashMap<LeaseId, Lease>,
+    pub(crate) generations: HashMap<Fingerprint, u64>,
+    pub(crate) leases: HashMap<LeaseId, Lease>,
     saves: HashMap<SaveId, PendingSave>,
     sessions: HashMap<SessionId, SessionInfo>,
     next_id: u64,
-    counters: Counters,
+    pub(crate) counters: Counters,
+    pub(crate) tier: crate::tier::TierState,
 }
 
 impl CacheState {
@@ -188,6 +241,7 @@ impl CacheState {
             sessions: HashMap::new(),
             next_id: 0,
             counters: Counters::default(),
+            tier: crate::tier::TierState::default(),
         }
     }
 
@@ -281,7 +335,12 @@ impl CacheState {
         let id = NsId(u32::try_from(self.namespaces.len() + 1).unwrap_or(u32::MAX));
         self.namespaces.insert(id, NsInfo { key, block_bytes });
         self.ns_by_key.insert(key, id);
+        self.adopt_dormant(id);
         Ok((id, generation))
+    }
+
+    pub(crate) fn ns_id(&self, key: &NamespaceKey) -> Option<&NsId> {
+        self.ns_by_key.get(key)
     }
 
     fn ns(&self, ns: NsId) -> Result<&NsInfo, CacheError> {
@@ -319,23 +378,25 @@ impl CacheState {
     fn purge_generation(&mut self, fp: Fingerprint, current: u64) {
         let stale: Vec<BlockKey> = self
             .index
-            .keys()
-            .filter(|k| {
+            .iter()
+            .filter(|(k, e)| {
                 k.generation != current
+                    && !e.doomed
                     && self
                         .namespaces
                         .get(&k.ns)
                         .is_some_and(|i| i.key.fingerprint == fp)
             })
-            .copied()
+            .map(|(k, _)| *k)
             .collect();
         for k in stale {
-            if let Some(e) = self.index.remove(&k) {
-                debug_assert_eq!(e.pins, 0, "bump_generation checked for leases");
-                self.policy.remove(&k);
-                self.arena.free(e.slot);
-                self.counters.generation_purged_blocks += 1;
-            }
+            debug_assert_eq!(
+                self.index.get(&k).map(|e| e.pins),
+                Some(0),
+                "bump_generation checked for leases"
+            );
+            self.doom(k);
+            self.counters.generation_purged_blocks += 1;
         }
     }
 
@@ -361,15 +422,17 @@ impl CacheState {
                 hash: *h,
             };
             match self.index.get_mut(&key) {
-                Some(e) => {
+                Some(e) if !e.doomed => {
                     e.pins += 1;
+                    e.hits = e.hits.saturating_add(1);
                     keys.push(key);
                 }
-                None => break,
+                _ => break,
             }
         }
         for k in &keys {
             self.policy.touch(k);
+            self.note_hit(*k);
         }
         let hit_blocks = keys.len() as u32;
         self.counters.hit_blocks += u64::from(hit_blocks);
@@ -412,17 +475,9 @@ impl CacheState {
         Ok(lease)
     }
 
-    /// Hand out the source slots of a lease: from now on copies may be in flight.
-    pub fn acquire(&mut self, s: SessionId, l: LeaseId) -> Result<Vec<Slot>, CacheError> {
+    pub(crate) fn check_owned_lease(&self, s: SessionId, l: LeaseId) -> Result<(), CacheError> {
         self.live_session(s)?;
-        self.owned_lease(s, l)?;
-        let lease = self.leases.get_mut(&l).ok_or(CacheError::UnknownLease(l))?;
-        lease.state = LeaseState::Acquired;
-        Ok(lease
-            .keys
-            .iter()
-            .filter_map(|k| self.index.get(k).map(|e| e.slot))
-            .collect())
+        self.owned_lease(s, l).map(|_| ())
     }
 
     pub fn lease_state(&self, l: LeaseId) -> Option<LeaseState> {
@@ -441,12 +496,16 @@ impl CacheState {
         Ok(())
     }
 
-    fn drop_lease(&mut self, l: LeaseId) {
+    pub(crate) fn drop_lease(&mut self, l: LeaseId) {
         if let Some(lease) = self.leases.remove(&l) {
             for k in &lease.keys {
                 if let Some(e) = self.index.get_mut(k) {
                     e.pins = e.pins.saturating_sub(1);
                 }
+                self.reap_if_doomed(*k);
+            }
+            if let Some(info) = self.sessions.get_mut(&lease.session) {
+                info.leases.remove(&l);
             }
             self.counters.leases_retired += 1;
         }
@@ -474,7 +533,12 @@ impl CacheState {
                 generation,
                 hash: *h,
             };
-            let status = if !seen.insert(*h) || self.index.contains_key(&key) {
+            let existing = self.index.get(&key).map(|e| e.doomed);
+            let status = if existing == Some(true) {
+                // A corrupt or purged copy is still being torn down: not storable yet.
+                self.counters.blocks_refused += 1;
+                SaveStatus::Refused
+            } else if !seen.insert(*h) || existing.is_some() {
                 self.counters.blocks_present += 1;
                 SaveStatus::Present
             } else {
@@ -506,7 +570,7 @@ impl CacheState {
         Ok((id, statuses))
     }
 
-    fn alloc_or_evict(&mut self, bytes: u64) -> Option<Slot> {
+    pub(crate) fn alloc_or_evict(&mut self, bytes: u64) -> Option<Slot> {
         loop {
             if let Some(slot) = self.arena.alloc(bytes) {
                 return Some(slot);
@@ -517,21 +581,32 @@ impl CacheState {
         }
     }
 
-    /// Evict one unpinned visible block. `false` when every block is pinned.
+    /// Take one DRAM slot from an evictable block: the block stays visible on
+    /// SSD when it has a copy there (demotion), otherwise it is dropped.
+    /// `false` when every DRAM-resident block is pinned or busy.
     fn evict_for(&mut self, _needed: u64) -> bool {
         let index = &self.index;
         let victim = self
             .policy
-            .evict_one(|k| index.get(k).is_some_and(|e| e.pins > 0));
-        match victim.and_then(|k| self.index.remove(&k)) {
-            Some(e) => {
-                self.counters.evictions += 1;
-                self.counters.evicted_bytes += e.slot.len;
-                self.arena.free(e.slot);
-                true
-            }
-            None => false,
+            .evict_one(|k| !index.get(k).is_some_and(Entry::evictable));
+        let Some(key) = victim else {
+            return false;
+        };
+        let Some(e) = self.index.get_mut(&key) else {
+            return true; // the policy only tracks indexed blocks; nothing to free
+        };
+        let Some(slot) = e.slot.take() else {
+            return true;
+        };
+        self.arena.free(slot);
+        self.counters.evicted_bytes += slot.len;
+        if e.on_ssd {
+            self.counters.demotions += 1;
+        } else {
+            self.index.remove(&key);
+            self.counters.evictions += 1;
         }
+        true
     }
 
     fn take_owned_save(&mut self, s: SessionId, id: SaveId) -> Result<PendingSave, CacheError> {
@@ -568,8 +643,10 @@ impl CacheState {
                 self.counters.blocks_duplicate_on_commit += 1;
                 continue;
             }
-            self.index.insert(key, Entry { slot, pins: 0 });
+            let block_bytes = self.namespaces.get(&save.ns).map_or(slot.len, |n| n.block_bytes);
+            self.index.insert(key, Entry::in_dram(slot, block_bytes));
             self.policy.insert(key, slot.len);
+            self.note_committed(key);
             committed += 1;
         }
         self.counters.blocks_committed += u64::from(committed);
@@ -605,11 +682,13 @@ impl CacheState {
         let Ok(generation) = self.generation_of(ns) else {
             return false;
         };
-        self.index.contains_key(&BlockKey {
-            ns,
-            generation,
-            hash: *hash,
-        })
+        self.index
+            .get(&BlockKey {
+                ns,
+                generation,
+                hash: *hash,
+            })
+            .is_some_and(|e| !e.doomed)
     }
 
     pub fn gauges(&self) -> Gauges {
@@ -625,8 +704,8 @@ impl CacheState {
         Gauges {
             capacity_bytes: self.arena.capacity(),
             free_bytes: self.arena.free_bytes(),
-            visible_blocks: self.index.len() as u64,
-            visible_bytes: self.index.values().map(|e| e.slot.len).sum(),
+            visible_blocks: self.index.values().filter(|e| !e.doomed).count() as u64,
+            visible_bytes: self.index.values().filter_map(|e| e.slot.map(|s| s.len)).sum(),
             pinned_blocks: self.index.values().filter(|e| e.pins > 0).count() as u64,
             pending_save_bytes: self.saves.values().map(save_bytes).sum(),
             live_leases: self.leases.len() as u64,
@@ -635,6 +714,13 @@ impl CacheState {
             quarantined_sessions: quarantined.len() as u64,
             quarantined_bytes,
             namespaces: self.namespaces.len() as u64,
+            ssd_only_blocks: self
+                .index
+                .values()
+                .filter(|e| e.slot.is_none() && !e.doomed)
+                .count() as u64,
+            ssd_resident_blocks: self.index.values().filter(|e| e.on_ssd && !e.doomed).count() as u64,
+            dormant_ssd_blocks: self.tier.dormant_len() as u64,
         }
     }
 
@@ -656,18 +742,40 @@ impl CacheState {
                 *pins.entry(*k).or_default() += 1;
             }
         }
+        let mut tracked = 0;
         for (k, e) in &self.index {
             if e.pins != pins.get(k).copied().unwrap_or(0) {
                 return Err(format!("pin count mismatch on {k:?}"));
             }
-            if !self.policy.contains(k) {
-                return Err(format!("visible block {k:?} not tracked by policy"));
+            let should_track = e.slot.is_some() && !e.doomed;
+            if should_track != self.policy.contains(k) {
+                return Err(format!("policy tracking of {k:?} should be {should_track}"));
+            }
+            tracked += usize::from(should_track);
+            if e.slot.is_none() && !e.on_ssd && !matches!(e.busy, Busy::Staging(_)) && !e.doomed {
+                return Err(format!("{k:?} is visible with no copy anywhere"));
+            }
+            if e.doomed && e.pins == 0 && e.busy == Busy::Idle {
+                return Err(format!("{k:?} is doomed, unpinned and idle but was not reaped"));
             }
         }
-        if self.policy.len() != self.index.len() {
-            return Err("policy tracks blocks that are not visible".into());
+        if self.policy.len() != tracked {
+            return Err("policy tracks blocks that are not DRAM-resident".into());
         }
-        let used: u64 = self.index.values().map(|e| e.slot.len).sum::<u64>()
+        let staging: u64 = self
+            .index
+            .values()
+            .filter_map(|e| match e.busy {
+                Busy::Staging(s) => Some(s.len),
+                _ => None,
+            })
+            .sum();
+        let used: u64 = self
+            .index
+            .values()
+            .filter_map(|e| e.slot.map(|s| s.len))
+            .sum::<u64>()
+            + staging
             + self.saves.values().map(save_bytes).sum::<u64>();
         if used + self.arena.free_bytes() != self.arena.capacity() {
             return Err(format!(

@@ -8,6 +8,7 @@ pub mod arena;
 pub mod cache;
 pub mod keys;
 pub mod policy;
+pub mod tier;
 
 pub use arena::{ALIGN, ArenaAllocator, aligned_len};
 pub use cache::{
@@ -17,3 +18,4 @@ pub use cache::{
 pub use keys::{
     BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,
 };
+pub use tier::{AcquireStep, SpillJob, StageJob, TierKey};

@@ -1,0 +1,580 @@
+//! SSD-tier bookkeeping of [`CacheState`], still without I/O: which blocks to
+//! spill (write-behind), staging SSD-only blocks back into DRAM for a lease,
+//! adopting blocks recovered from disk at start, and an outbox of SSD copies
+//! the Manager must delete. The Manager's workers do the reads and writes and
+//! report back through `spill_done` / `finish_stage`.
+//!
+//! Who deletes an SSD copy? Only the Manager, and only keys taken from
+//! [`CacheState::take_ssd_removals`] or granted by [`CacheState::ssd_droppable`].
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::cache::{Busy, CacheError, CacheState, Entry, LeaseState};
+use crate::keys::{BlockHash, BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SessionId, Slot};
+
+/// A block's identity outside this process (on disk): namespace identity
+/// instead of the Manager-local `NsId`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierKey {
+    pub ns: NamespaceKey,
+    pub generation: u64,
+    pub hash: BlockHash,
+}
+
+/// Copy `slot` (holding `block_bytes` of data) to SSD under `tier_key`.
+#[derive(Debug, Clone, Copy)]
+pub struct SpillJob {
+    pub key: BlockKey,
+    pub tier_key: TierKey,
+    pub slot: Slot,
+    pub block_bytes: u64,
+}
+
+/// Read the SSD copy of `tier_key` into `slot`.
+#[derive(Debug, Clone, Copy)]
+pub struct StageJob {
+    pub key: BlockKey,
+    pub tier_key: TierKey,
+    pub slot: Slot,
+    pub block_bytes: u64,
+}
+
+/// What `acquire` needs next.
+#[derive(Debug, Clone)]
+pub enum AcquireStep {
+    /// Every block is in DRAM: copy from these slots.
+    Ready(Vec<Slot>),
+    /// Read these SSD copies, report with `finish_stage`, then acquire again.
+    Stage(Vec<StageJob>),
+    /// Another lease is staging one of these blocks: wait, then acquire again.
+    Wait,
+    /// A block was found corrupt (or purged) meanwhile; the lease was retired.
+    Lost { blocks: usize },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct TierState {
+    enabled: bool,
+    min_hits: u32,
+    spill_queue: VecDeque<BlockKey>,
+    /// Recovered SSD blocks whose namespace has not registered yet:
+    /// namespace → (generation, hash, block bytes).
+    dormant: HashMap<NamespaceKey, Vec<(u64, BlockHash, u64)>>,
+    removals: Vec<TierKey>,
+}
+
+impl TierState {
+    pub(crate) fn dormant_len(&self) -> usize {
+        self.dormant.values().map(Vec::len).sum()
+    }
+}
+
+impl CacheState {
+    /// Turn on write-behind to SSD: a block is spilled once it was hit
+    /// `min_hits` times in DRAM (0 = every committed block).
+    pub fn enable_ssd(&mut self, min_hits: u32) {
+        self.tier.enabled = true;
+        self.tier.min_hits = min_hits;
+    }
+
+    pub fn ssd_enabled(&self) -> bool {
+        self.tier.enabled
+    }
+
+    pub fn tier_key(&self, k: &BlockKey) -> Option<TierKey> {
+        let ns = self.namespaces.get(&k.ns)?;
+        Some(TierKey {
+            ns: ns.key,
+            generation: k.generation,
+            hash: k.hash,
+        })
+    }
+
+    pub(crate) fn note_committed(&mut self, k: BlockKey) {
+        if self.tier.enabled && self.tier.min_hits == 0 {
+            self.tier.spill_queue.push_back(k);
+        }
+    }
+
+    pub(crate) fn note_hit(&mut self, k: BlockKey) {
+        if !self.tier.enabled || self.tier.min_hits == 0 {
+            return;
+        }
+        if self
+            .index
+            .get(&k)
+            .is_some_and(|e| e.hits == self.tier.min_hits && !e.on_ssd)
+        {
+            self.tier.spill_queue.push_back(k);
+        }
+    }
+
+    /// Up to `max` blocks to copy to SSD. Each is marked busy (its DRAM slot
+    /// cannot be freed) until [`Self::spill_done`].
+    pub fn spill_candidates(&mut self, max: usize) -> Vec<SpillJob> {
+        let mut jobs = Vec::new();
+        while jobs.len() < max {
+            let Some(key) = self.tier.spill_queue.pop_front() else {
+                break;
+            };
+            let Some(tier_key) = self.tier_key(&key) else {
+                continue;
+            };
+            let Some(e) = self.index.get_mut(&key) else {
+                continue;
+            };
+            let (Some(slot), false, Busy::Idle, false) = (e.slot, e.on_ssd, e.busy, e.doomed) else {
+                continue;
+            };
+            e.busy = Busy::Spilling;
+            jobs.push(SpillJob {
+                key,
+                tier_key,
+                slot,
+                block_bytes: e.block_bytes,
+            });
+        }
+        jobs
+    }
+
+    pub fn pending_spills(&self) -> usize {
+        self.tier.spill_queue.len()
+    }
+
+    /// A spill finished; `ok` when the SSD copy is durable.
+    pub fn spill_done(&mut self, job: &SpillJob, ok: bool) {
+        match self.index.get_mut(&job.key) {
+            Some(e) if e.busy == Busy::Spilling => {
+                e.busy = Busy::Idle;
+                if ok {
+                    e.on_ssd = true;
+                    self.counters.spilled_blocks += 1;
+                } else {
+                    self.counters.spill_failures += 1;
+                }
+                self.reap_if_doomed(job.key);
+            }
+            _ => {
+                if ok {
+                    self.tier.removals.push(job.tier_key);
+                }
+            }
+        }
+    }
+
+    /// Hand out the source slots of a lease, staging SSD-only blocks first.
+    /// Once `Ready` is returned, copies may be in flight until `release`.
+    pub fn acquire(&mut self, s: SessionId, l: LeaseId) -> Result<AcquireStep, CacheError> {
+        self.check_owned_lease(s, l)?;
+        let keys = self.leases.get(&l).map(|x| x.keys.clone()).unwrap_or_default();
+        let lost = keys
+            .iter()
+            .filter(|k| self.index.get(k).is_none_or(|e| e.doomed))
+            .count();
+        if lost > 0 {
+            self.drop_lease(l);
+            return Ok(AcquireStep::Lost { blocks: lost });
+        }
+        if keys.iter().any(|k| {
+            self.index
+                .get(k)
+                .is_some_and(|e| matches!(e.busy, Busy::Staging(_)))
+        }) {
+            return Ok(AcquireStep::Wait);
+        }
+        let need: Vec<BlockKey> = keys
+            .iter()
+            .filter(|k| self.index.get(k).is_some_and(|e| e.slot.is_none()))
+            .copied()
+            .collect();
+        if need.is_empty() {
+            if let Some(lease) = self.leases.get_mut(&l) {
+                lease.state = LeaseState::Acquired;
+            }
+            return Ok(AcquireStep::Ready(
+                keys.iter().filter_map(|k| self.index.get(k)?.slot).collect(),
+            ));
+        }
+        let mut jobs = Vec::with_capacity(need.len());
+        for key in need {
+            let block_bytes = self.index.get(&key).map_or(0, |e| e.block_bytes);
+            let Some(slot) = self.alloc_or_evict(block_bytes) else {
+                for j in &jobs {
+                    self.abandon_stage(j);
+                }
+                return Err(CacheError::NoStagingSpace { blocks: keys.len() });
+            };
+            let Some(tier_key) = self.tier_key(&key) else {
+                self.arena.free(slot);
+                continue;
+            };
+            if let Some(e) = self.index.get_mut(&key) {
+                e.busy = Busy::Staging(slot);
+            }
+            jobs.push(StageJob {
+                key,
+                tier_key,
+                slot,
+                block_bytes,
+            });
+        }
+        Ok(AcquireStep::Stage(jobs))
+    }
+
+    fn abandon_stage(&mut self, job: &StageJob) {
+        if let Some(e) = self.index.get_mut(&job.key) {
+            e.busy = Busy::Idle;
+        }
+        self.arena.free(job.slot);
+    }
+
+    /// A staging read finished. `ok == false` (checksum mismatch, missing or
+    /// unreadable copy) dooms the block: invisible now, deleted once unpinned.
+    pub fn finish_stage(&mut self, job: &StageJob, ok: bool) {
+        let Some(e) = self.index.get_mut(&job.key) else {
+            self.arena.free(job.slot);
+            return;
+        };
+        e.busy = Busy::Idle;
+        if ok && !e.doomed {
+            e.slot = Some(job.slot);
+            self.policy.insert(job.key, job.slot.len);
+            self.counters.staged_blocks += 1;
+        } else {
+            self.arena.free(job.slot);
+            if !ok {
+                self.counters.stage_failures += 1;
+            }
+            self.doom(job.key);
+        }
+    }
+
+    /// Make a block invisible; it is deleted (slot and SSD copy) once unpinned and idle.
+    pub(crate) fn doom(&mut self, key: BlockKey) {
+        if let Some(e) = self.index.get_mut(&key) {
+            if !e.doomed && e.slot.is_some() {
+                self.policy.remove(&key);
+            }
+            e.doomed = true;
+        }
+        self.reap_if_doomed(key);
+    }
+
+    pub(crate) fn reap_if_doomed(&mut self, key: BlockKey) {
+        let reap = self
+            .index
+            .get(&key)
+            .is_some_and(|e| e.doomed && e.pins == 0 && e.busy == Busy::Idle);
+        if !reap {
+            return;
+        }
+        let tier_key = self.tier_key(&key);
+        if let Some(e) = self.index.remove(&key) {
+            if let Some(slot) = e.slot {
+                self.arena.free(slot);
+            }
+            if let (true, Some(tk)) = (e.on_ssd, tier_key) {
+                self.tier.removals.push(tk);
+            }
+        }
+    }
+
+    /// The SSD tier is full and proposes these (least recently used) copies;
+    /// returns those the Manager may delete now. Blocks that lose their only
+    /// copy leave the index; pinned SSD-only blocks and blocks with I/O in
+    /// flight are kept.
+    pub fn ssd_droppable(&mut self, proposed: &[TierKey]) -> Vec<TierKey> {
+        let mut ok = Vec::new();
+        for tk in proposed {
+            let Some(&ns) = self.ns_id(&tk.ns) else {
+                self.forget_dormant(tk);
+                ok.push(*tk);
+                continue;
+            };
+            let key = BlockKey {
+                ns,
+                generation: tk.generation,
+                hash: tk.hash,
+            };
+            let Some(e) = self.index.get_mut(&key) else {
+                ok.push(*tk);
+                continue;
+            };
+            if e.busy != Busy::Idle || !e.on_ssd || (e.slot.is_none() && e.pins > 0) {
+                continue;
+            }
+            e.on_ssd = false;
+            if e.slot.is_none() {
+                self.index.remove(&key);
+            }
+            self.counters.ssd_dropped_blocks += 1;
+            ok.push(*tk);
+        }
+        ok
+    }
+
+    /// SSD copies to delete (purged generations, corrupt blocks, rejected at adoption).
+    pub fn take_ssd_removals(&mut self) -> Vec<TierKey> {
+        std::mem::take(&mut self.tier.removals)
+    }
+
+    /// Blocks found on disk at start. They stay dormant until their namespace
+    /// registers; generations only move forward.
+    pub fn adopt_recovered(&mut self, items: impl IntoIterator<Item = (TierKey, u64)>) {
+        for (tk, len) in items {
+            let g = self.generations.entry(tk.ns.fingerprint).or_insert(0);
+            *g = (*g).max(tk.generation);
+            self.tier
+                .dormant
+                .entry(tk.ns)
+                .or_default()
+                .push((tk.generation, tk.hash, len));
+        }
+        let registered: Vec<NsId> = self.namespaces.keys().copied().collect();
+        for ns in registered {
+            self.adopt_dormant(ns);
+        }
+    }
+
+    /// Raise a fingerprint's generation (from persisted state at start).
+    pub fn restore_generation(&mut self, fp: Fingerprint, generation: u64) {
+        let g = self.generations.entry(fp).or_insert(0);
+        *g = (*g).max(generation);
+    }
+
+    pub fn generation_table(&self) -> Vec<(Fingerprint, u64)> {
+        let mut v: Vec<_> = self.generations.iter().map(|(f, g)| (*f, *g)).collect();
+        v.sort();
+        v
+    }
+
+    /// Make dormant blocks of `ns` visible: only the current generation and
+    /// the registered block size qualify; the rest is queued for deletion.
+    pub(crate) fn adopt_dormant(&mut self, ns: NsId) {
+        let Some(info) = self.namespaces.get(&ns).cloned() else {
+            return;
+        };
+        let Some(items) = self.tier.dormant.remove(&info.key) else {
+            return;
+        };
+        let current = self.generations.get(&info.key.fingerprint).copied().unwrap_or(0);
+        for (generation, hash, len) in items {
+            let key = BlockKey { ns, generation, hash };
+            let tk = TierKey {
+                ns: info.key,
+                generation,
+                hash,
+            };
+            if generation == current && len == info.block_bytes && !self.index.contains_key(&key) {
+                let mut e = Entry::in_dram(
+                    Slot {
+                        segment: 0,
+                        offset: 0,
+                        len: 0,
+                    },
+                    len,
+                );
+                e.slot = None;
+                e.on_ssd = true;
+                self.index.insert(key, e);
+                self.counters.ssd_adopted_blocks += 1;
+            } else {
+                self.tier.removals.push(tk);
+                self.counters.ssd_rejected_blocks += 1;
+            }
+        }
+    }
+
+    fn forget_dormant(&mut self, tk: &TierKey) {
+        if let Some(v) = self.tier.dormant.get_mut(&tk.ns) {
+            v.retain(|(g, h, _)| !(*g == tk.generation && *h == tk.hash));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Fingerprint;
+
+    fn setup(min_hits: u32) -> (CacheState, SessionId, NsId) {
+        // 4 slots of 4 KiB.
+        let mut c = CacheState::new(&[4 * 4096]);
+        c.enable_ssd(min_hits);
+        let s = c.open_session();
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([1; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        let (ns, _) = c.register_namespace(key, 4096).expect("ns");
+        (c, s, ns)
+    }
+
+    fn h(i: u8) -> BlockHash {
+        [i; 32]
+    }
+
+    fn save(c: &mut CacheState, s: SessionId, ns: NsId, hs: &[BlockHash]) {
+        let (id, _) = c.begin_save(s, ns, hs).expect("begin");
+        c.commit_save(s, id).expect("commit");
+    }
+
+    #[test]
+    fn spilled_blocks_survive_eviction_and_stage_back() {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, &[h(1), h(2)]);
+        let jobs = c.spill_candidates(8);
+        assert_eq!(jobs.len(), 2);
+        // While spilling, the slots cannot be evicted: filling DRAM refuses instead.
+        let (id, st) = c.begin_save(s, ns, &[h(3), h(4), h(5)]).expect("begin");
+        assert_eq!(
+            st.iter()
+                .filter(|x| matches!(x, crate::SaveStatus::Refused))
+                .count(),
+            1
+        );
+        c.abort_save(s, id).expect("abort");
+        for j in &jobs {
+            c.spill_done(j, true);
+        }
+        c.check_invariants().expect("invariants");
+        // Now pressure demotes them to SSD-only, still visible.
+        save(&mut c, s, ns, &[h(3), h(4), h(5), h(6)]);
+        assert!(c.is_visible(ns, &h(1)) && c.is_visible(ns, &h(2)));
+        assert_eq!(c.gauges().ssd_only_blocks, 2);
+        c.check_invariants().expect("invariants");
+        // A lease on them stages them back into DRAM.
+        let r = c.lookup(s, ns, &[h(1), h(2)]).expect("lookup");
+        let lease = r.lease.expect("hit");
+        let AcquireStep::Stage(jobs) = c.acquire(s, lease).expect("acquire") else {
+            panic!("stage expected")
+        };
+        assert_eq!(jobs.len(), 2);
+        assert!(matches!(c.acquire(s, lease).expect("again"), AcquireStep::Wait));
+        for j in &jobs {
+            c.finish_stage(j, true);
+        }
+        let AcquireStep::Ready(slots) = c.acquire(s, lease).expect("ready") else {
+            panic!("ready expected")
+        };
+        assert_eq!(slots.len(), 2);
+        c.check_invariants().expect("invariants");
+        c.release(s, lease).expect("release");
+    }
+
+    #[test]
+    fn a_corrupt_copy_is_lost_never_served_and_deleted() {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, &[h(1)]);
+        for j in c.spill_candidates(8) {
+            c.spill_done(&j, true);
+        }
+        save(&mut c, s, ns, &[h(2), h(3), h(4), h(5)]); // demote h(1)
+        let lease = c.lookup(s, ns, &[h(1)]).expect("lookup").lease.expect("hit");
+        let AcquireStep::Stage(jobs) = c.acquire(s, lease).expect("acquire") else {
+            panic!()
+        };
+        c.finish_stage(&jobs[0], false);
+        assert!(!c.is_visible(ns, &h(1)), "corrupt block is a miss from now on");
+        assert!(matches!(
+            c.acquire(s, lease).expect("acquire"),
+            AcquireStep::Lost { blocks: 1 }
+        ));
+        assert_eq!(c.take_ssd_removals().len(), 1, "its SSD copy is deleted");
+        assert_eq!(c.gauges().live_leases, 0);
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn recovered_blocks_adopt_only_matching_namespace_generation_and_size() {
+        let mut c = CacheState::new(&[4 * 4096]);
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([1; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        c.restore_generation(key.fingerprint, 2);
+        c.adopt_recovered([
+            (
+                TierKey {
+                    ns: key,
+                    generation: 2,
+                    hash: h(1),
+                },
+                4096,
+            ),
+            (
+                TierKey {
+                    ns: key,
+                    generation: 1,
+                    hash: h(2),
+                },
+                4096,
+            ), // stale generation
+            (
+                TierKey {
+                    ns: key,
+                    generation: 2,
+                    hash: h(3),
+                },
+                8192,
+            ), // other block size
+        ]);
+        assert_eq!(c.gauges().dormant_ssd_blocks, 3);
+        let (ns, generation) = c.register_namespace(key, 4096).expect("ns");
+        assert_eq!(generation, 2);
+        assert!(c.is_visible(ns, &h(1)));
+        assert!(!c.is_visible(ns, &h(2)) && !c.is_visible(ns, &h(3)));
+        assert_eq!(c.take_ssd_removals().len(), 2);
+        assert_eq!(
+            (c.counters().ssd_adopted_blocks, c.counters().ssd_rejected_blocks),
+            (1, 2)
+        );
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn generation_bump_deletes_ssd_copies_even_mid_spill() {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, &[h(1), h(2)]);
+        let jobs = c.spill_candidates(1);
+        for j in c.spill_candidates(8) {
+            c.spill_done(&j, true);
+        }
+        c.bump_generation(ns).expect("bump");
+        assert!(!c.is_visible(ns, &h(1)) && !c.is_visible(ns, &h(2)));
+        assert_eq!(c.take_ssd_removals().len(), 1, "the finished spill's copy");
+        c.spill_done(&jobs[0], true); // the in-flight spill lands after the purge
+        assert_eq!(c.take_ssd_removals().len(), 1, "and is deleted too");
+        assert_eq!(c.gauges().visible_blocks, 0);
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn ssd_full_drops_only_unpinned_copies() {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, &[h(1), h(2)]);
+        for j in c.spill_candidates(8) {
+            c.spill_done(&j, true);
+        }
+        save(&mut c, s, ns, &[h(3), h(4), h(5), h(6)]); // both SSD-only now
+        let lease = c.lookup(s, ns, &[h(1)]).expect("lookup").lease.expect("hit");
+        let tks: Vec<TierKey> = [h(1), h(2)]
+            .iter()
+            .map(|x| {
+                c.tier_key(&BlockKey {
+                    ns,
+                    generation: 0,
+                    hash: *x,
+                })
+                .expect("tk")
+            })
+            .collect();
+        let ok = c.ssd_droppable(&tks);
+        assert_eq!(ok, vec![tks[1]], "the leased SSD-only block keeps its copy");
+        assert!(c.is_visible(ns, &h(1)) && !c.is_visible(ns, &h(2)));
+        c.release(s, lease).expect("release");
+        c.check_invariants().expect("invariants");
+    }
+}
