@@ -47,12 +47,16 @@ def _status(argv: Sequence[str]) -> int:
         print(json.dumps(st, indent=2, sort_keys=True))
         return 0
     gib = 1 << 30
+
+    def size(n: int) -> str:
+        return f"{n / gib:.2f} GiB" if n >= gib else f"{n / (1 << 20):.1f} MiB"
+
     used = st["dram_capacity_bytes"] - st["dram_free_bytes"]
     lookups = st["lookup_blocks_total"] or 1
     print(f"Manager pid {st['pid']} v{st['version']} on {st['socket']} (up {st['uptime_seconds']} s)")
     print(f"  metrics      {('http://' + st['metrics_addr'] + '/metrics') if st['metrics_addr'] else 'off'}")
     print(
-        f"  DRAM arena   {used / gib:.2f} / {st['dram_capacity_bytes'] / gib:.2f} GiB used, "
+        f"  DRAM arena   {size(used)} / {size(st['dram_capacity_bytes'])} used, "
         f"{st['dram_visible_blocks']} blocks visible, {st['dram_pinned_blocks']} pinned, "
         f"{len(st['segment_sizes'])} segment(s)"
     )
@@ -69,6 +73,21 @@ def _status(argv: Sequence[str]) -> int:
         f"{st['auth_refused_total']} refused, {st['bad_frames_total']} bad frames"
     )
     print(f"  leases       {st['live_leases']} live; saves pending {st['live_saves']}")
+    ssd = st.get("ssd", {})
+    if ssd.get("enabled"):
+        fallback = f" (fell back: {ssd['fallback_reason']})" if ssd.get("fallback_reason") else ""
+        print(
+            f"  SSD tier     {ssd['dir']} {ssd['mode']} mode, {ssd['engine']} engine{fallback}; "
+            f"{size(st['ssd_used_bytes'])} / {size(st['ssd_capacity_bytes'])}, {st['ssd_blocks']} blocks, "
+            f"{st['ssd_only_blocks']} SSD-only"
+        )
+        print(
+            f"  SSD traffic  {st['ssd_spilled_blocks_total']} spilled, {st['ssd_staged_blocks_total']} staged, "
+            f"{st['ssd_checksum_failures_total'] + st['ssd_header_failures_total']} integrity failures, "
+            f"{st['ssd_dormant_blocks']} recovered blocks awaiting their namespace"
+        )
+    else:
+        print("  SSD tier     off (enable with --ssd or --ssd-dir)")
     return 0
 
 

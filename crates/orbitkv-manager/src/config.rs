@@ -49,6 +49,24 @@ pub struct Args {
     /// Accept InjectFault requests (tests only)
     #[arg(long)]
     pub enable_fault_injection: bool,
+    /// Enable the SSD tier in this directory (must not be tmpfs in direct mode)
+    #[arg(long, env = "ORBITKV_SSD_DIR")]
+    pub ssd_dir: Option<PathBuf>,
+    /// Enable the SSD tier in the default directory ($XDG_CACHE_HOME/orbitkv/ssd or ~/.cache/orbitkv/ssd)
+    #[arg(long)]
+    pub ssd: bool,
+    /// SSD tier capacity (preallocated; checked against free space) [default: 16GiB]
+    #[arg(long, env = "ORBITKV_SSD_CAPACITY")]
+    pub ssd_capacity: Option<String>,
+    /// SSD I/O mode: direct (O_DIRECT) or kernel (buffered) [default: direct]
+    #[arg(long, env = "ORBITKV_SSD_MODE")]
+    pub ssd_mode: Option<String>,
+    /// SSD I/O engine: auto (io_uring, psync fallback reported in status), uring, psync [default: auto]
+    #[arg(long, env = "ORBITKV_SSD_ENGINE")]
+    pub ssd_engine: Option<String>,
+    /// Spill a DRAM block to SSD once it was hit this many times (0: every block) [default: 1]
+    #[arg(long)]
+    pub ssd_admit_hits: Option<u32>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -69,6 +87,31 @@ struct FileConfig {
     socket_mode: Option<String>,
     enable_fault_injection: Option<bool>,
     log_level: Option<String>,
+    ssd_dir: Option<PathBuf>,
+    ssd: Option<bool>,
+    ssd_capacity: Option<String>,
+    ssd_mode: Option<String>,
+    ssd_engine: Option<String>,
+    ssd_admit_hits: Option<u32>,
+}
+
+/// Validated SSD-tier settings.
+#[derive(Debug, Clone)]
+pub struct SsdSettings {
+    pub dir: PathBuf,
+    pub capacity: u64,
+    pub mode: orbitkv_ssd::IoMode,
+    pub engine: orbitkv_ssd::EnginePref,
+    pub admit_hits: u32,
+}
+
+fn default_ssd_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    base.join("orbitkv").join("ssd")
 }
 
 /// Validated settings.
@@ -83,6 +126,7 @@ pub struct ManagerConfig {
     pub socket_mode: u32,
     pub enable_fault_injection: bool,
     pub log_level: crate::log::Level,
+    pub ssd: Option<SsdSettings>,
 }
 
 pub const DEFAULT_DRAM: &str = "1GiB";
@@ -196,7 +240,46 @@ impl ManagerConfig {
             })?;
         let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
             .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
+        let ssd_dir = a
+            .ssd_dir
+            .or(file.ssd_dir)
+            .or_else(|| (a.ssd || file.ssd.unwrap_or(false)).then(default_ssd_dir));
+        let ssd = match ssd_dir {
+            None => None,
+            Some(dir) => {
+                let capacity =
+                    parse_size(a.ssd_capacity.or(file.ssd_capacity).as_deref().unwrap_or("16GiB"))?;
+                let mode = match a.ssd_mode.or(file.ssd_mode).as_deref().unwrap_or("direct") {
+                    "direct" => orbitkv_ssd::IoMode::Direct,
+                    "kernel" => orbitkv_ssd::IoMode::Kernel,
+                    m => {
+                        return Err(ConfigError::Invalid(format!(
+                            "ssd_mode {m:?} must be direct or kernel"
+                        )));
+                    }
+                };
+                let engine = match a.ssd_engine.or(file.ssd_engine).as_deref().unwrap_or("auto") {
+                    "auto" => orbitkv_ssd::EnginePref::Auto,
+                    "uring" | "io_uring" => orbitkv_ssd::EnginePref::Uring,
+                    "psync" => orbitkv_ssd::EnginePref::Psync,
+                    e => {
+                        return Err(ConfigError::Invalid(format!(
+                            "ssd_engine {e:?} must be auto, uring or psync"
+                        )));
+                    }
+                };
+                let admit_hits = a.ssd_admit_hits.or(file.ssd_admit_hits).unwrap_or(1);
+                Some(SsdSettings {
+                    dir,
+                    capacity,
+                    mode,
+                    engine,
+                    admit_hits,
+                })
+            }
+        };
         Ok(ManagerConfig {
+            ssd,
             socket,
             dram_size,
             segment_size,

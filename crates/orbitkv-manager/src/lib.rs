@@ -3,7 +3,7 @@
 //! Threads: an accept loop on the Unix socket, one thread per session, a
 //! quarantine reaper, and the loopback metrics endpoint. Cache policy lives in
 //! `orbitkv_core::CacheState` behind one mutex; this crate adds I/O only.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)] // allowed only in `tier.rs`, for arena slices handed to the SSD engine
 
 pub mod config;
 #[macro_use]
@@ -13,6 +13,7 @@ mod server;
 mod session;
 mod shared;
 mod stats;
+mod tier;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -34,6 +35,8 @@ pub enum ManagerError {
     Bind { path: PathBuf, err: std::io::Error },
     #[error("binding the metrics endpoint {addr}: {err}")]
     Metrics { addr: SocketAddr, err: std::io::Error },
+    #[error("opening the SSD tier: {0}")]
+    Ssd(#[from] orbitkv_ssd::SsdError),
     #[error("starting a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -61,7 +64,13 @@ impl Manager {
             Some(addr) => Some(TcpListener::bind(addr).map_err(|err| ManagerError::Metrics { addr, err })?),
             None => None,
         };
-        let shared = Arc::new(Shared::new(config, segments));
+        let sizes: Vec<u64> = segments.iter().map(|s| s.size()).collect();
+        let mut cache = orbitkv_core::CacheState::new(&sizes);
+        let ssd = match &config.ssd {
+            Some(settings) => Some(tier::open(settings, &mut cache)?),
+            None => None,
+        };
+        let shared = Arc::new(Shared::new(config, segments, cache, ssd));
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -84,6 +93,10 @@ impl Manager {
         )?);
         let sh = shared.clone();
         threads.push(spawn("orbitkv-reaper", Box::new(move || server::reaper(sh)))?);
+        if shared.ssd.is_some() {
+            let sh = shared.clone();
+            threads.push(spawn("orbitkv-ssd", Box::new(move || tier::worker(sh)))?);
+        }
         log!(
             Info,
             "serving on {} (arena {} bytes in {} segment(s); metrics {})",

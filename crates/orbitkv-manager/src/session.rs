@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use orbitkv_core::{
-    CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionEnd, SessionId,
+    AcquireStep, CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionEnd,
+    SessionId,
 };
 use orbitkv_proto::{
     ErrorCode, FrameError, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, read_frame,
@@ -231,6 +232,7 @@ fn cache_code(e: &CacheError) -> ErrorCode {
         CacheError::UnknownLease(_) | CacheError::UnknownSave(_) => ErrorCode::NotFound,
         CacheError::NotOwner { .. } => ErrorCode::NotOwner,
         CacheError::Busy { .. } => ErrorCode::Busy,
+        CacheError::NoStagingSpace { .. } => ErrorCode::RestoreFailed,
     }
 }
 
@@ -285,13 +287,8 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                     Err(e) => map(Err(e)),
                 };
             }
-            let r = cache.acquire(s, LeaseId(lease));
-            if r.is_ok() {
-                ServerCounters::inc(&shared.counters.leases_acquired);
-            }
-            map(r.map(|slots| Response::Slots {
-                slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
-            }))
+            drop(cache);
+            acquire(shared, s, LeaseId(lease))
         }
         Request::Release { lease } => map(shared.cache().release(s, LeaseId(lease)).map(|_| Response::Ok)),
         Request::BeginSave { ns, hashes } => {
@@ -319,9 +316,23 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             .map(|blocks| Response::Committed { blocks })),
         Request::AbortSave { save } => map(shared.cache().abort_save(s, SaveId(save)).map(|_| Response::Ok)),
         Request::ResetGeneration { ns } => {
-            let r = shared.cache().bump_generation(NsId(ns));
+            let mut cache = shared.cache();
+            let r = cache.bump_generation(NsId(ns));
             if let Ok(g) = &r {
                 log!(Info, "namespace {ns}: moved to generation {g}");
+                if let Some(ssd) = &shared.config.ssd {
+                    // Durable before the reply: a restart must never serve the old generation.
+                    if let Err(e) = crate::tier::persist_generations(&ssd.dir, &cache.generation_table()) {
+                        log!(Error, "persisting generations in {}: {e}", ssd.dir.display());
+                        return Response::error(
+                            ErrorCode::Internal,
+                            format!(
+                                "generation {g} applied but not persisted in {}: {e}",
+                                ssd.dir.display()
+                            ),
+                        );
+                    }
+                }
             }
             map(r.map(|generation| Response::Generation { generation }))
         }
@@ -339,5 +350,57 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             Response::Ok
         }
         Request::Close => Response::Ok, // handled in the loop
+    }
+}
+
+/// Hand out a lease's source slots, staging SSD-only blocks into DRAM first.
+/// A block that fails its integrity checks is dropped (a miss from now on)
+/// and the restore fails, with the lease retired: no copy was handed out.
+fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
+    loop {
+        let mut cache = shared.cache();
+        match cache.acquire(s, l) {
+            Ok(AcquireStep::Ready(slots)) => {
+                ServerCounters::inc(&shared.counters.leases_acquired);
+                return Response::Slots {
+                    slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
+                };
+            }
+            Ok(AcquireStep::Wait) => {
+                let _unused = shared.staged.wait_timeout(cache, Duration::from_millis(100));
+            }
+            Ok(AcquireStep::Lost { blocks }) => {
+                return Response::error(
+                    ErrorCode::RestoreFailed,
+                    format!(
+                        "restore of lease {}: {blocks} block(s) failed integrity checks on SSD and were dropped; lease released",
+                        l.0
+                    ),
+                );
+            }
+            Ok(AcquireStep::Stage(jobs)) => {
+                drop(cache);
+                let Some(ssd) = shared.ssd.as_ref() else {
+                    // Unreachable by construction (SSD-only blocks need a tier); fail closed.
+                    let mut cache = shared.cache();
+                    for j in &jobs {
+                        cache.finish_stage(j, false);
+                    }
+                    continue;
+                };
+                let ok = crate::tier::stage(shared, ssd, &jobs);
+                let mut cache = shared.cache();
+                for (j, ok) in jobs.iter().zip(ok) {
+                    cache.finish_stage(j, ok);
+                }
+                drop(cache);
+                shared.staged.notify_all();
+            }
+            Err(e @ CacheError::NoStagingSpace { .. }) => {
+                let _ = cache.release(s, l);
+                return Response::error(ErrorCode::RestoreFailed, format!("{e}; lease released"));
+            }
+            Err(e) => return map(Err(e)),
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use orbitkv_core::{CacheState, SessionId};
@@ -39,11 +39,14 @@ pub struct Quarantined {
     pub process: Option<ProcessHandle>,
 }
 
-#[derive(Debug)]
 pub struct Shared {
     pub config: ManagerConfig,
     pub segments: Vec<Segment>,
     cache: Mutex<CacheState>,
+    /// Signalled whenever staging reads finish (acquires waiting on a block
+    /// another lease is staging wake up).
+    pub staged: Condvar,
+    pub ssd: Option<orbitkv_ssd::SsdTier>,
     pub quarantine: Mutex<Vec<Quarantined>>,
     pub restore_faults: AtomicU32,
     pub counters: ServerCounters,
@@ -53,12 +56,18 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: ManagerConfig, segments: Vec<Segment>) -> Shared {
-        let sizes: Vec<u64> = segments.iter().map(|s| s.size()).collect();
+    pub fn new(
+        config: ManagerConfig,
+        segments: Vec<Segment>,
+        cache: CacheState,
+        ssd: Option<orbitkv_ssd::SsdTier>,
+    ) -> Shared {
         Shared {
             config,
             segments,
-            cache: Mutex::new(CacheState::new(&sizes)),
+            cache: Mutex::new(cache),
+            staged: Condvar::new(),
+            ssd,
             quarantine: Mutex::new(Vec::new()),
             restore_faults: AtomicU32::new(0),
             counters: ServerCounters::default(),
@@ -80,5 +89,15 @@ impl Shared {
 
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("socket", &self.config.socket)
+            .field("segments", &self.segments.len())
+            .field("ssd", &self.ssd.as_ref().map(|t| t.engine().kind))
+            .finish_non_exhaustive()
     }
 }

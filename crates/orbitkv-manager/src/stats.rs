@@ -17,6 +17,7 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
     let unprovable = q.iter().filter(|x| x.process.is_none()).count() as u64;
     drop(q);
     let sc = &shared.counters;
+    let ssd = shared.ssd.as_ref().map(|t| t.stats()).unwrap_or_default();
     let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     vec![
         ("lookups_total", "Lookup requests", "counter", c.lookups),
@@ -233,6 +234,115 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             "gauge",
             shared.started.elapsed().as_secs(),
         ),
+        (
+            "ssd_spilled_blocks_total",
+            "Blocks copied to SSD (write-behind)",
+            "counter",
+            c.spilled_blocks,
+        ),
+        (
+            "ssd_spill_failures_total",
+            "Spills that failed (block stays DRAM-only)",
+            "counter",
+            c.spill_failures,
+        ),
+        (
+            "ssd_staged_blocks_total",
+            "SSD-only blocks read back into DRAM for a lease",
+            "counter",
+            c.staged_blocks,
+        ),
+        (
+            "ssd_stage_failures_total",
+            "Staging reads that failed integrity checks or I/O (dropped, a miss)",
+            "counter",
+            c.stage_failures,
+        ),
+        (
+            "ssd_demotions_total",
+            "DRAM slots freed while the SSD copy keeps the block",
+            "counter",
+            c.demotions,
+        ),
+        (
+            "ssd_dropped_blocks_total",
+            "SSD copies deleted to make room",
+            "counter",
+            c.ssd_dropped_blocks,
+        ),
+        (
+            "ssd_adopted_blocks_total",
+            "Recovered SSD blocks adopted by a registered namespace",
+            "counter",
+            c.ssd_adopted_blocks,
+        ),
+        (
+            "ssd_rejected_blocks_total",
+            "Recovered SSD blocks rejected (generation, namespace or size mismatch)",
+            "counter",
+            c.ssd_rejected_blocks,
+        ),
+        (
+            "ssd_checksum_failures_total",
+            "SSD reads rejected by the payload checksum",
+            "counter",
+            ssd.checksum_failures,
+        ),
+        (
+            "ssd_header_failures_total",
+            "SSD reads rejected by header, version, length or key checks",
+            "counter",
+            ssd.header_failures,
+        ),
+        (
+            "ssd_read_errors_total",
+            "SSD reads that failed with an I/O error",
+            "counter",
+            ssd.read_errors,
+        ),
+        (
+            "ssd_write_errors_total",
+            "SSD writes that failed with an I/O error",
+            "counter",
+            ssd.write_errors,
+        ),
+        (
+            "ssd_bytes_written_total",
+            "Payload bytes written to SSD",
+            "counter",
+            ssd.bytes_written,
+        ),
+        (
+            "ssd_bytes_read_total",
+            "Payload bytes read (and verified) from SSD",
+            "counter",
+            ssd.bytes_read,
+        ),
+        ("ssd_blocks", "Blocks stored on SSD", "gauge", ssd.blocks),
+        (
+            "ssd_used_bytes",
+            "SSD data file bytes in use",
+            "gauge",
+            ssd.used_bytes,
+        ),
+        (
+            "ssd_capacity_bytes",
+            "SSD tier capacity",
+            "gauge",
+            ssd.capacity_bytes,
+        ),
+        (
+            "ssd_only_blocks",
+            "Visible blocks whose only copy is on SSD",
+            "gauge",
+            g.ssd_only_blocks,
+        ),
+        (
+            "ssd_dormant_blocks",
+            "Recovered SSD blocks waiting for their namespace to register",
+            "gauge",
+            g.dormant_ssd_blocks,
+        ),
     ]
 }
 
@@ -245,6 +355,20 @@ pub fn json(shared: &Shared) -> String {
     let metrics = shared.metrics_addr.lock().ok().and_then(|a| *a);
     m.insert("metrics_addr".into(), metrics.map(|a| a.to_string()).into());
     m.insert("version".into(), env!("CARGO_PKG_VERSION").into());
+    m.insert(
+        "ssd".into(),
+        match (&shared.config.ssd, &shared.ssd) {
+            (Some(cfg), Some(t)) => serde_json::json!({
+                "enabled": true,
+                "dir": cfg.dir.display().to_string(),
+                "mode": if cfg.mode == orbitkv_ssd::IoMode::Direct { "direct" } else { "kernel" },
+                "engine": t.engine().kind,
+                "fallback_reason": t.engine().fallback_reason,
+                "admit_hits": cfg.admit_hits,
+            }),
+            _ => serde_json::json!({ "enabled": false }),
+        },
+    );
     m.insert("pid".into(), std::process::id().into());
     m.insert(
         "segment_sizes".into(),

@@ -156,6 +156,31 @@ impl Mapping {
         Ok(())
     }
 
+    /// Borrow `[offset, offset+len)` of the shared mapping as a slice.
+    ///
+    /// # Safety
+    /// No one may write the range while the slice lives: the caller must hold
+    /// the cache-protocol right that freezes it (a committed block is immutable;
+    /// a slot being spilled cannot be freed or reallocated).
+    pub unsafe fn slice(&self, offset: u64, len: usize) -> Result<&[u8], ShmError> {
+        let off = self.check(offset, len)?;
+        // SAFETY: in bounds by `check`; immutability guaranteed by the caller.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) })
+    }
+
+    /// Borrow `[offset, offset+len)` of the shared mapping mutably.
+    ///
+    /// # Safety
+    /// The caller must own the range exclusively for the slice's lifetime
+    /// (e.g. a slot allocated for staging, invisible to every client), and must
+    /// not create overlapping slices.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: u64, len: usize) -> Result<&mut [u8], ShmError> {
+        let off = self.check(offset, len)?;
+        // SAFETY: in bounds by `check`; exclusivity guaranteed by the caller.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) })
+    }
+
     /// Copy from the mapping into raw memory owned by the caller.
     ///
     /// # Safety

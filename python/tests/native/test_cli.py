@@ -40,7 +40,8 @@ def test_serve_status_and_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-
     try:
         eventually(lambda: orbitkv("status", "--socket", str(sock)).returncode == 0, "manager up")
         r = orbitkv("status", "--socket", str(sock))
-        assert "DRAM arena   0.00 / 0.01 GiB used" in r.stdout
+        assert "DRAM arena   0.0 MiB / 8.0 MiB used" in r.stdout
+        assert "SSD tier     off" in r.stdout
         assert "2 segment(s)" in r.stdout
         r = orbitkv("status", "--socket", str(sock), "--json")
         st = json.loads(r.stdout)

@@ -1,0 +1,184 @@
+"""SSD tier through real Manager processes: spill and stage byte-exact in both
+I/O modes, restart recovery, corruption (bit flip, truncation) never served,
+namespace and generation mismatches rejected, clear configuration errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from orbitkv_testing import eventually
+
+from orbitkv import _native
+
+pytestmark = pytest.mark.native
+BB = 64 * 1024
+FP = b"\x41" * 32
+
+
+def hashes(tag: int, n: int) -> list[bytes]:
+    return [bytes([tag]) + i.to_bytes(2, "little") + bytes(29) for i in range(n)]
+
+
+def content(h: bytes) -> bytes:
+    return h * (BB // 32)
+
+
+def ssd_manager(factory, ssd: Path, *extra: str, dram: str = "4MiB", segment: str = "1MiB"):  # type: ignore[no-untyped-def]
+    return factory("--dram-size", dram, "--segment-size", segment, "--ssd-dir", str(ssd),
+                   "--ssd-capacity", "64MiB", "--ssd-admit-hits", "0", *extra)
+
+
+def fill_and_spill(m, c, ns, tag: int, n: int) -> list[bytes]:  # type: ignore[no-untyped-def]
+    hs = hashes(tag, n)
+    assert c.save(ns, hs, [content(h) for h in hs]).stored == n
+    target = m.stats()["blocks_committed_total"]
+    eventually(lambda: m.stats()["ssd_spilled_blocks_total"] >= target, "write-behind spilled every block")
+    return hs
+
+
+def restore_each(c, ns, hs: list[bytes]) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
+    """Restore block by block; returns (exact, failed, missing). Never tolerates wrong bytes."""
+    exact = failed = missing = 0
+    for h in hs:
+        lease = c.lookup(ns, [h])
+        if lease.hit_blocks == 0:
+            missing += 1
+            continue
+        buf = bytearray(BB)
+        try:
+            c.restore(lease, buf)
+        except _native.RestoreFailed as e:
+            assert "integrity" in str(e)
+            failed += 1
+            assert c.lookup(ns, [h]).hit_blocks == 0, "a corrupt block is a miss from then on"
+            continue
+        c.release(lease)
+        assert bytes(buf) == content(h), "wrong bytes served"
+        exact += 1
+    return exact, failed, missing
+
+
+@pytest.mark.parametrize("mode", ["direct", "kernel"])
+def test_spill_evict_and_stage_back_byte_exact(manager_factory, tmp_path, mode) -> None:  # type: ignore[no-untyped-def]
+    m = ssd_manager(manager_factory, tmp_path / "ssd", "--ssd-mode", mode)
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    first = fill_and_spill(m, c, ns, 1, 32)
+    fill_and_spill(m, c, ns, 2, 64)  # 6 MiB through a 4 MiB arena: the first blocks are demoted to SSD
+    st = m.stats()
+    assert st["ssd_only_blocks"] >= 32 - 4 and st["ssd"]["mode"] == mode
+    lease = c.lookup(ns, first)
+    assert lease.hit_blocks == 32, "SSD-only blocks stay visible"
+    out = [bytearray(BB) for _ in first]
+    assert c.restore(lease, out) == 32 * BB
+    c.release(lease)
+    assert all(bytes(o) == content(h) for o, h in zip(out, first, strict=True))
+    st = m.stats()
+    assert st["ssd_staged_blocks_total"] >= 28 and st["ssd_checksum_failures_total"] == 0
+    assert st["live_leases"] == 0 and st["dram_pinned_blocks"] == 0
+
+
+def test_restart_recovers_and_serves_the_warm_cache(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ssd = tmp_path / "ssd"
+    m = ssd_manager(manager_factory, ssd)
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    hs = fill_and_spill(m, c, ns, 3, 24)
+    c.close()
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait()
+    m2 = ssd_manager(manager_factory, ssd)
+    assert m2.stats()["ssd_dormant_blocks"] == 24
+    c2 = m2.client()
+    ns2 = c2.register_namespace(FP, BB)
+    assert restore_each(c2, ns2, hs) == (24, 0, 0)
+    st = m2.stats()
+    assert st["ssd_adopted_blocks_total"] == 24 and st["ssd_staged_blocks_total"] == 24
+
+
+def _sigkill_mid_spill(manager_factory, ssd: Path) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Save a lot, SIGKILL while write-behind is still going; return what was saved."""
+    m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    hs = hashes(4, 200)
+    for i in range(0, 200, 20):
+        c.save(ns, hs[i : i + 20], [content(h) for h in hs[i : i + 20]])
+    eventually(lambda: m.stats()["ssd_spilled_blocks_total"] >= 40, "some blocks spilled")
+    m.proc.send_signal(signal.SIGKILL)  # possibly mid-spill
+    m.proc.wait()
+    return hs
+
+
+def test_sigkill_mid_spill_then_bit_flip_is_never_served(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ssd = tmp_path / "ssd"
+    hs = _sigkill_mid_spill(manager_factory, ssd)
+    data = ssd / "data.okv"
+    with open(data, "r+b") as f:  # flip one payload bit of the first extent (after its 4 KiB header)
+        f.seek(4096 + 1000)
+        b = f.read(1)
+        f.seek(4096 + 1000)
+        f.write(bytes([b[0] ^ 0x10]))
+    m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    exact, failed, missing = restore_each(c, ns, hs)
+    assert failed == 1, (exact, failed, missing)
+    assert exact >= 39 and exact + failed + missing == 200
+    assert m.stats()["ssd_checksum_failures_total"] == 1
+
+
+def test_truncated_data_file_loses_only_the_cut_blocks(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ssd = tmp_path / "ssd"
+    hs = _sigkill_mid_spill(manager_factory, ssd)
+    data = ssd / "data.okv"
+    os.truncate(data, 20 * (BB + 4096) + 1234)  # cut inside the 21st extent
+    m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    exact, failed, missing = restore_each(c, ns, hs)
+    assert exact <= 20 and exact + failed + missing == 200
+    assert exact >= 1
+
+
+def test_namespace_size_mismatch_and_reset_generation_are_rejected_after_restart(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ssd = tmp_path / "ssd"
+    m = ssd_manager(manager_factory, ssd)
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    other = c.register_namespace(b"\x42" * 32, BB)
+    hs = fill_and_spill(m, c, ns, 5, 8)
+    hs_other = hashes(6, 8)
+    c.save(other, hs_other, [content(h) for h in hs_other])
+    eventually(lambda: m.stats()["ssd_spilled_blocks_total"] >= 16, "spilled")
+    assert c.reset_generation(ns) == 1  # persisted before the reply
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait()
+    m2 = ssd_manager(manager_factory, ssd)
+    c2 = m2.client()
+    ns2 = c2.register_namespace(FP, BB)
+    assert ns2.generation == 1, "the reset survives the restart"
+    assert c2.lookup(ns2, hs).hit_blocks == 0, "blocks of the reset generation are never served"
+    # Same fingerprint as `other` but a different block size: nothing adopted.
+    wrong = c2.register_namespace(b"\x42" * 32, 2 * BB)
+    assert c2.lookup(wrong, hs_other).hit_blocks == 0
+    assert m2.stats()["ssd_rejected_blocks_total"] >= 8
+
+
+def test_tmpfs_with_direct_mode_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs on this machine")
+    d = Path("/dev/shm") / f"orbitkv-test-{os.getpid()}"
+    r = subprocess.run([sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"),
+                        "--dram-size", "4MiB", "--ssd-dir", str(d), "--ssd-capacity", "16MiB",
+                        "--metrics-addr", "off"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert str(d) in r.stderr and "kernel" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"),
+                        "--ssd-dir", str(tmp_path), "--ssd-mode", "sideways"], capture_output=True, text=True)
+    assert r.returncode == 2 and "direct or kernel" in r.stderr
