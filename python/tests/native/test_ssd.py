@@ -182,3 +182,37 @@ def test_tmpfs_with_direct_mode_is_a_clear_error(tmp_path) -> None:  # type: ign
     r = subprocess.run([sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"),
                         "--ssd-dir", str(tmp_path), "--ssd-mode", "sideways"], capture_output=True, text=True)
     assert r.returncode == 2 and "direct or kernel" in r.stderr
+
+
+def test_concurrent_restores_of_the_same_ssd_blocks(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    m = ssd_manager(manager_factory, tmp_path / "ssd")
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    first = fill_and_spill(m, c, ns, 7, 16)  # 3 readers x 1 MiB staged fit the 4 MiB arena
+    fill_and_spill(m, c, ns, 8, 64)  # demote the first set
+    assert m.stats()["ssd_only_blocks"] >= 12
+    errors: list[str] = []
+
+    def reader() -> None:
+        cl = m.client()
+        nsl = cl.register_namespace(FP, BB)
+        for _ in range(3):
+            lease = cl.lookup(nsl, first)
+            out = bytearray(lease.hit_blocks * BB)
+            cl.restore(lease, out)
+            cl.release(lease)
+            for i in range(lease.hit_blocks):
+                if bytes(out[i * BB : (i + 1) * BB]) != content(first[i]):
+                    errors.append(f"block {i} differs")
+        cl.close()
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    st = m.stats()
+    assert st["live_leases"] == 0 and st["ssd_stage_failures_total"] == 0 and st["ssd_staged_blocks_total"] >= 12
