@@ -43,7 +43,7 @@ fn main() {
             .unwrap_or(default)
     };
     let total = opt("--total-mib", 256) << 20;
-    let trials = opt("--trials", 5).max(1);
+    let trials = opt("--trials", 9).max(1);
 
     let dir = std::env::temp_dir().join(format!("orbitkv-bench-{}", std::process::id()));
     let sock = dir.join("m.sock");
@@ -82,26 +82,23 @@ fn main() {
             .register_namespace([si as u8 + 1; 32], bs as u64, 0, [0; 32])
             .unwrap_or_else(|e| panic!("ns: {e}"));
 
-        // Baseline: single-thread memcpy of the same blocks, block by block.
+        // Interleaved per trial, so drift on a shared machine hits all three alike:
+        // baseline (single-thread memcpy of the same blocks), save, restore.
         let mut memcpy = Vec::new();
-        for _ in 0..trials {
+        let mut save = Vec::new();
+        let mut restore = Vec::new();
+        for t in 0..trials as u32 {
             let t0 = Instant::now();
             for (d, s) in dst.iter_mut().zip(&src) {
                 d.copy_from_slice(s);
             }
             black_box(&dst);
             memcpy.push(gbps(n * bs, t0.elapsed()));
-        }
 
-        let mut save = Vec::new();
-        let mut restore = Vec::new();
-        for t in 0..trials as u32 {
             let hashes: Vec<[u8; 32]> = (0..n as u32).map(|i| hash(si as u8, t, i)).collect();
             let srcs: Vec<&[u8]> = src.iter().map(|v| v.as_slice()).collect();
             let t0 = Instant::now();
-            let r = client
-                .save(&ns, &hashes, &srcs)
-                .unwrap_or_else(|e| panic!("save: {e}"));
+            let r = client.save(&ns, &hashes, &srcs).unwrap_or_else(|e| panic!("save: {e}"));
             save.push(gbps(r.bytes_copied as usize, t0.elapsed()));
             assert_eq!(r.stored as usize, n, "arena too small for the bench");
 
@@ -110,9 +107,7 @@ fn main() {
             }
             let mut dsts: Vec<&mut [u8]> = dst.iter_mut().map(|v| v.as_mut_slice()).collect();
             let t0 = Instant::now();
-            let got = client
-                .restore(&ns, &hashes, &mut dsts)
-                .unwrap_or_else(|e| panic!("restore: {e}"));
+            let got = client.restore(&ns, &hashes, &mut dsts).unwrap_or_else(|e| panic!("restore: {e}"));
             restore.push(gbps(got as usize * bs, t0.elapsed()));
             assert_eq!(got as usize, n);
             assert!(dst == src, "restored bytes differ");
@@ -139,7 +134,7 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     let doc = serde_json::json!({
         "bench": "dram_path",
-        "what": "save = begin_save + copy + commit; restore = lookup + acquire + copy + release; one client, one thread; median of trials; bytes counted once",
+        "what": "save = begin_save + copy + commit; restore = lookup + acquire + copy + release; one client, one thread; median of interleaved trials; bytes counted once",
         "baseline": "single-thread memcpy (copy_from_slice) of the same blocks, same process, same run",
         "total_bytes_per_trial": total,
         "results": rows,
