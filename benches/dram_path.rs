@@ -98,7 +98,9 @@ fn main() {
             let hashes: Vec<[u8; 32]> = (0..n as u32).map(|i| hash(si as u8, t, i)).collect();
             let srcs: Vec<&[u8]> = src.iter().map(|v| v.as_slice()).collect();
             let t0 = Instant::now();
-            let r = client.save(&ns, &hashes, &srcs).unwrap_or_else(|e| panic!("save: {e}"));
+            let r = client
+                .save(&ns, &hashes, &srcs)
+                .unwrap_or_else(|e| panic!("save: {e}"));
             save.push(gbps(r.bytes_copied as usize, t0.elapsed()));
             assert_eq!(r.stored as usize, n, "arena too small for the bench");
 
@@ -107,7 +109,9 @@ fn main() {
             }
             let mut dsts: Vec<&mut [u8]> = dst.iter_mut().map(|v| v.as_mut_slice()).collect();
             let t0 = Instant::now();
-            let got = client.restore(&ns, &hashes, &mut dsts).unwrap_or_else(|e| panic!("restore: {e}"));
+            let got = client
+                .restore(&ns, &hashes, &mut dsts)
+                .unwrap_or_else(|e| panic!("restore: {e}"));
             restore.push(gbps(got as usize * bs, t0.elapsed()));
             assert_eq!(got as usize, n);
             assert!(dst == src, "restored bytes differ");

@@ -75,10 +75,13 @@ def _worker(socket: str, wl: Workload, convs: list[int], q: Any) -> None:
         bb = wl.block_bytes
         max_blocks = (wl.system_tokens + wl.turns * (wl.user_tokens + wl.reply_tokens)) // wl.block_tokens + 1
         restore_buf = bytearray(max_blocks * bb)  # reused, like an engine's KV pages
-        for conv in convs:
-            rng = random.Random(wl.seed * 1_000_003 + conv)
-            history = list(system)
-            for _turn in range(wl.turns):
+        # Turn-major, like a server with many chats in flight: every conversation's
+        # turn t before any turn t+1, so reuse distances exceed a small arena.
+        rngs = {conv: random.Random(wl.seed * 1_000_003 + conv) for conv in convs}
+        histories = {conv: list(system) for conv in convs}
+        for _turn in range(wl.turns):
+            for conv in convs:
+                rng, history = rngs[conv], histories[conv]
                 history += _tokens(rng, wl.user_tokens)
                 hashes = chain_hashes(history, wl.block_tokens, root)
                 t0 = time.perf_counter()
@@ -127,14 +130,16 @@ def _memcpy_gbps(nbytes: int = 256 << 20) -> float:
     return best
 
 
-def _start_manager(dram: str) -> tuple[subprocess.Popen[bytes], str, tempfile.TemporaryDirectory[str]]:
+def _start_manager(
+    dram: str, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], str, tempfile.TemporaryDirectory[str]]:
     from orbitkv import _native
 
     tmp = tempfile.TemporaryDirectory(prefix="orbitkv-demo-")
     sock = os.path.join(tmp.name, "manager.sock")
     proc = subprocess.Popen(
         [sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", dram,
-         "--metrics-addr", "127.0.0.1:0", "--log-level", "warn"],
+         "--metrics-addr", "127.0.0.1:0", "--log-level", "warn", *extra],
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -149,12 +154,15 @@ def _start_manager(dram: str) -> tuple[subprocess.Popen[bytes], str, tempfile.Te
     raise SystemExit("orbitkv demo: the Manager did not come up within 20 s")
 
 
-def run(socket: str | None, clients: int, wl: Workload, dram: str, quiet: bool = False) -> dict[str, Any]:
+def run(
+    socket: str | None, clients: int, wl: Workload, dram: str, quiet: bool = False,
+    manager_args: list[str] | None = None,
+) -> dict[str, Any]:
     from orbitkv import _native
 
     proc = tmp = None
     if socket is None:
-        proc, socket, tmp = _start_manager(dram)
+        proc, socket, tmp = _start_manager(dram, manager_args or [])
     try:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
@@ -206,7 +214,9 @@ def run(socket: str | None, clients: int, wl: Workload, dram: str, quiet: bool =
         "mismatched_blocks": tot["mismatches"],
         "errors": errors,
         "manager": {k: mstats[k] for k in ("evictions_total", "blocks_committed_total", "live_leases",
-                                            "live_saves", "dram_visible_bytes", "dram_capacity_bytes")},
+                                            "live_saves", "dram_visible_bytes", "dram_capacity_bytes",
+                                            "ssd_spilled_blocks_total", "ssd_bytes_written_total",
+                                            "ssd_staged_blocks_total", "ssd_demotions_total")},
     }
 
 
@@ -220,6 +230,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--system-tokens", type=int, default=Workload.system_tokens)
     p.add_argument("--block-kib", type=int, default=Workload.block_bytes // 1024, help="KV bytes per block, KiB")
     p.add_argument("--dram-size", default="1GiB", help="arena of the Manager the demo starts (default 1GiB)")
+    p.add_argument("--ssd-dir", help="give the Manager the demo starts an SSD tier in this directory")
+    p.add_argument("--ssd-admit-hits", type=int, default=0, help="with --ssd-dir: hits before a block is spilled")
+    p.add_argument("--ssd-write-policy", default="evict", choices=["evict", "eager"],
+                   help="with --ssd-dir: spill blocks about to be evicted (default) or every admitted block")
+    p.add_argument("--ssd-capacity", default="4GiB", help="with --ssd-dir: SSD tier capacity (default 4GiB)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
@@ -227,7 +242,13 @@ def main(argv: list[str]) -> int:
         p.error("--clients, --conversations, --turns and --block-kib must be positive")
     wl = Workload(conversations=a.conversations, turns=a.turns, system_tokens=a.system_tokens,
                   block_bytes=a.block_kib * 1024)
-    res = run(a.socket, a.clients, wl, a.dram_size, quiet=a.quiet)
+    manager_args: list[str] = []
+    if a.ssd_dir:
+        if a.socket:
+            p.error("--ssd-dir configures the Manager the demo starts; it cannot be used with --socket")
+        manager_args = ["--ssd-dir", a.ssd_dir, "--ssd-capacity", a.ssd_capacity,
+                        "--ssd-admit-hits", str(a.ssd_admit_hits), "--ssd-write-policy", a.ssd_write_policy]
+    res = run(a.socket, a.clients, wl, a.dram_size, quiet=a.quiet, manager_args=manager_args)
     res["host_memcpy_gbps"] = _memcpy_gbps()
     gib = 1 << 30
     print(f"OrbitKV demo: {res['clients']} client processes, {wl.conversations} conversations x {wl.turns} turns, "
@@ -241,6 +262,11 @@ def main(argv: list[str]) -> int:
     print(f"  host memcpy       {res['host_memcpy_gbps']:.2f} GB/s single thread, same machine (baseline)")
     print(f"  lookup latency    {res['mean_lookup_ms']:.3f} ms mean")
     print(f"  evictions         {res['manager']['evictions_total']}; refused saves {res['blocks_refused']}")
+    if a.ssd_dir:
+        mg = res["manager"]
+        print(f"  SSD tier          {mg['ssd_spilled_blocks_total']} blocks spilled "
+              f"({mg['ssd_bytes_written_total'] / gib:.2f} GiB), {mg['ssd_staged_blocks_total']} staged back, "
+              f"{mg['ssd_demotions_total']} demoted")
     print(f"  verification      {res['mismatched_blocks']} mismatched blocks")
     if a.json:
         with open(a.json, "w") as f:

@@ -645,8 +645,8 @@ impl CacheState {
             }
             let block_bytes = self.namespaces.get(&save.ns).map_or(slot.len, |n| n.block_bytes);
             self.index.insert(key, Entry::in_dram(slot, block_bytes));
-            self.policy.insert(key, slot.len);
-            self.note_committed(key);
+            let readmitted = self.policy.insert(key, slot.len);
+            self.note_committed(key, readmitted);
             committed += 1;
         }
         self.counters.blocks_committed += u64::from(committed);

@@ -18,4 +18,4 @@ pub use cache::{
 pub use keys::{
     BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,
 };
-pub use tier::{AcquireStep, SpillJob, StageJob, TierKey};
+pub use tier::{AcquireStep, SpillJob, SpillPolicy, StageJob, TierKey};

@@ -69,16 +69,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     }
 
     /// Track a newly visible entry of `weight` bytes.
-    pub fn insert(&mut self, key: K, weight: u64) {
+    /// Returns `true` when the key came back from the ghost queue: it was
+    /// evicted recently and is being inserted again (evidence of reuse).
+    pub fn insert(&mut self, key: K, weight: u64) -> bool {
         if self.entries.contains_key(&key) {
-            return;
+            return false;
         }
         let seq = self.bump_seq();
-        let queue = if self.ghost_index.remove(&key).is_some() {
-            Queue::Main
-        } else {
-            Queue::Small
-        };
+        let readmitted = self.ghost_index.remove(&key).is_some();
+        let queue = if readmitted { Queue::Main } else { Queue::Small };
         self.entries.insert(
             key,
             Meta {
@@ -98,6 +97,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
                 self.main_bytes += weight;
             }
         }
+        readmitted
     }
 
     /// Record a hit.
@@ -174,6 +174,25 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             return Some(key);
         }
         None
+    }
+
+    /// The coldest entries, in the order eviction would reach them, up to
+    /// `limit_bytes` of weight: unhit entries at the front of the small queue,
+    /// then unhit entries at the front of main (hit entries would be promoted
+    /// or given another round first). Nothing is changed.
+    pub fn coldest(&self, limit_bytes: u64) -> Vec<K> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (k, seq) in self.small.iter().chain(self.main.iter()) {
+            if bytes >= limit_bytes {
+                break;
+            }
+            if let Some(m) = self.entries.get(k).filter(|m| m.seq == *seq && m.freq == 0) {
+                bytes += m.weight;
+                out.push(*k);
+            }
+        }
+        out
     }
 
     fn add_ghost(&mut self, key: K, weight: u64) {

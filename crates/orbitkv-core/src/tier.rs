@@ -52,9 +52,24 @@ pub enum AcquireStep {
     Lost { blocks: usize },
 }
 
+/// When blocks are copied to SSD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpillPolicy {
+    /// Only blocks about to be evicted: once free DRAM falls under 1/8 of the
+    /// arena, the coldest blocks (that eviction would reach first) are spilled,
+    /// so eviction demotes them instead of dropping them. Blocks that live and
+    /// die in DRAM never cost an SSD write.
+    #[default]
+    Evict,
+    /// Every admitted block as soon as it qualifies (write-behind): more SSD
+    /// writes, but a restarted Manager recovers everything that was admitted.
+    Eager,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct TierState {
     enabled: bool,
+    policy: SpillPolicy,
     min_hits: u32,
     spill_queue: VecDeque<BlockKey>,
     /// Recovered SSD blocks whose namespace has not registered yet:
@@ -73,8 +88,13 @@ impl CacheState {
     /// Turn on write-behind to SSD: a block is spilled once it was hit
     /// `min_hits` times in DRAM (0 = every committed block).
     pub fn enable_ssd(&mut self, min_hits: u32) {
+        self.enable_ssd_with(min_hits, SpillPolicy::Eager);
+    }
+
+    pub fn enable_ssd_with(&mut self, min_hits: u32, policy: SpillPolicy) {
         self.tier.enabled = true;
         self.tier.min_hits = min_hits;
+        self.tier.policy = policy;
     }
 
     pub fn ssd_enabled(&self) -> bool {
@@ -90,14 +110,24 @@ impl CacheState {
         })
     }
 
-    pub(crate) fn note_committed(&mut self, k: BlockKey) {
-        if self.tier.enabled && self.tier.min_hits == 0 {
+    /// A block became visible. `readmitted`: DRAM evicted it recently and it is
+    /// saved again — it was reused after all, which counts as one hit (so the
+    /// hit-based admission also catches reuse distances longer than DRAM).
+    pub(crate) fn note_committed(&mut self, k: BlockKey, readmitted: bool) {
+        if !self.tier.enabled {
+            return;
+        }
+        let hits = u32::from(readmitted);
+        if let Some(e) = self.index.get_mut(&k) {
+            e.hits = hits;
+        }
+        if hits >= self.tier.min_hits && self.tier.policy == SpillPolicy::Eager {
             self.tier.spill_queue.push_back(k);
         }
     }
 
     pub(crate) fn note_hit(&mut self, k: BlockKey) {
-        if !self.tier.enabled || self.tier.min_hits == 0 {
+        if !self.tier.enabled || self.tier.min_hits == 0 || self.tier.policy != SpillPolicy::Eager {
             return;
         }
         if self
@@ -112,6 +142,23 @@ impl CacheState {
     /// Up to `max` blocks to copy to SSD. Each is marked busy (its DRAM slot
     /// cannot be freed) until [`Self::spill_done`].
     pub fn spill_candidates(&mut self, max: usize) -> Vec<SpillJob> {
+        if self.tier.enabled && self.tier.policy == SpillPolicy::Evict {
+            let low_water = self.arena.capacity() / 8;
+            // The queue only ever holds this call's view of the cold end.
+            self.tier.spill_queue.clear();
+            if self.arena.free_bytes() < low_water {
+                let min_hits = self.tier.min_hits;
+                for k in self.policy.coldest(low_water) {
+                    if self
+                        .index
+                        .get(&k)
+                        .is_some_and(|e| e.hits >= min_hits && !e.on_ssd)
+                    {
+                        self.tier.spill_queue.push_back(k);
+                    }
+                }
+            }
+        }
         let mut jobs = Vec::new();
         while jobs.len() < max {
             let Some(key) = self.tier.spill_queue.pop_front() else {
@@ -548,6 +595,26 @@ mod tests {
         c.spill_done(&jobs[0], true); // the in-flight spill lands after the purge
         assert_eq!(c.take_ssd_removals().len(), 1, "and is deleted too");
         assert_eq!(c.gauges().visible_blocks, 0);
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn hit_admission_spills_blocks_reused_after_eviction() {
+        let (mut c, s, ns) = setup(1);
+        save(&mut c, s, ns, &[h(1)]);
+        assert!(c.spill_candidates(8).is_empty(), "never hit: not admitted");
+        save(&mut c, s, ns, &[h(2), h(3), h(4), h(5)]); // h(1) evicted unhit → ghost
+        assert!(!c.is_visible(ns, &h(1)));
+        let _ = c.spill_candidates(8);
+        save(&mut c, s, ns, &[h(1)]); // saved again: it was reused after all
+        let jobs = c.spill_candidates(8);
+        assert!(
+            jobs.iter().any(|j| j.key.hash == h(1)),
+            "readmission counts as a hit"
+        );
+        for j in &jobs {
+            c.spill_done(j, true);
+        }
         c.check_invariants().expect("invariants");
     }
 

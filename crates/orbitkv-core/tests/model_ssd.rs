@@ -35,9 +35,10 @@ fn hashes(start: u8, len: usize) -> Vec<BlockHash> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
-    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2) {
+    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2, eager in any::<bool>()) {
         let mut c = CacheState::new(&[6 * 4096]);
-        c.enable_ssd(min_hits);
+        let policy = if eager { orbitkv_core::SpillPolicy::Eager } else { orbitkv_core::SpillPolicy::Evict };
+        c.enable_ssd_with(min_hits, policy);
         let key = NamespaceKey { fingerprint: Fingerprint([3; 32]), shard: 0, salt: [0; 32] };
         let (ns, _) = c.register_namespace(key, 4096).expect("ns");
         let s: SessionId = c.open_session();

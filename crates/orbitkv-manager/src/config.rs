@@ -64,9 +64,14 @@ pub struct Args {
     /// SSD I/O engine: auto (io_uring, psync fallback reported in status), uring, psync [default: auto]
     #[arg(long, env = "ORBITKV_SSD_ENGINE")]
     pub ssd_engine: Option<String>,
-    /// Spill a DRAM block to SSD once it was hit this many times (0: every block) [default: 1]
+    /// Spill a DRAM block to SSD only once it was hit this many times (a block saved again
+    /// after eviction counts one hit) [default: 0]
     #[arg(long)]
     pub ssd_admit_hits: Option<u32>,
+    /// When to write to SSD: evict (blocks about to be evicted) or eager (every admitted block,
+    /// write-behind; a restart recovers more) [default: evict]
+    #[arg(long)]
+    pub ssd_write_policy: Option<String>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -93,6 +98,7 @@ struct FileConfig {
     ssd_mode: Option<String>,
     ssd_engine: Option<String>,
     ssd_admit_hits: Option<u32>,
+    ssd_write_policy: Option<String>,
 }
 
 /// Validated SSD-tier settings.
@@ -103,6 +109,7 @@ pub struct SsdSettings {
     pub mode: orbitkv_ssd::IoMode,
     pub engine: orbitkv_ssd::EnginePref,
     pub admit_hits: u32,
+    pub write_policy: orbitkv_core::SpillPolicy,
 }
 
 fn default_ssd_dir() -> PathBuf {
@@ -268,13 +275,28 @@ impl ManagerConfig {
                         )));
                     }
                 };
-                let admit_hits = a.ssd_admit_hits.or(file.ssd_admit_hits).unwrap_or(1);
+                let admit_hits = a.ssd_admit_hits.or(file.ssd_admit_hits).unwrap_or(0);
+                let write_policy = match a
+                    .ssd_write_policy
+                    .or(file.ssd_write_policy)
+                    .as_deref()
+                    .unwrap_or("evict")
+                {
+                    "evict" => orbitkv_core::SpillPolicy::Evict,
+                    "eager" => orbitkv_core::SpillPolicy::Eager,
+                    p => {
+                        return Err(ConfigError::Invalid(format!(
+                            "ssd_write_policy {p:?} must be evict or eager"
+                        )));
+                    }
+                };
                 Some(SsdSettings {
                     dir,
                     capacity,
                     mode,
                     engine,
                     admit_hits,
+                    write_policy,
                 })
             }
         };

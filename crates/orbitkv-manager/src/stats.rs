@@ -365,6 +365,7 @@ pub fn json(shared: &Shared) -> String {
                 "engine": t.engine().kind,
                 "fallback_reason": t.engine().fallback_reason,
                 "admit_hits": cfg.admit_hits,
+                "write_policy": if cfg.write_policy == orbitkv_core::SpillPolicy::Eager { "eager" } else { "evict" },
             }),
             _ => serde_json::json!({ "enabled": false }),
         },

@@ -96,7 +96,7 @@ pub fn open(settings: &SsdSettings, cache: &mut CacheState) -> Result<SsdTier, S
         report.corrupt,
         report.torn,
     );
-    cache.enable_ssd(settings.admit_hits);
+    cache.enable_ssd_with(settings.admit_hits, settings.write_policy);
     cache.adopt_recovered(report.recovered.iter().map(|(k, len)| (tier_key(k), *len)));
     Ok(tier)
 }

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,10 @@ def content(h: bytes) -> bytes:
     return h * (BB // 32)
 
 
-def ssd_manager(factory, ssd: Path, *extra: str, dram: str = "4MiB", segment: str = "1MiB"):  # type: ignore[no-untyped-def]
+def ssd_manager(factory, ssd: Path, *extra: str, dram: str = "4MiB", segment: str = "1MiB",  # type: ignore[no-untyped-def]
+                policy: str = "eager"):
     return factory("--dram-size", dram, "--segment-size", segment, "--ssd-dir", str(ssd),
-                   "--ssd-capacity", "64MiB", "--ssd-admit-hits", "0", *extra)
+                   "--ssd-capacity", "64MiB", "--ssd-admit-hits", "0", "--ssd-write-policy", policy, *extra)
 
 
 def fill_and_spill(m, c, ns, tag: int, n: int) -> list[bytes]:  # type: ignore[no-untyped-def]
@@ -216,3 +218,22 @@ def test_concurrent_restores_of_the_same_ssd_blocks(manager_factory, tmp_path) -
     assert not errors
     st = m.stats()
     assert st["live_leases"] == 0 and st["ssd_stage_failures_total"] == 0 and st["ssd_staged_blocks_total"] >= 12
+
+
+def test_evict_policy_demotes_instead_of_dropping(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    m = ssd_manager(manager_factory, tmp_path / "ssd", policy="evict")
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    assert m.stats()["ssd"]["write_policy"] == "evict"
+    first = hashes(9, 32)
+    c.save(ns, first, [content(h) for h in first])  # 2 MiB of a 4 MiB arena: no pressure
+    assert m.stats()["ssd_spilled_blocks_total"] == 0, "nothing is written while DRAM has room"
+    # Push 8 MiB more through, in small steps so the worker keeps ahead of eviction.
+    for i in range(16):
+        more = hashes(10 + i, 8)
+        c.save(ns, more, [content(h) for h in more])
+        time.sleep(0.05)  # the worker spills every 10 ms when below the low-water mark
+    st = m.stats()
+    assert st["ssd_spilled_blocks_total"] > 0 and st["ssd_demotions_total"] > 0
+    exact, failed, missing = restore_each(c, ns, first)
+    assert failed == 0 and exact > 0, (exact, failed, missing)
