@@ -1,6 +1,5 @@
 //! The session's socket: handshake with fd receipt, then request/reply.
 
-use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Mutex;
@@ -63,10 +62,20 @@ impl Conn {
             pid: std::process::id(),
             token: token.unwrap_or_default().to_vec(),
         };
-        write_frame(&mut stream, hello.kind() as u16, 1, &hello.encode()).map_err(io_err)?;
-        stream
-            .flush()
-            .map_err(|e| ClientError::Unavailable(e.to_string()))?;
+        if let Err(e) = write_frame(&mut stream, hello.kind() as u16, 1, &hello.encode()) {
+            // A Manager that refuses a peer answers at once and closes; our write
+            // may lose that race. Its reason is still waiting in the socket.
+            if let Ok((h, body)) = read_frame(&mut stream)
+                && let Ok(Response::Error { code, message }) = decode_response(h.kind, &body)
+            {
+                return Err(if code == ErrorCode::Auth as u16 {
+                    ClientError::Auth(message)
+                } else {
+                    ClientError::Protocol(message)
+                });
+            }
+            return Err(io_err(e));
+        }
 
         let mut raw = [0u8; HEADER_LEN];
         let mut fds = recv_with_fds(&stream, &mut raw).map_err(|e| {
@@ -102,7 +111,7 @@ impl Conn {
         }
         let mut maps = Vec::with_capacity(segments.len());
         for (info, fd) in segments.iter().zip(fds) {
-            maps.push((info.id, Mapping::map(&fd, info.size)?));
+            maps.push((info.id, Mapping::map(&fd, info.size, false)?));
         }
         Ok((
             Conn {

@@ -14,6 +14,8 @@ pub enum ClientError {
     Invalid(String),
     #[error("client is closed")]
     Closed,
+    #[error("a copy thread panicked; the copy is incomplete")]
+    CopyPanicked,
     #[error("arena access: {0}")]
     Arena(#[from] orbitkv_shm::ShmError),
 }
@@ -28,6 +30,7 @@ impl ClientError {
             ClientError::Invalid(_) => "invalid_argument",
             ClientError::Closed => "closed",
             ClientError::Arena(_) => "arena",
+            ClientError::CopyPanicked => "copy_panicked",
             ClientError::Server { code, .. } => match code {
                 ErrorCode::BadFrame => "bad_frame",
                 ErrorCode::Version => "version",

@@ -219,19 +219,35 @@ impl Client {
                     slots.len()
                 ))
             })?;
-        let _copying = self.copy_guard()?;
-        let mut bytes = 0;
-        for ((seg, off), d) in slots[start..end].iter().zip(dst.iter_mut()) {
-            if d.len() as u64 != block_bytes {
-                return Err(ClientError::Invalid(format!(
-                    "destination of {} bytes, block is {block_bytes}",
-                    d.len()
-                )));
-            }
-            self.segment(*seg)?.read_at(*off, d)?;
-            bytes += block_bytes;
+        if let Some(d) = dst.iter().find(|d| d.len() as u64 != block_bytes) {
+            return Err(ClientError::Invalid(format!(
+                "destination of {} bytes, block is {block_bytes}",
+                d.len()
+            )));
         }
-        Ok(bytes)
+        let _copying = self.copy_guard()?;
+        let src = &slots[start..end];
+        let maps: Vec<&Mapping> = src
+            .iter()
+            .map(|(seg, _)| self.segment(*seg))
+            .collect::<Result<_, _>>()?;
+        let threads = copy_threads(block_bytes as usize * dst.len());
+        let per = dst.len().div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for ((d, s), m) in dst.chunks_mut(per).zip(src.chunks(per)).zip(maps.chunks(per)) {
+                handles.push(scope.spawn(move || -> Result<(), ClientError> {
+                    for ((d, (_, off)), m) in d.iter_mut().zip(s).zip(m) {
+                        m.read_at(*off, d)?;
+                    }
+                    Ok(())
+                }));
+            }
+            handles
+                .into_iter()
+                .try_for_each(|h| h.join().unwrap_or(Err(ClientError::CopyPanicked)))
+        })?;
+        Ok(block_bytes * dst.len() as u64)
     }
 
     pub fn begin_save(&self, ns: &Namespace, hashes: &[Hash]) -> Result<PendingSave, ClientError> {
@@ -297,17 +313,31 @@ impl Client {
         let mut res = SaveResult::default();
         let copied = (|| -> Result<(), ClientError> {
             let _copying = self.copy_guard()?;
+            let mut work: Vec<(&Mapping, u64, &[u8])> = Vec::new();
             for (st, s) in pending.items.iter().zip(src) {
                 match st {
                     SlotStatus::Allocated { segment, offset } => {
-                        self.segment(*segment)?.write_at(*offset, s)?;
+                        work.push((self.segment(*segment)?, *offset, s));
                         res.bytes_copied += s.len() as u64;
                     }
                     SlotStatus::Present => res.already_present += 1,
                     SlotStatus::Refused => res.refused += 1,
                 }
             }
-            Ok(())
+            let threads = copy_threads(res.bytes_copied as usize);
+            let per = work.len().div_ceil(threads).max(1);
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = work
+                    .chunks(per)
+                    .map(|chunk| {
+                        scope.spawn(move || chunk.iter().try_for_each(|(m, off, s)| m.write_at(*off, s)))
+                    })
+                    .collect();
+                handles.into_iter().try_for_each(|h| match h.join() {
+                    Ok(r) => r.map_err(ClientError::from),
+                    Err(_) => Err(ClientError::CopyPanicked),
+                })
+            })
         })();
         if let Err(e) = copied {
             let _ = self.abort_save(pending.id);
@@ -412,4 +442,20 @@ fn check_count(n: usize) -> Result<(), ClientError> {
         )));
     }
     Ok(())
+}
+
+/// Threads for one copy of `bytes`: one below 8 MiB (spawning costs more than
+/// it saves), else `ORBITKV_COPY_THREADS` or min(4, available cores).
+fn copy_threads(bytes: usize) -> usize {
+    if bytes < (8 << 20) {
+        return 1;
+    }
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("ORBITKV_COPY_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=64).contains(n))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)))
+    })
 }

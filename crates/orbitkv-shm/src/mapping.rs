@@ -37,7 +37,9 @@ impl Segment {
         rustix::fs::ftruncate(&fd, size).map_err(|err| ShmError::Truncate { size, err })?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(ShmError::Seal)?;
-        let mapping = Mapping::map(&fd, size)?;
+        // The Manager populates: every page is allocated once, up front, so no
+        // copy anywhere pays allocation and zeroing on first touch.
+        let mapping = Mapping::map(&fd, size, true)?;
         Ok(Segment { fd, mapping })
     }
 
@@ -73,8 +75,10 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Map `size` bytes of `fd` shared and read-write. Checks that the file
-    /// really is that large, so later accesses cannot fault.
-    pub fn map(fd: impl AsFd, size: u64) -> Result<Mapping, ShmError> {
+    /// really is that large, so later accesses cannot fault. `populate` fills
+    /// the page tables up front (costs ~80 ms per GiB at map time); clients map
+    /// without it and take cheap minor faults on first touch of a page.
+    pub fn map(fd: impl AsFd, size: u64, populate: bool) -> Result<Mapping, ShmError> {
         let st = rustix::fs::fstat(&fd).map_err(ShmError::Stat)?;
         let actual = u64::try_from(st.st_size).unwrap_or(0);
         if actual < size || size == 0 {
@@ -94,9 +98,11 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
-                // Populate: allocate the shared pages (Manager) or fill the page
-                // tables (client) up front, so no copy pays first-touch faults.
-                MapFlags::SHARED | MapFlags::POPULATE,
+                if populate {
+                    MapFlags::SHARED | MapFlags::POPULATE
+                } else {
+                    MapFlags::SHARED
+                },
                 &fd,
                 0,
             )
@@ -219,7 +225,7 @@ mod tests {
     #[test]
     fn segment_is_shared_between_mappings_and_sealed() {
         let seg = Segment::create("orbitkv-test", 1 << 16).expect("create");
-        let other = Mapping::map(seg.fd(), 1 << 16).expect("map");
+        let other = Mapping::map(seg.fd(), 1 << 16, false).expect("map");
         seg.mapping().write_at(4096, b"hello").expect("write");
         let mut out = [0u8; 5];
         other.read_at(4096, &mut out).expect("read");
@@ -229,7 +235,7 @@ mod tests {
         // The size is sealed: shrinking must fail.
         assert!(rustix::fs::ftruncate(seg.fd(), 4096).is_err());
         assert!(
-            Mapping::map(seg.fd(), 1 << 17).is_err(),
+            Mapping::map(seg.fd(), 1 << 17, false).is_err(),
             "mapping past the end is refused"
         );
     }
