@@ -1,0 +1,332 @@
+"""Full-miss overhead of OrbitKV per vLLM Scheduler step (released vLLM 0.31.0, CPU).
+
+Same process, same frozen workload, interleaved repetitions (A/B, then B/A, ...):
+  * `none`    - the real Scheduler without a KV connector;
+  * `orbitkv` - the real Scheduler with OrbitKVConnector and a real Manager process,
+                plus the worker-role connector over real CPU KV pages.
+Every prompt is unique, so every lookup misses and every complete block is saved.
+
+Reported per engine step (median over steps, then median over repetitions):
+  * `scheduler_us` - `schedule()` + `update_from_output()` (the Scheduler step);
+  * `worker_us`    - the worker-side connector calls of the step (bind, start_load_kv,
+                     wait_for_save incl. the saves' copies, get_transfer_results, ...);
+  * `hooks_us`     - the part of `scheduler_us` spent inside OrbitKV's own
+                     scheduler-side hooks (a profiler clock, reported apart; the rest
+                     of the difference is vLLM's own per-connector plumbing);
+  * overhead ratios of OrbitKV vs none for the scheduler step and for the whole
+    (scheduler + worker connector) step.
+The emulated model forward is not timed (there is no model on a CPU box); on a real
+engine the step also contains the forward, so these ratios are upper bounds.
+
+Run inside the pinned venv (scripts/vllm-venv.sh) with the native wheel installed:
+    python benches/vllm_overhead.py [--reps 5] [--requests 64] [--prompt-tokens 512]
+Writes bench-results/vllm_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python" / "tests" / "vllm"))
+
+import vllm_env  # noqa: E402  (sets the CPU/offline environment before vLLM loads)
+
+vllm_env.skip_module_if_unavailable = lambda: None  # not under pytest here
+if vllm_env.UNAVAILABLE:
+    raise SystemExit(f"vllm_overhead: {vllm_env.UNAVAILABLE}")
+
+import torch  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm_harness import Engine, make_request, make_vllm_config, prompt_tokens, write_tiny_model  # noqa: E402
+
+
+def _step_output(engine: Engine, so: Any) -> ModelRunnerOutput:
+    req_ids = list(so.num_scheduled_tokens)
+    sampled = []
+    for r in req_ids:
+        req = engine.scheduler.requests[r]
+        sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=None,
+    )
+
+
+def run_variant(
+    variant: str, model_dir: Path, socket_path: str, prompts: list[list[int]], max_tokens: int
+) -> dict[str, Any]:
+    cfg = make_vllm_config(
+        model_dir,
+        socket_path=socket_path,
+        kv_connector="OrbitKVConnector" if variant == "orbitkv" else None,
+        max_num_batched_tokens=2048,
+    )
+    engine = Engine.build(cfg, num_blocks=4096) if variant == "orbitkv" else _bare_engine(cfg)
+    sched = engine.scheduler
+    for p in prompts:
+        sched.add_request(make_request(p, max_tokens=max_tokens))
+    sched_us: list[float] = []
+    worker_us: list[float] = []
+    hooks_us: list[float] = []
+    hook_clock = _instrument(engine.connector) if variant == "orbitkv" else [0.0]
+    w = engine.worker
+    while sched.requests:
+        hook_clock[0] = 0.0
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        t1 = time.perf_counter()
+        out = _step_output(engine, so)
+        t2 = time.perf_counter()
+        if w is not None:
+            meta = so.kv_connector_metadata
+            w.handle_preemptions(meta)
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(None)
+            w.wait_for_save()
+            res = w.get_transfer_results(so.finished_req_ids)
+            out.kv_connector_output = KVConnectorOutput(
+                finished_sending=res.finished_sending,
+                finished_recving=res.finished_recving,
+                failed_recving=res.failed_recving,
+                invalid_block_ids=w.get_block_ids_with_load_errors(),
+                kv_connector_worker_meta=w.build_connector_worker_meta(),
+            )
+            w.clear_connector_metadata()
+        t3 = time.perf_counter()
+        sched.update_from_output(so, out)
+        t4 = time.perf_counter()
+        if so.total_num_scheduled_tokens:
+            sched_us.append(((t1 - t0) + (t4 - t3)) * 1e6)
+            worker_us.append((t3 - t2) * 1e6)
+            hooks_us.append(hook_clock[0] * 1e6)
+    result: dict[str, Any] = {
+        "steps": len(sched_us),
+        "scheduler_us_median": statistics.median(sched_us),
+        "scheduler_us_p90": statistics.quantiles(sched_us, n=10)[-1],
+        "worker_us_median": statistics.median(worker_us),
+        "orbitkv_hooks_us_median": statistics.median(hooks_us),
+        "step_us_median": statistics.median(a + b for a, b in zip(sched_us, worker_us, strict=True)),
+    }
+    if variant == "orbitkv":
+        c = engine.connector.scheduler_side.counters
+        result["lookups"] = c["lookups"]
+        result["hit_blocks"] = c["hit_blocks"]
+        result["saved_blocks"] = c["saved_blocks"]
+        result["bytes_saved"] = engine.worker.worker_side.counters["bytes_saved"]
+        engine.shutdown()
+    return result
+
+
+_HOOKS = (
+    "on_new_request",
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished",
+)
+
+
+def _instrument(connector: Any) -> list[float]:
+    """Accumulate time spent inside OrbitKV's scheduler-side hooks (profiler clock)."""
+    clock = [0.0]
+    for name in _HOOKS:
+        fn = getattr(connector, name)
+
+        def timed(*args: Any, _fn: Any = fn, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _fn(*args, **kw)
+            finally:
+                clock[0] += time.perf_counter() - t
+
+        setattr(connector, name, timed)
+    return clock
+
+
+def _bare_engine(cfg: Any) -> Engine:
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm_harness import BLOCK, make_kv_cache_config
+
+    kc = make_kv_cache_config(4096, "LBNHC")
+    cfg.cache_config.num_gpu_blocks = 4096
+    sched = Scheduler(
+        vllm_config=cfg,
+        kv_cache_config=kc,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(cfg),
+        block_size=BLOCK,
+    )
+    return Engine(cfg, kc, sched, None, {})
+
+
+def layout_probe(model_dir: Path, socket_path: str, blocks: int, reps: int) -> dict[str, Any]:
+    """Save + restore throughput of the worker copy path per KV layout (real Manager).
+
+    Llama-8B-like pages (8 KV heads x 128 head size, fp16, 16 tokens): 64 KiB per layer
+    page, 4 layers -> 256 KiB per block. Input to the `orbitkv.kv_cache_layout` default.
+    """
+    import numpy as np
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from vllm.v1.worker.utils import allocate_kv_cache
+    from vllm_harness import make_kv_cache_config
+
+    from orbitkv.vllm.metadata import LoadSpec, SaveSpec
+
+    layers = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    setups: dict[str, Any] = {}
+    for layout in ("LBNHC", "BLHNC"):
+        kc = make_kv_cache_config(blocks * 2, layout, num_kv_heads=8, head_size=128, layers=layers)
+        cfg = make_vllm_config(model_dir, socket_path=socket_path, layout=layout)
+        conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kc)
+        kv = allocate_kv_cache(kc, torch.device("cpu"), KVCacheLayout[layout])
+        conn.register_kv_caches(kv)
+        setups[layout] = (conn, kv, [], [])
+    rng = np.random.default_rng(1)
+    # Repetition 0 warms up (first touch of arena pages in this process); layouts
+    # alternate order so neither always runs on fresher arena slots.
+    for rep in range(reps + 1):
+        order = ["LBNHC", "BLHNC"] if rep % 2 == 0 else ["BLHNC", "LBNHC"]
+        for layout in order:
+            conn, kv, save_s, load_s = setups[layout]
+            side = conn.worker_side
+            copier = side.copier
+            for t in kv.values():
+                raw = t.view(torch.uint8)
+                raw.copy_(torch.from_numpy(rng.integers(0, 256, raw.shape, np.uint8)))
+            hashes = tuple(os.urandom(32) for _ in range(blocks))
+            src = tuple(range(blocks))
+            dst = tuple(range(blocks, 2 * blocks))
+            expect = copier.gather(list(src)).tobytes()
+            t0 = time.perf_counter()
+            side._save_one(SaveSpec(f"probe-{rep}", b"", hashes, src))
+            t1 = time.perf_counter()
+            res = side._load(LoadSpec(f"probe-{rep}", b"", hashes, dst))
+            t2 = time.perf_counter()
+            assert not res.failed_block_ids and copier.gather(list(dst)).tobytes() == expect
+            if rep > 0:
+                save_s.append(t1 - t0)
+                load_s.append(t2 - t1)
+    out: dict[str, Any] = {}
+    for layout, (conn, _, save_s, load_s) in setups.items():
+        side = conn.worker_side
+        nbytes = blocks * side.session.block_bytes
+        out[layout] = {
+            "block_bytes": side.session.block_bytes,
+            "direct_block_copies": side.copier.geometry.block_span,
+            "save_gbps_median": nbytes / statistics.median(save_s) / 1e9,
+            "restore_gbps_median": nbytes / statistics.median(load_s) / 1e9,
+            "save_us_per_block": statistics.median(save_s) / blocks * 1e6,
+            "restore_us_per_block": statistics.median(load_s) / blocks * 1e6,
+        }
+        conn.shutdown()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--out", default=str(ROOT / "bench-results" / "vllm_overhead.json"))
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="okv-bench-"))
+    model_dir = write_tiny_model(tmp / "tiny-llama")
+    manager = vllm_env.ManagerProcess(tmp / "m.sock", tmp / "manager.log", fault_injection=False, dram_size="512MiB")
+    runs: dict[str, list[dict[str, Any]]] = {"none": [], "orbitkv": []}
+    try:
+        for rep in range(args.reps):
+            order = ["none", "orbitkv"] if rep % 2 == 0 else ["orbitkv", "none"]
+            for variant in order:
+                # Fresh prompts per repetition and variant: every lookup is a miss.
+                seed = 1_000_000 * (rep + 1) + (0 if variant == "none" else 500_000)
+                prompts = [prompt_tokens(args.prompt_tokens, seed + i) for i in range(args.requests)]
+                runs[variant].append(
+                    run_variant(variant, model_dir, str(manager.socket_path), prompts, args.max_tokens)
+                )
+        layouts = layout_probe(model_dir, str(manager.socket_path), blocks=128, reps=8)
+    finally:
+        manager.stop()
+
+    def med(variant: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[variant])
+
+    none_sched, okv_sched = med("none", "scheduler_us_median"), med("orbitkv", "scheduler_us_median")
+    none_step, okv_step = med("none", "step_us_median"), med("orbitkv", "step_us_median")
+    report = {
+        "benchmark": "vllm_overhead",
+        "workload": {
+            "requests": args.requests,
+            "prompt_tokens": args.prompt_tokens,
+            "max_tokens": args.max_tokens,
+            "block_size": 16,
+            "kv_cache_layout": "LBNHC",
+            "block_bytes": 2048,
+            "reps": args.reps,
+            "full_miss": True,
+        },
+        "environment": {
+            "vllm": vllm_env.PINNED_VLLM,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "none": {"scheduler_us_median": none_sched, "step_us_median": none_step},
+        "orbitkv": {
+            "scheduler_us_median": okv_sched,
+            "worker_us_median": med("orbitkv", "worker_us_median"),
+            "hooks_us_median": med("orbitkv", "orbitkv_hooks_us_median"),
+            "step_us_median": okv_step,
+        },
+        "scheduler_overhead_ratio": okv_sched / none_sched - 1.0,
+        # Median over repetitions of the paired (same repetition) ratio: robust to drift.
+        "scheduler_overhead_ratio_paired": statistics.median(
+            o["scheduler_us_median"] / n["scheduler_us_median"] - 1.0
+            for o, n in zip(runs["orbitkv"], runs["none"], strict=True)
+        ),
+        "orbitkv_hooks_share_of_none_step": med("orbitkv", "orbitkv_hooks_us_median") / none_sched,
+        "step_overhead_ratio": okv_step / none_step - 1.0,
+        "runs": runs,
+        "layout_probe": layouts,
+        "note": (
+            "Step times exclude the model forward (none exists on CPU); on a real engine the "
+            "forward dominates the step, so these ratios are upper bounds of the overhead."
+        ),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    keys = (
+        "none",
+        "orbitkv",
+        "scheduler_overhead_ratio",
+        "scheduler_overhead_ratio_paired",
+        "orbitkv_hooks_share_of_none_step",
+        "step_overhead_ratio",
+        "layout_probe",
+    )
+    print(json.dumps({k: report[k] for k in keys}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

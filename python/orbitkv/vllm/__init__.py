@@ -1,0 +1,45 @@
+"""OrbitKV adapter for vLLM 0.31.0 (KV Connector V1).
+
+`kv_connector_module_path="orbitkv.vllm"`, `kv_connector="OrbitKVConnector"`.
+
+Importing this package imports neither vLLM, SGLang nor the native runtime (O4);
+`OrbitKVConnector` is resolved on first attribute access, which imports vLLM, and the
+native client is only loaded when a role first talks to the Manager.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from orbitkv.vllm.config import Mode, OrbitKVConfigError, OrbitKVSettings, parse_settings
+
+if TYPE_CHECKING:
+    from orbitkv.vllm.connector import OrbitKVConnector
+    from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
+    from orbitkv.vllm.profile import UnsupportedProfileError
+
+__all__ = [
+    "Mode",
+    "OrbitKVConfigError",
+    "OrbitKVConnector",
+    "OrbitKVConnectorMetadata",
+    "OrbitKVSettings",
+    "UnsupportedProfileError",
+    "parse_settings",
+]
+
+_LAZY = {
+    "OrbitKVConnector": "orbitkv.vllm.connector",
+    "OrbitKVConnectorMetadata": "orbitkv.vllm.metadata",
+    "UnsupportedProfileError": "orbitkv.vllm.profile",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orbitkv.vllm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,139 @@
+"""OrbitKV settings for the vLLM adapter, read from `kv_connector_extra_config`.
+
+Every key lives under the `orbitkv.` prefix so it can sit beside other connectors'
+keys (for example inside a MultiConnector child). Unknown `orbitkv.*` keys are an
+error: a typo must not silently fall back to a default. This module imports no vLLM,
+no torch and nothing native.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+PREFIX = "orbitkv."
+
+
+class Mode(StrEnum):
+    """What the connector does with the Manager (contract V4)."""
+
+    READ_WRITE = "read_write"  # look up + load, and save (default)
+    SAVE_ONLY = "save_only"  # never look up or load; only save (e.g. P/D decode side)
+
+
+class OrbitKVConfigError(ValueError):
+    """A setting in `kv_connector_extra_config` is missing, malformed or unknown."""
+
+
+# Layout names accepted by vLLM 0.31.0 (`vllm.v1.kv_cache_layout.KVCacheLayout`).
+KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+
+
+@dataclass(frozen=True)
+class OrbitKVSettings:
+    """Parsed, validated adapter settings (see docs/adapters.md for each key)."""
+
+    socket_path: str | None = None
+    token: str | None = None
+    timeout_ms: int = 5000
+    mode: Mode = Mode.READ_WRITE
+    static_lora_adapters: Mapping[str, str] = field(default_factory=dict)
+    model_identity: str | None = None
+    kv_cache_layout: str | None = None
+    load_workers: int = 2
+
+    @property
+    def loads(self) -> bool:
+        return self.mode is Mode.READ_WRITE
+
+
+_KEYS = {
+    "socket_path",
+    "token",
+    "timeout_ms",
+    "mode",
+    "static_lora_adapters",
+    "model_identity",
+    "kv_cache_layout",
+    "load_workers",
+}
+
+
+def _expect_str(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise OrbitKVConfigError(f"{PREFIX}{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _expect_int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise OrbitKVConfigError(f"{PREFIX}{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _parse_adapters(value: Any) -> dict[str, str]:
+    key = f"{PREFIX}static_lora_adapters"
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = []
+        for entry in value:
+            if not isinstance(entry, Mapping) or set(entry) != {"name", "path"}:
+                raise OrbitKVConfigError(f"{key}: list entries must be {{'name': ..., 'path': ...}}, got {entry!r}")
+            items.append((entry["name"], entry["path"]))
+    else:
+        raise OrbitKVConfigError(f"{key} must be a mapping name -> local PEFT directory")
+    adapters: dict[str, str] = {}
+    for name, path in items:
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise OrbitKVConfigError(f"{key}: adapter names and paths must be non-empty strings")
+        if name in adapters:
+            raise OrbitKVConfigError(f"{key}: adapter {name!r} declared twice")
+        if not os.path.isdir(path):
+            raise OrbitKVConfigError(
+                f"{key}: adapter {name!r} path {path!r} is not a local directory "
+                "(only local PEFT adapters can be fingerprinted at startup)"
+            )
+        adapters[name] = os.path.realpath(path)
+    return adapters
+
+
+def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
+    """Read the `orbitkv.*` keys; other keys are left to other connectors."""
+    raw = {k[len(PREFIX) :]: v for k, v in (extra_config or {}).items() if k.startswith(PREFIX)}
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        raise OrbitKVConfigError(
+            "unknown kv_connector_extra_config key(s): "
+            + ", ".join(PREFIX + k for k in unknown)
+            + f" (known: {', '.join(PREFIX + k for k in sorted(_KEYS))})"
+        )
+    kwargs: dict[str, Any] = {}
+    if "socket_path" in raw:
+        kwargs["socket_path"] = _expect_str("socket_path", raw["socket_path"])
+    if "token" in raw:
+        kwargs["token"] = _expect_str("token", raw["token"])
+    if "timeout_ms" in raw:
+        kwargs["timeout_ms"] = _expect_int("timeout_ms", raw["timeout_ms"], 1)
+    if "load_workers" in raw:
+        kwargs["load_workers"] = _expect_int("load_workers", raw["load_workers"], 1)
+    if "mode" in raw:
+        try:
+            kwargs["mode"] = Mode(raw["mode"])
+        except ValueError:
+            raise OrbitKVConfigError(
+                f"{PREFIX}mode must be one of {[m.value for m in Mode]}, got {raw['mode']!r}"
+            ) from None
+    if "static_lora_adapters" in raw:
+        kwargs["static_lora_adapters"] = _parse_adapters(raw["static_lora_adapters"])
+    if "model_identity" in raw:
+        kwargs["model_identity"] = _expect_str("model_identity", raw["model_identity"])
+    if "kv_cache_layout" in raw:
+        layout = raw["kv_cache_layout"]
+        if layout not in KV_CACHE_LAYOUTS:
+            raise OrbitKVConfigError(f"{PREFIX}kv_cache_layout must be one of {list(KV_CACHE_LAYOUTS)}, got {layout!r}")
+        kwargs["kv_cache_layout"] = layout
+    return OrbitKVSettings(**kwargs)

@@ -1,0 +1,168 @@
+"""`OrbitKVConnector`: vLLM 0.31.0 KV Connector V1 for OrbitKV (contracts V1-V4).
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "OrbitKVConnector",
+                           "kv_connector_module_path": "orbitkv.vllm",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"orbitkv.socket_path": "..."}}'
+
+vLLM builds one instance per role. The instance constructs only its role's object
+(`OrbitKVScheduler` or `OrbitKVWorker`); the other role's module is never imported.
+Profile guards run in the constructor, before anything connects to the Manager.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+)
+
+from orbitkv.vllm.config import OrbitKVSettings, parse_settings
+from orbitkv.vllm.identity import fingerprint
+from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
+from orbitkv.vllm.native import ManagerSession
+from orbitkv.vllm.profile import block_bytes, check_profile, identity_document
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from orbitkv.vllm.scheduler import OrbitKVScheduler
+    from orbitkv.vllm.worker import OrbitKVWorker
+
+
+class OrbitKVConnector(KVConnectorBase_V1):
+    """Not `SupportsHMA`: vLLM turns the hybrid allocator off, one KV group remains."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self.settings: OrbitKVSettings = parse_settings(extra)
+        spec = check_profile(vllm_config, kv_cache_config, self.settings)
+        self.identity = identity_document(vllm_config, kv_cache_config, spec, self.settings)
+        self.fingerprint = fingerprint(self.identity)
+        self.block_bytes = block_bytes(kv_cache_config, spec)
+        session = ManagerSession(self.settings, self.fingerprint, self.block_bytes)
+        self._scheduler: OrbitKVScheduler | None = None
+        self._worker: OrbitKVWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            mod = importlib.import_module("orbitkv.vllm.scheduler")
+            self._scheduler = mod.OrbitKVScheduler(self.settings, session, vllm_config.cache_config.block_size)
+        else:
+            mod = importlib.import_module("orbitkv.vllm.worker")
+            self._worker = mod.OrbitKVWorker(self.settings, session, kv_cache_config.num_blocks)
+
+    # ---- role access ---------------------------------------------------------------
+
+    @property
+    def scheduler_side(self) -> OrbitKVScheduler:
+        if self._scheduler is None:
+            raise RuntimeError("scheduler-side method called on a worker-role OrbitKVConnector")
+        return self._scheduler
+
+    @property
+    def worker_side(self) -> OrbitKVWorker:
+        if self._worker is None:
+            raise RuntimeError("worker-side method called on a scheduler-role OrbitKVConnector")
+        return self._worker
+
+    def _meta(self) -> OrbitKVConnectorMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, OrbitKVConnectorMetadata)
+        return meta
+
+    # ---- class-level hooks ---------------------------------------------------------
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        ktc = vllm_config.kv_transfer_config
+        extra = ktc.kv_connector_extra_config if ktc is not None else {}
+        return parse_settings(extra).kv_cache_layout
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped save is only a future miss
+
+    # ---- worker side ---------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker_side.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self.worker_side.start_load_kv(self._meta())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # Loads are asynchronous: a request runs only after its load was reported
+        # complete, so no layer of a running request is ever still being restored.
+        return None
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        return None  # whole blocks are saved in wait_for_save, after every layer ran
+
+    def wait_for_save(self) -> None:
+        if self.has_connector_metadata():
+            self.worker_side.save(self._meta())
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        return self.worker_side.get_transfer_results(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker_side.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self.worker_side.build_worker_meta()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+
+    # ---- scheduler side ------------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        self.scheduler_side.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self.scheduler_side.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        self.scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self.scheduler_side.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self.scheduler_side.update_connector_output(connector_output)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler_side.request_finished(request, block_ids)
+
+    def reset_cache(self) -> bool | None:
+        return self.scheduler_side.reset_cache()

@@ -1,0 +1,182 @@
+"""Byte geometry of vLLM 0.31.0 KV pages and the host (CPU) copy path.
+
+vLLM hands `register_kv_caches` one strided view per layer, `[B, H, N, C]` of the
+KV dtype, over a single int8 backing allocation ordered by `KVCacheLayout`
+(vllm/v1/kv_cache_interface.py: create_kv_cache_views). B counts *kernel* blocks,
+which may split a manager block into `ratio` pieces.
+
+A cached OrbitKV block is the concatenation, over the KV layers in address order, of
+that layer's page for the block, each page in its physical byte order (logical
+[ratio, H, N, C] order when a page is not one dense run: LHBNC, BHLNC). For
+block-outermost layouts whose pages are contiguous (BLHNC, BLNHC) that concatenation
+is exactly the block's contiguous span in the backing buffer (`block_views`).
+`gather_into`/`scatter_from` copy between pages and any block-sized destination -
+in the worker, the Manager arena slots themselves, so every byte is copied once.
+The same `BlockGeometry` is what a GPU gather/scatter kernel would consume (base
+address, per-layer offsets, block stride), so the CPU path is its reference oracle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+class LayoutError(ValueError):
+    """The registered KV views do not have the geometry OrbitKV expects."""
+
+
+@dataclass(frozen=True)
+class PageGeometry:
+    """Where one layer's page of manager block `b` lives, in bytes of the backing buffer."""
+
+    layer: str
+    base: int  # byte offset of manager block 0
+    block_stride: int  # bytes between manager blocks
+    shape: tuple[int, ...]  # (ratio, H, N, C_bytes) of one manager block's page
+    strides: tuple[int, ...]  # byte strides of `shape`
+    contiguous: bool  # the page is one dense run of bytes
+    page_bytes: int  # bytes of one manager block's page (product of `shape`)
+
+
+@dataclass(frozen=True)
+class BlockGeometry:
+    pages: tuple[PageGeometry, ...]  # in address order
+    num_blocks: int
+    block_bytes: int
+    block_span: bool  # each block is one contiguous span (fast path)
+
+
+def _flat_bytes(t: torch.Tensor) -> np.ndarray:
+    """A writable uint8 numpy view of the whole storage behind `t` (zero copy)."""
+    storage = t.untyped_storage()
+    flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+    return flat.numpy()
+
+
+def describe(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> tuple[BlockGeometry, np.ndarray]:
+    """Derive the block geometry of the released per-layer views."""
+    if not kv_caches:
+        raise LayoutError("register_kv_caches received no KV views")
+    for name, t in kv_caches.items():
+        if t.device.type != "cpu":
+            raise LayoutError(
+                f"layer {name!r} lives on {t.device}; this build implements the host (CPU) "
+                "copy path only - the GPU gather/scatter copy engine is not built yet"
+            )
+    storages = {t.untyped_storage().data_ptr() for t in kv_caches.values()}
+    if len(storages) != 1:
+        raise LayoutError(f"expected every layer to view one backing allocation, found {len(storages)}")
+    pages: dict[int, PageGeometry] = {}
+    flat: np.ndarray | None = None
+    for name, t in kv_caches.items():
+        if t.dim() != 4:
+            raise LayoutError(f"layer {name!r}: expected a [B, H, N, C] view, got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise LayoutError(f"layer {name!r}: the content dim C is not contiguous")
+        item = t.element_size()
+        kb, h, n, c = (int(d) for d in t.shape)
+        if kb % num_blocks:
+            raise LayoutError(f"layer {name!r}: {kb} kernel blocks do not split {num_blocks} blocks")
+        ratio = kb // num_blocks
+        s_b, s_h, s_n, _ = (int(s) * item for s in t.stride())
+        shape = (ratio, h, n, c * item)
+        strides = (s_b, s_h, s_n, 1)
+        base = int(t.storage_offset()) * item
+        if base in pages:
+            continue  # a KV-sharing layer aliasing another layer's pages
+        dense = sorted((st, sz) for st, sz in zip(strides, shape, strict=True) if sz > 1)
+        expected, contiguous = 1, True
+        for st, sz in dense:
+            if st != expected:
+                contiguous = False
+                break
+            expected *= sz
+        pages[base] = PageGeometry(name, base, s_b * ratio, shape, strides, contiguous, ratio * h * n * c * item)
+        if flat is None:
+            flat = _flat_bytes(t)
+    assert flat is not None
+    ordered = tuple(pages[k] for k in sorted(pages))
+    block_stride = {p.block_stride for p in ordered}
+    total = sum(p.page_bytes for p in ordered)
+    span = (
+        all(p.contiguous for p in ordered)
+        and len(block_stride) == 1
+        and block_stride.pop() == total
+        and all(ordered[i].base + ordered[i].page_bytes == ordered[i + 1].base for i in range(len(ordered) - 1))
+    )
+    return BlockGeometry(ordered, num_blocks, total, span), flat
+
+
+class HostCopier:
+    """Gathers cached blocks from, and scatters them into, CPU KV pages."""
+
+    def __init__(self, geometry: BlockGeometry, flat: np.ndarray) -> None:
+        self.geometry = geometry
+        self._flat = flat
+
+    def _check(self, block_ids: Sequence[int]) -> None:
+        for b in block_ids:
+            if not 0 <= b < self.geometry.num_blocks:
+                raise IndexError(f"block id {b} outside [0, {self.geometry.num_blocks})")
+
+    def _page(self, page: PageGeometry, block: int) -> np.ndarray:
+        start = page.base + block * page.block_stride
+        if page.contiguous:
+            return self._flat[start : start + page.page_bytes]
+        return np.lib.stride_tricks.as_strided(
+            self._flat[start:], shape=page.shape, strides=page.strides, writeable=True
+        )
+
+    def block_views(self, block_ids: Sequence[int]) -> list[np.ndarray] | None:
+        """Writable per-block views when every block is one contiguous span, else None."""
+        g = self.geometry
+        if not g.block_span:
+            return None
+        self._check(block_ids)
+        first = g.pages[0]
+        return [
+            self._flat[first.base + b * first.block_stride : first.base + b * first.block_stride + g.block_bytes]
+            for b in block_ids
+        ]
+
+    def gather(self, block_ids: Sequence[int]) -> np.ndarray:
+        """Copy blocks into one staging buffer of len(block_ids) * block_bytes."""
+        out = np.empty((len(block_ids), self.geometry.block_bytes), dtype=np.uint8)
+        self.gather_into(list(out), block_ids)
+        return out
+
+    def gather_into(self, rows: Sequence[np.ndarray], block_ids: Sequence[int]) -> None:
+        """Copy each block into its own `block_bytes` destination (e.g. an arena slot)."""
+        self._check(block_ids)
+        for row, b in zip(rows, block_ids, strict=True):
+            off = 0
+            for page in self.geometry.pages:
+                dst = row[off : off + page.page_bytes]
+                src = self._page(page, b)
+                if page.contiguous:
+                    dst[:] = src
+                else:
+                    dst.reshape(page.shape)[...] = src
+                off += page.page_bytes
+
+    def scatter(self, staging: np.ndarray, block_ids: Sequence[int]) -> None:
+        """Copy blocks from a staging buffer (as produced by `gather`) into pages."""
+        self.scatter_from(list(staging.reshape(-1, self.geometry.block_bytes)), block_ids)
+
+    def scatter_from(self, rows: Sequence[np.ndarray], block_ids: Sequence[int]) -> None:
+        """Copy each `block_bytes` source (e.g. an arena slot) into its block's pages."""
+        self._check(block_ids)
+        for row, b in zip(rows, block_ids, strict=True):
+            off = 0
+            for page in self.geometry.pages:
+                src = row[off : off + page.page_bytes]
+                dst = self._page(page, b)
+                if page.contiguous:
+                    dst[:] = src
+                else:
+                    dst[...] = src.reshape(page.shape)
+                off += page.page_bytes

@@ -1,0 +1,37 @@
+"""Scheduler -> worker payload (`KVConnectorMetadata`), plain picklable dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Restore `hashes` (a prefix hit the scheduler holds a lease on) into `block_ids`."""
+
+    req_id: str
+    salt: bytes
+    hashes: tuple[bytes, ...]
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SaveSpec:
+    """Save the complete blocks `block_ids` under `hashes` after this step's forward."""
+
+    req_id: str
+    salt: bytes
+    hashes: tuple[bytes, ...]
+    block_ids: tuple[int, ...]
+
+
+@dataclass
+class OrbitKVConnectorMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+    # Bumped by every external reset; workers re-register namespaces when it moves.
+    epoch: int = 0
+    # Id of this step's save batch (None without saves); reported back when drained.
+    save_batch: int | None = None

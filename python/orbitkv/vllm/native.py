@@ -1,0 +1,143 @@
+"""Lazy access to `orbitkv._native` (contract O4: nothing native starts on import).
+
+The native module is imported the first time a role actually talks to the Manager.
+`ManagerSession` owns one `Client` and the namespaces registered through it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import threading
+import time
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orbitkv.vllm.config import OrbitKVSettings
+
+if TYPE_CHECKING:
+    from orbitkv._native import Client, Namespace
+
+logger = logging.getLogger("orbitkv.vllm")
+
+_native: ModuleType | None = None
+
+
+def native() -> ModuleType:
+    """Import `orbitkv._native` on first use."""
+    global _native
+    if _native is None:
+        _native = importlib.import_module("orbitkv._native")
+    return _native
+
+
+def is_error(exc: BaseException, name: str) -> bool:
+    """True when `exc` is the native error class `name` (or a subclass)."""
+    cls = getattr(native(), name, None)
+    return cls is not None and isinstance(exc, cls)
+
+
+class ManagerSession:
+    """One lazily opened Manager session plus the namespaces it registered.
+
+    Thread-safe for the calls the adapter makes (the native client releases the GIL;
+    registration is serialised here so two threads never register the same key twice).
+    """
+
+    def __init__(self, settings: OrbitKVSettings, fingerprint: bytes, block_bytes: int) -> None:
+        self.settings = settings
+        self.fingerprint = fingerprint
+        self.block_bytes = block_bytes
+        self._client: Client | None = None
+        self._namespaces: dict[bytes, Namespace] = {}
+        self._arenas: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        # After a broken or refused connection, calls fail fast until this time, so an
+        # unreachable Manager costs one connect attempt per back-off, not one per step.
+        self._retry_at = 0.0
+        self._backoff = 0.0
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    def client(self) -> Client:
+        with self._lock:
+            if self._client is None:
+                mod = native()
+                now = time.monotonic()
+                if now < self._retry_at:
+                    raise mod.ManagerUnavailable(
+                        f"Manager unreachable; next connection attempt in {self._retry_at - now:.2f}s"
+                    )
+                try:
+                    self._client = mod.Client(
+                        self.settings.socket_path,
+                        token=self.settings.token,
+                        timeout_ms=self.settings.timeout_ms,
+                    )
+                except Exception as exc:
+                    self._backoff = min(max(2 * self._backoff, 0.5), 30.0)
+                    self._retry_at = time.monotonic() + self._backoff
+                    # Visible, once per attempt: requests miss the external cache meanwhile.
+                    logger.warning(
+                        "orbitkv: cannot reach the Manager (%s); requests miss the external cache, "
+                        "next attempt in %.1fs",
+                        exc,
+                        self._backoff,
+                    )
+                    raise
+                self._backoff = 0.0
+                logger.info("orbitkv: connected to Manager at %s", self._client.socket_path)
+            return self._client
+
+    def namespace(self, salt: bytes) -> Namespace:
+        client = self.client()
+        with self._lock:
+            ns = self._namespaces.get(salt)
+            if ns is None:
+                ns = client.register_namespace(self.fingerprint, self.block_bytes, shard=0, salt=salt)
+                self._namespaces[salt] = ns
+            return ns
+
+    def arena(self, segment: int) -> np.ndarray:
+        """Writable uint8 view of a mapped Manager arena segment (zero copy).
+
+        Valid while this session's client lives (the cache is dropped with it); copies
+        through it are synchronous, so they have drained before any release/commit.
+        """
+        client = self.client()
+        with self._lock:
+            view = self._arenas.get(segment)
+            if view is None:
+                address, size = client.segment_address(segment)
+                view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+                self._arenas[segment] = view
+            return view
+
+    def namespaces(self) -> dict[bytes, Namespace]:
+        with self._lock:
+            return dict(self._namespaces)
+
+    def forget_namespaces(self) -> None:
+        """Drop cached handles so the next use re-registers (after a generation reset)."""
+        with self._lock:
+            self._namespaces.clear()
+
+    def drop_client(self) -> None:
+        """Forget a broken connection; the next call reconnects."""
+        with self._lock:
+            client, self._client = self._client, None
+            self._namespaces.clear()
+            self._arenas.clear()
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                logger.debug("orbitkv: closing a broken session failed", exc_info=True)
+
+    def close(self) -> None:
+        self.drop_client()

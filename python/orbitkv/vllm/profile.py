@@ -1,0 +1,183 @@
+"""Profile guards and the namespace identity document for vLLM 0.31.0 (contract V3).
+
+`check_profile` runs in both roles' constructors, before any Manager connection, and
+raises `UnsupportedProfileError` naming the setting to change. `identity_document`
+collects everything the namespace fingerprint binds (contract K1). Only vLLM config
+objects are read; nothing here connects anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import vllm
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    KVCacheConfig,
+    KVCacheSpecKind,
+    get_kv_cache_spec_kind,
+)
+
+from orbitkv.vllm.config import OrbitKVSettings
+from orbitkv.vllm.identity import SCHEMA, model_config_digest, static_lora_identity
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+PINNED_VLLM = "0.31.0"
+REQUIRED_HASH_ALGO = "sha256_cbor"
+_ACCEPTED_KINDS = (KVCacheSpecKind.FULL_ATTENTION, KVCacheSpecKind.MLA_ATTENTION)
+
+
+class UnsupportedProfileError(ValueError):
+    """The engine configuration is outside OrbitKV's qualified vLLM profile."""
+
+
+def check_profile(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, settings: OrbitKVSettings) -> AttentionSpec:
+    """Reject configurations OrbitKV cannot serve correctly. Returns the group spec."""
+    if vllm.__version__ != PINNED_VLLM:
+        raise UnsupportedProfileError(
+            f"orbitkv.vllm is qualified against vllm=={PINNED_VLLM}, found {vllm.__version__}; "
+            "the adapter moves with the pin (no cross-version fallbacks)"
+        )
+    if vllm_config.use_v2_model_runner:
+        raise UnsupportedProfileError(
+            "OrbitKVConnector requires the V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0 "
+            "(Model Runner V2 passes different start_load_kv arguments and metadata "
+            "ordering that this adapter does not qualify)"
+        )
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        kinds = ", ".join(get_kv_cache_spec_kind(g.kv_cache_spec).value for g in groups)
+        raise UnsupportedProfileError(
+            f"OrbitKVConnector needs exactly one attention KV-cache group, the model has "
+            f"{len(groups)} ({kinds}); hybrid/recurrent models are not supported "
+            "(keep --disable-hybrid-kv-cache-manager on, or use a full-attention model)"
+        )
+    spec = groups[0].kv_cache_spec
+    kind = get_kv_cache_spec_kind(spec)
+    if kind not in _ACCEPTED_KINDS or not isinstance(spec, AttentionSpec):
+        raise UnsupportedProfileError(
+            f"OrbitKVConnector supports full-attention KV-cache groups only; the group is "
+            f"{kind.value} ({type(spec).__name__})"
+        )
+    algo = vllm_config.cache_config.prefix_caching_hash_algo
+    if algo != REQUIRED_HASH_ALGO:
+        raise UnsupportedProfileError(
+            f"OrbitKVConnector requires portable block hashes: set "
+            f"--prefix-caching-hash-algo {REQUIRED_HASH_ALGO} (CacheConfig."
+            f"prefix_caching_hash_algo is {algo!r}; pickle-based hashes depend on the "
+            "Python pickle format and are not a cross-process cache key)"
+        )
+    if vllm_config.speculative_config is not None:
+        raise UnsupportedProfileError(
+            "OrbitKVConnector rejects speculative decoding (--speculative-config): draft "
+            "steps defer connector finalization (wait_for_save after the draft forward) "
+            "and add unverified tokens; this ordering is not qualified"
+        )
+    par = vllm_config.parallel_config
+    sizes = {
+        "tensor_parallel_size": par.tensor_parallel_size,
+        "pipeline_parallel_size": par.pipeline_parallel_size,
+        "decode_context_parallel_size": par.decode_context_parallel_size,
+        "prefill_context_parallel_size": par.prefill_context_parallel_size,
+    }
+    multi = {k: v for k, v in sizes.items() if v != 1}
+    if multi:
+        raise UnsupportedProfileError(
+            "OrbitKVConnector in this build serves one KV shard per engine: "
+            + ", ".join(f"{k}={v}" for k, v in multi.items())
+            + " needs Manager query control (contract T1), which is not delivered yet"
+        )
+    if settings.static_lora_adapters and vllm_config.lora_config is None:
+        raise UnsupportedProfileError("orbitkv.static_lora_adapters is set but LoRA is not enabled (--enable-lora)")
+    return spec
+
+
+def resolved_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> str:
+    layout = vllm_config.cache_config.kv_cache_layout or kv_cache_config.kv_cache_layout
+    if layout is None:
+        raise UnsupportedProfileError(
+            "the KV cache layout is not resolved (CacheConfig.kv_cache_layout and "
+            "KVCacheConfig.kv_cache_layout are both None); vLLM resolves it before "
+            "constructing connectors"
+        )
+    return layout
+
+
+def num_kv_layers(kv_cache_config: KVCacheConfig) -> int:
+    """Layers that own KV pages (KV-sharing layers alias another layer's pages)."""
+    if kv_cache_config.kv_cache_tensors:
+        return sum(len(t.layers) for t in kv_cache_config.kv_cache_tensors)
+    return len(kv_cache_config.kv_cache_groups[0].layer_names)
+
+
+def block_bytes(kv_cache_config: KVCacheConfig, spec: AttentionSpec) -> int:
+    """Bytes of one cached block: the unpadded page of every KV layer."""
+    return spec.unpadded_page_size_bytes * num_kv_layers(kv_cache_config)
+
+
+def _lora_settings(vllm_config: VllmConfig) -> dict[str, Any] | None:
+    lora = vllm_config.lora_config
+    if lora is None:
+        return None
+    fields = (
+        "max_lora_rank",
+        "max_loras",
+        "fully_sharded_loras",
+        "lora_dtype",
+        "target_modules",
+        "enable_mixed_moe_lora_format",
+        "enable_moe_shared_loras",
+    )
+    return {f: str(getattr(lora, f, None)) for f in fields}
+
+
+def identity_document(
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    spec: AttentionSpec,
+    settings: OrbitKVSettings,
+    *,
+    tp_rank: int = 0,
+    pp_rank: int = 0,
+) -> dict[str, Any]:
+    """Everything the namespace fingerprint binds (see docs/adapters.md)."""
+    model = vllm_config.model_config
+    cache = vllm_config.cache_config
+    par = vllm_config.parallel_config
+    backend = vllm_config.attention_config.backend
+    spec_fields = {
+        f.name: str(getattr(spec, f.name))
+        for f in dataclasses.fields(spec)
+        if f.name not in ("block_stride_alignment",)
+    }
+    return {
+        "schema": SCHEMA,
+        "engine": {"name": "vllm", "version": vllm.__version__},
+        "model": {
+            "identity": settings.model_identity or model.model,
+            "revision": model.revision if settings.model_identity is None else None,
+            "config_sha256": model_config_digest(model.model) if settings.model_identity is None else None,
+            "quantization": str(model.quantization),
+            "hf_overrides": repr(model.hf_overrides) if model.hf_overrides else None,
+        },
+        "dtype": str(model.dtype),
+        "kv_cache_dtype": str(cache.cache_dtype),
+        "kv_cache_layout": resolved_layout(vllm_config, kv_cache_config),
+        "block_size": cache.block_size,
+        "kv_spec": {"type": type(spec).__name__, **spec_fields},
+        "num_kv_layers": num_kv_layers(kv_cache_config),
+        "block_bytes": block_bytes(kv_cache_config, spec),
+        "parallel": {
+            "tp_size": par.tensor_parallel_size,
+            "tp_rank": tp_rank,
+            "pp_size": par.pipeline_parallel_size,
+            "pp_rank": pp_rank,
+            "dcp_size": par.decode_context_parallel_size,
+        },
+        "attention_backend": backend.name if backend is not None else "auto",
+        "hash_algo": cache.prefix_caching_hash_algo,
+        "lora": static_lora_identity(settings.static_lora_adapters, _lora_settings(vllm_config)),
+    }

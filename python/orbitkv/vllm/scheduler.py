@@ -1,0 +1,345 @@
+"""Scheduler-side role of `OrbitKVConnector` (runs next to vLLM's `Scheduler`).
+
+Per request:
+  * at most one Manager lookup, over `request.block_hashes[start:stop]` where `start`
+    is the engine's own (block-aligned) HBM hit and `stop` the engine's cap of
+    `(num_tokens - 1) // block_size` blocks. Blocks the engine already holds are
+    never queried (O5); a full native hit issues no lookup at all;
+  * a hit is loaded asynchronously: vLLM parks the request in
+    `WAITING_FOR_REMOTE_KVS` until a worker reports it in `finished_recving`;
+  * the lease from the lookup pins the hit until that report (L1/L2), and is released
+    at once when vLLM does not select the hit (`num_external_tokens == 0`), on
+    preemption, and on finish/abort of a request that is not loading;
+  * complete blocks the engine computes are saved by the workers after the step's
+    forward (L4: best effort).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orbitkv.vllm.config import OrbitKVSettings
+from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
+from orbitkv.vllm.native import ManagerSession, is_error
+from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from orbitkv._native import Lease
+
+logger = logging.getLogger("orbitkv.vllm")
+
+
+@dataclass
+class _ReqState:
+    request: Request
+    salt: bytes
+    bypass: str | None  # why OrbitKV does not serve this request (None: it does)
+    local_hit_blocks: int = 0
+    lease: Lease | None = None
+    lease_start: int = -1  # start block of the last lookup (-1: none yet)
+    hit_blocks: int = 0
+    loading: bool = False
+    load_done: bool = False  # a load just drained; the next alloc call is its follow-up
+    preemptions: int = 0  # request.num_preemptions when the last lookup was made
+    load_block_ids: tuple[int, ...] = ()
+    finished: bool = False
+    save_from: int = 0  # first block this request computes itself
+    saved_upto: int = 0  # blocks [0, saved_upto) were planned for saving
+
+
+def bypass_reason(request: Request, settings: OrbitKVSettings) -> str | None:
+    """Requests whose keys could alias or whose state could change under a key (K3/K4)."""
+    if getattr(request, "resumable", False) or getattr(request, "streaming_queue", None) is not None:
+        return "resumable/session request"
+    if request.mm_features:
+        return "multimodal request (not qualified)"
+    lora = request.lora_request
+    if lora is not None:
+        declared = settings.static_lora_adapters.get(lora.lora_name)
+        if declared is None:
+            return f"undeclared LoRA adapter {lora.lora_name!r}"
+        if not lora.lora_path or os.path.realpath(lora.lora_path) != declared:
+            return f"LoRA adapter {lora.lora_name!r} path differs from its declared path"
+        if getattr(lora, "load_inplace", False):
+            return f"LoRA adapter {lora.lora_name!r} requested an in-place reload"
+    return None
+
+
+class OrbitKVScheduler:
+    """Scheduler-role state and decisions; owns no engine memory (O1)."""
+
+    def __init__(self, settings: OrbitKVSettings, session: ManagerSession, block_size: int) -> None:
+        self.settings = settings
+        self.session = session
+        self.block_size = block_size
+        self._reqs: dict[str, _ReqState] = {}
+        self._pending_loads: list[LoadSpec] = []
+        self._pending_save_batches: set[int] = set()
+        self._next_batch = 0
+        self._epoch = 0
+        self.counters: dict[str, int] = {
+            "lookups": 0,
+            "lookup_blocks": 0,
+            "hit_blocks": 0,
+            "loads_started": 0,
+            "loads_finished": 0,
+            "loads_failed": 0,
+            "leases_released": 0,
+            "unselected_leases": 0,
+            "save_blocks_planned": 0,
+            "saved_blocks": 0,
+            "refused_blocks": 0,
+            "failed_saves": 0,
+            "bypassed_requests": 0,
+            "manager_errors": 0,
+            "resets": 0,
+        }
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def _state(self, request: Request) -> _ReqState:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            salt = (request.cache_salt or "").encode()
+            reason = bypass_reason(request, self.settings)
+            if reason is not None:
+                self.counters["bypassed_requests"] += 1
+                logger.warning("orbitkv: not caching request %s: %s", request.request_id, reason)
+            st = _ReqState(request=request, salt=salt, bypass=reason)
+            self._reqs[request.request_id] = st
+        return st
+
+    def _release(self, st: _ReqState) -> None:
+        lease, st.lease = st.lease, None
+        st.hit_blocks = 0
+        if lease is None:
+            return
+        try:
+            self.session.client().release(lease)
+            self.counters["leases_released"] += 1
+        except Exception:
+            self.counters["manager_errors"] += 1
+            logger.warning("orbitkv: releasing a lease failed", exc_info=True)
+            self.session.drop_client()
+
+    def _lookup(self, st: _ReqState, start: int, stop: int) -> int:
+        hashes = st.request.block_hashes[start:stop]
+        try:
+            ns = self.session.namespace(st.salt)
+            lease = self.session.client().lookup(ns, hashes)
+        except Exception as exc:
+            self.counters["manager_errors"] += 1
+            level = logging.DEBUG if is_error(exc, "ManagerUnavailable") else logging.WARNING
+            logger.log(level, "orbitkv: lookup failed, treating as a miss: %s", exc)
+            if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+                self.session.drop_client()
+            return 0
+        self.counters["lookups"] += 1
+        self.counters["lookup_blocks"] += len(hashes)
+        hit = min(lease.hit_blocks, len(hashes))
+        if hit == 0:
+            st.lease = lease
+            self._release(st)
+            return 0
+        st.lease, st.hit_blocks = lease, hit
+        self.counters["hit_blocks"] += hit
+        return hit
+
+    # ---- vLLM scheduler-side hooks -------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        self._state(request)
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        st = self._state(request)
+        start = num_computed_tokens // self.block_size
+        st.local_hit_blocks = start
+        if st.bypass is not None or not self.settings.loads or st.loading:
+            return 0, False
+        params = request.kv_transfer_params or {}
+        if params.get("do_remote_prefill"):
+            return 0, False  # another connector owns this request's incoming KV (V5)
+        stop = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+        if start >= stop:
+            # The engine holds every block it may reuse: no Manager query (O5).
+            self._release(st)
+            st.lease_start = start
+            return 0, False
+        if st.lease_start != start or st.preemptions != request.num_preemptions:
+            # First query for this request, or its native hit moved, or it was
+            # preempted (its blocks were freed): one lookup.
+            st.preemptions = request.num_preemptions
+            self._release(st)
+            st.lease_start = start
+            self._lookup(st, start, stop)
+        hit = st.hit_blocks
+        return hit * self.block_size, hit > 0
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        st = self._state(request)
+        if st.loading:
+            return
+        if st.load_done:
+            st.load_done = False  # second call, after the async load completed
+            return
+        if num_external_tokens == 0:
+            if st.lease is not None:
+                self.counters["unselected_leases"] += 1
+                self._release(st)  # unselected query lease (L1)
+            st.save_from = st.local_hit_blocks
+            return
+        if (
+            st.lease is None
+            or num_external_tokens % self.block_size
+            or num_external_tokens > st.hit_blocks * self.block_size
+        ):
+            raise AssertionError(
+                f"orbitkv: vLLM selected {num_external_tokens} external tokens for "
+                f"{request.request_id} but the lookup pinned {st.hit_blocks} blocks"
+            )
+        # vLLM may take a shorter prefix of the hit than offered; load exactly that.
+        start, n = st.lease_start, num_external_tokens // self.block_size
+        block_ids = blocks.get_block_ids()[0][start : start + n]
+        if len(block_ids) != n:
+            raise AssertionError(f"orbitkv: {request.request_id} has {len(block_ids)} blocks for a {n}-block load")
+        self._pending_loads.append(
+            LoadSpec(
+                req_id=request.request_id,
+                salt=st.salt,
+                hashes=tuple(request.block_hashes[start : start + n]),
+                block_ids=tuple(block_ids),
+            )
+        )
+        st.loading = True
+        st.load_block_ids = tuple(block_ids)
+        self.counters["loads_started"] += 1
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OrbitKVConnectorMetadata:
+        meta = OrbitKVConnectorMetadata(loads=self._pending_loads, epoch=self._epoch)
+        self._pending_loads = []
+        for req_id in scheduler_output.preempted_req_ids or ():
+            st = self._reqs.get(req_id)
+            if st is not None and not st.loading:
+                self._release(st)
+                st.lease_start = -1  # resumed requests look up again from their new hit
+        block_state = scheduler_output.kv_connector_block_state
+        for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            st = self._reqs.get(req_id)
+            if st is None or st.bypass is not None or block_state is None:
+                continue
+            request = st.request
+            # build_connector_meta runs before vLLM advances num_computed_tokens.
+            computed_after = request.num_computed_tokens + num_new
+            complete = min(computed_after // self.block_size, len(request.block_hashes))
+            start = max(st.saved_upto, st.save_from)
+            if complete <= start:
+                continue
+            group_ids = block_state.get_block_ids(req_id)
+            if group_ids is None:
+                continue
+            block_ids = group_ids[0][start:complete]
+            if len(block_ids) != complete - start:
+                continue
+            meta.saves.append(
+                SaveSpec(
+                    req_id=req_id,
+                    salt=st.salt,
+                    hashes=tuple(request.block_hashes[start:complete]),
+                    block_ids=tuple(block_ids),
+                )
+            )
+            st.saved_upto = complete
+            self.counters["save_blocks_planned"] += complete - start
+        if meta.saves:
+            meta.save_batch = self._next_batch
+            self._pending_save_batches.add(self._next_batch)
+            self._next_batch += 1
+        return meta
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        failed = connector_output.failed_recving or set()
+        invalid = connector_output.invalid_block_ids or set()
+        for req_id in connector_output.finished_recving or ():
+            st = self._reqs.get(req_id)
+            if st is None or not st.loading:
+                continue  # another connector's transfer (MultiConnector) or unknown
+            st.loading = False
+            self._release(st)  # the load has drained: unpin the source (L2)
+            if req_id in failed:
+                # vLLM recomputes (or fails) the whole request; its next pass is fresh.
+                self.counters["loads_failed"] += 1
+                st.save_from = st.local_hit_blocks
+            else:
+                bad = [i for i, b in enumerate(st.load_block_ids) if b in invalid]
+                valid = bad[0] if bad else len(st.load_block_ids)
+                if bad:
+                    self.counters["loads_failed"] += 1
+                else:
+                    self.counters["loads_finished"] += 1
+                st.load_done = True
+                st.save_from = st.lease_start + valid
+            if st.finished:
+                del self._reqs[req_id]
+        wm = connector_output.kv_connector_worker_meta
+        if isinstance(wm, OrbitKVWorkerMetadata):
+            self._pending_save_batches -= wm.saved_batches
+            self.counters["saved_blocks"] += wm.stored_blocks
+            self.counters["refused_blocks"] += wm.refused_blocks
+            self.counters["failed_saves"] += wm.failed_saves
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            return False, None
+        if st.loading:
+            # Aborted mid-load: vLLM keeps the destination blocks until the worker
+            # reports this id in finished_recving; the lease stays pinned until then.
+            st.finished = True
+            return False, None
+        self._release(st)
+        del self._reqs[request.request_id]
+        return False, None
+
+    def reset_cache(self) -> bool:
+        """External reset (L5): a fresh generation, refused while any owner is tracked."""
+        owners = {
+            "requests": len(self._reqs),
+            "leases": sum(1 for s in self._reqs.values() if s.lease is not None),
+            "loads": sum(1 for s in self._reqs.values() if s.loading),
+            "saves": len(self._pending_save_batches),
+        }
+        if any(owners.values()):
+            logger.warning("orbitkv: external reset refused, owners still tracked: %s", owners)
+            return False
+        try:
+            # A generation belongs to the fingerprint: one reset moves every salt's
+            # namespace (the Manager refuses with Busy while any owner lives on it).
+            self.session.client().reset_generation(self.session.namespace(b""))
+        except Exception as exc:  # Busy or an unreachable Manager: report failure
+            self.counters["manager_errors"] += 1
+            logger.warning("orbitkv: external reset failed: %s", exc)
+            if not is_error(exc, "Busy"):
+                self.session.drop_client()
+            return False
+        self.session.forget_namespaces()
+        self._epoch += 1
+        self.counters["resets"] += 1
+        return True
+
+    @property
+    def tracked_requests(self) -> int:
+        return len(self._reqs)
+
+    def shutdown(self) -> None:
+        for st in list(self._reqs.values()):
+            if not st.loading:
+                self._release(st)
+        self.session.close()

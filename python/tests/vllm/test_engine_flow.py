@@ -1,0 +1,382 @@
+"""Released vLLM 0.31.0 Scheduler + OrbitKV + a real Manager process (issue 3 acceptance).
+
+Every scenario drives `schedule()` / `update_from_output()` of the real Scheduler, runs
+the worker-role connector over real CPU KV pages, and checks (a) the scheduler's
+decisions, (b) byte-exact page contents where KV was restored, and (c) that no
+request, block or OrbitKV owner (lease, load, save) is left behind.
+"""
+
+# ruff: noqa: E402 - each module skips (with its reason) before it imports vLLM
+from __future__ import annotations
+
+from vllm_env import skip_module_if_unavailable
+
+skip_module_if_unavailable()
+
+from pathlib import Path
+
+import pytest
+from vllm.lora.request import LoRARequest
+from vllm.v1.request import RequestStatus
+from vllm_env import ManagerProcess
+from vllm_harness import (
+    BLOCK,
+    Engine,
+    make_request,
+    make_vllm_config,
+    prompt_tokens,
+    write_peft_adapter,
+)
+
+from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
+
+pytestmark = [pytest.mark.vllm, pytest.mark.native]
+
+
+@pytest.fixture
+def manager(orbit_manager: ManagerProcess) -> ManagerProcess:
+    """A real Manager with fault injection enabled (this suite's own fixture)."""
+    return orbit_manager
+
+
+PROMPT = prompt_tokens(100, seed=1)  # 6 full blocks + 4 tokens
+FULL_BLOCKS = len(PROMPT) // BLOCK
+
+
+def build(model_dir: Path, manager: ManagerProcess, **kw) -> Engine:  # type: ignore[no-untyped-def]
+    return Engine.build(make_vllm_config(model_dir, socket_path=str(manager.socket_path), **kw))
+
+
+def counters(engine: Engine) -> dict[str, int]:
+    return dict(engine.connector.scheduler_side.counters)
+
+
+def prefill_done(engine: Engine, req_id: str, n: int):  # type: ignore[no-untyped-def]
+    def pred() -> bool:
+        r = engine.scheduler.requests.get(req_id)
+        return r is not None and r.status == RequestStatus.RUNNING and r.num_computed_tokens >= n
+
+    return pred
+
+
+def run_and_save(engine: Engine, prompt: list[int], **kw) -> str:  # type: ignore[no-untyped-def]
+    r = make_request(prompt, **kw)
+    engine.scheduler.add_request(r)
+    engine.run_to_completion([r.request_id])
+    return r.request_id
+
+
+def assert_no_leases_held(engine: Engine, manager: ManagerProcess) -> None:
+    c = counters(engine)
+    # Every lease a lookup returned was released (hit leases and zero-hit leases) ...
+    assert c["leases_released"] == c["lookups"], c
+    # ... and the Manager agrees: no lease or pending save is left (L1, L2, L4).
+    stats = manager.stats()
+    assert (stats["live_leases"], stats["live_saves"]) == (0, 0), stats
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "BLHNC"])
+def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, manager: ManagerProcess, layout: str) -> None:
+    a = build(model_dir, manager, layout=layout)
+    rid = run_and_save(a, PROMPT)
+    c = counters(a)
+    assert (c["lookups"], c["hit_blocks"], c["loads_started"]) == (1, 0, 0)
+    assert c["save_blocks_planned"] >= FULL_BLOCKS and c["saved_blocks"] >= FULL_BLOCKS
+    assert c["failed_saves"] == 0 and rid in a.finished
+    a.assert_drained()
+    assert_no_leases_held(a, manager)
+
+    # A second engine sharing the Manager (no HBM state): the whole prompt prefix hits.
+    b = build(model_dir, manager, layout=layout)
+    r = make_request(PROMPT)
+    b.scheduler.add_request(r)
+    first = b.step()
+    assert b.status(r.request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
+    meta = first.scheduler_output.kv_connector_metadata
+    assert isinstance(meta, OrbitKVConnectorMetadata)
+    assert [len(spec.block_ids) for spec in meta.loads] == [FULL_BLOCKS]
+    b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="prefill after load")
+    b.check_pages(r, len(PROMPT))  # 96 restored tokens + 4 computed, byte for byte
+    w = b.worker.worker_side.counters
+    assert w["bytes_restored"] == FULL_BLOCKS * b.connector.block_bytes
+    b.run_to_completion([r.request_id])
+    c = counters(b)
+    assert (c["lookups"], c["hit_blocks"], c["loads_finished"], c["loads_failed"]) == (1, FULL_BLOCKS, 1, 0)
+    b.assert_drained()
+    assert_no_leases_held(b, manager)
+    a.shutdown()
+    b.shutdown()
+
+
+def test_partial_hit_loads_the_common_prefix(model_dir: Path, manager: ManagerProcess) -> None:
+    a = build(model_dir, manager)
+    run_and_save(a, PROMPT)
+    b = build(model_dir, manager)
+    mixed = PROMPT[: 4 * BLOCK] + prompt_tokens(36, seed=99)
+    r = make_request(mixed)
+    b.scheduler.add_request(r)
+    first = b.step()
+    meta = first.scheduler_output.kv_connector_metadata
+    assert isinstance(meta, OrbitKVConnectorMetadata) and [len(s.block_ids) for s in meta.loads] == [4]
+    b.run_until(prefill_done(b, r.request_id, len(mixed)), what="partial-hit prefill")
+    b.check_pages(r, len(mixed))
+    b.run_to_completion([r.request_id])
+    c = counters(b)
+    assert (c["lookups"], c["lookup_blocks"], c["hit_blocks"]) == (1, (len(mixed) - 1) // BLOCK, 4)
+    b.assert_drained()
+    assert_no_leases_held(b, manager)
+
+
+def test_native_hbm_hit_issues_no_manager_query(model_dir: Path, manager: ManagerProcess) -> None:
+    a = build(model_dir, manager)
+    run_and_save(a, PROMPT)
+    before = counters(a)
+    manager_lookups = manager.stats()["lookups_total"]
+    r = make_request(PROMPT)
+    a.scheduler.add_request(r)
+    a.step()
+    # vLLM's own prefix cache covers every reusable block: no lookup at all (O5).
+    assert a.status(r.request_id) == RequestStatus.RUNNING
+    assert counters(a)["lookups"] == before["lookups"]
+    assert manager.stats()["lookups_total"] == manager_lookups  # the Manager saw no query
+    a.run_to_completion([r.request_id])
+    # A longer prompt queries only the blocks past the native hit.
+    longer = PROMPT + prompt_tokens(40, seed=5)
+    r2 = make_request(longer)
+    a.scheduler.add_request(r2)
+    a.step()
+    after = counters(a)
+    assert after["lookups"] == before["lookups"] + 1
+    assert after["lookup_blocks"] - before["lookup_blocks"] == (len(longer) - 1) // BLOCK - FULL_BLOCKS
+    a.run_to_completion([r2.request_id])
+    a.assert_drained()
+    assert_no_leases_held(a, manager)
+
+
+def test_preempted_request_resumes_from_orbitkv(model_dir: Path, manager: ManagerProcess) -> None:
+    a = build(model_dir, manager)
+    r = make_request(PROMPT, max_tokens=24)
+    a.scheduler.add_request(r)
+    a.run_until(lambda: len(r.output_token_ids) >= 8, what="decode progress")
+    # The release's own preemption path: every running request is preempted and the
+    # HBM prefix cache is dropped, so the resumed request can only reuse OrbitKV.
+    assert a.scheduler.reset_prefix_cache(reset_running_requests=True)
+    assert r.status == RequestStatus.PREEMPTED and r.num_preemptions == 1
+    res = a.step()
+    assert r.request_id in (res.scheduler_output.preempted_req_ids or set())
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    meta = res.scheduler_output.kv_connector_metadata
+    assert isinstance(meta, OrbitKVConnectorMetadata)
+    loaded = sum(len(s.block_ids) for s in meta.loads)
+    assert loaded >= FULL_BLOCKS, "the resumed request should load the blocks saved before preemption"
+    n = r.num_tokens - 1
+    a.run_until(prefill_done(a, r.request_id, n), what="resume after preemption")
+    a.check_pages(r, n)
+    a.run_to_completion([r.request_id])
+    a.assert_drained()
+    assert_no_leases_held(a, manager)
+
+
+def test_abort_during_async_load_frees_everything(model_dir: Path, manager: ManagerProcess) -> None:
+    a = build(model_dir, manager)
+    run_and_save(a, PROMPT)
+    b = build(model_dir, manager)
+    r = make_request(PROMPT)
+    b.scheduler.add_request(r)
+    so = b.scheduler.schedule()
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    # The abort arrives while the step that carries the load is in flight.
+    b.scheduler.finish_requests(r.request_id, RequestStatus.FINISHED_ABORTED)
+    assert r.request_id in b.scheduler.requests, "destination blocks must stay held until the load drains"
+    assert b.connector.scheduler_side.tracked_requests == 1
+    b.execute(so)
+    b.run_until(lambda: not b.scheduler.requests, what="drain of the aborted load")
+    b.assert_drained()
+    assert_no_leases_held(b, manager)
+    assert counters(b)["loads_finished"] + counters(b)["loads_failed"] == 1
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_injected_restore_failure_follows_the_release_policy(
+    model_dir: Path, manager: ManagerProcess, policy: str
+) -> None:
+    a = build(model_dir, manager)
+    run_and_save(a, PROMPT)
+    b = build(model_dir, manager, failure_policy=policy)
+    with manager.client() as c:
+        c.inject_faults(restore_failures=1)
+    r = make_request(PROMPT)
+    b.scheduler.add_request(r)
+    reported = []
+
+    def failure_handled() -> bool:
+        return r.request_id in b.finished or r.status == RequestStatus.RUNNING
+
+    for res in b.run_until(failure_handled, what="load failure handling"):
+        if res.kv_output.failed_recving:
+            reported.append(res.kv_output)
+    assert len(reported) == 1, "the failed receive must be reported exactly once"
+    out = reported[0]
+    # V2: a failed receive is also a finished receive, in the same poll.
+    assert out.failed_recving == {r.request_id} <= (out.finished_recving or set())
+    assert len(out.invalid_block_ids) == FULL_BLOCKS
+    if policy == "fail":
+        b.run_until(lambda: r.request_id in b.finished, what="failure")
+        assert r.request_id in b.failed
+    else:
+        b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="recompute")
+        b.check_pages(r, len(PROMPT))  # recomputed locally, not half-restored
+        b.run_to_completion([r.request_id])
+        assert r.request_id not in b.failed
+    assert counters(b)["loads_failed"] == 1
+    b.assert_drained()
+    assert_no_leases_held(b, manager)
+
+
+def test_external_reset_refused_while_tracked_then_fresh_generation(model_dir: Path, manager: ManagerProcess) -> None:
+    a = build(model_dir, manager)
+    run_and_save(a, PROMPT)
+    live = make_request(prompt_tokens(40, seed=3), max_tokens=50)
+    a.scheduler.add_request(live)
+    a.step()
+    side = a.connector.scheduler_side
+    assert side.reset_cache() is False  # a tracked request: refused (L5)
+    assert a.scheduler.reset_prefix_cache(reset_connector=True) is False
+    assert side.counters["resets"] == 0 and manager.stats()["generation_bumps_total"] == 0
+    a.scheduler.finish_requests(live.request_id, RequestStatus.FINISHED_ABORTED)
+    a.run_until(lambda: not a.scheduler.requests, what="abort")
+
+    # Another engine on the same fingerprint holds a lease (its load is pending):
+    # the Manager refuses the generation reset with Busy, and so does the adapter.
+    run_and_save(a, PROMPT, cache_salt="tenant")
+    other = build(model_dir, manager)
+    pending = make_request(PROMPT)
+    other.scheduler.add_request(pending)
+    pending_step = other.scheduler.schedule()  # looked up and pinned; load not run yet
+    assert pending.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert a.scheduler.reset_prefix_cache(reset_connector=True) is False
+    assert side.counters["resets"] == 0
+    other.scheduler.finish_requests(pending.request_id, RequestStatus.FINISHED_ABORTED)
+    other.execute(pending_step)
+    other.run_until(lambda: not other.scheduler.requests, what="other engine drain")
+
+    bumps = manager.stats()["generation_bumps_total"]
+    assert a.scheduler.reset_prefix_cache(reset_connector=True) is True
+    assert side.counters["resets"] == 1
+    assert manager.stats()["generation_bumps_total"] > bumps
+    lookups, hits = side.counters["lookups"], side.counters["hit_blocks"]
+    run_and_save(a, PROMPT)  # cold miss in the new generation, then saved again
+    run_and_save(a, PROMPT, cache_salt="tenant")  # every salt of the fingerprint moved
+    assert side.counters["lookups"] == lookups + 2 and side.counters["hit_blocks"] == hits
+
+    # HBM-only reset keeps the generation: the newly saved blocks are reused.
+    assert a.scheduler.reset_prefix_cache() is True
+    r = make_request(PROMPT)
+    a.scheduler.add_request(r)
+    a.step()
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    a.run_until(prefill_done(a, r.request_id, len(PROMPT)), what="reuse after HBM reset")
+    a.check_pages(r, len(PROMPT))
+    a.run_to_completion([r.request_id])
+    assert side.counters["hit_blocks"] == hits + FULL_BLOCKS
+    a.assert_drained()
+    assert_no_leases_held(a, manager)
+
+
+def test_lora_adapter_swap_changes_the_namespace(model_dir: Path, manager: ManagerProcess, tmp_path: Path) -> None:
+    adapter = write_peft_adapter(tmp_path / "sql-lora", b"weights-v1")
+    other = write_peft_adapter(tmp_path / "undeclared", b"weights-x")
+    extra = {"orbitkv.static_lora_adapters": {"sql": str(adapter)}}
+    lora = LoRARequest("sql", 1, str(adapter))
+
+    a = build(model_dir, manager, lora=True, extra=extra)
+    run_and_save(a, PROMPT, lora_request=lora)
+    assert counters(a)["saved_blocks"] >= FULL_BLOCKS
+    # An undeclared adapter bypasses OrbitKV entirely: no lookup, no save.
+    before = counters(a)
+    run_and_save(a, prompt_tokens(60, seed=8), lora_request=LoRARequest("other", 2, str(other)))
+    after = counters(a)
+    assert after["bypassed_requests"] == before["bypassed_requests"] + 1
+    assert after["lookups"] == before["lookups"] and after["save_blocks_planned"] == before["save_blocks_planned"]
+
+    # Same name and path, new weights: vLLM's block hashes are unchanged, the
+    # namespace is not, so nothing is shared.
+    write_peft_adapter(adapter, b"weights-v2")
+    b = build(model_dir, manager, lora=True, extra=extra)
+    assert b.connector.fingerprint != a.connector.fingerprint
+    run_and_save(b, PROMPT, lora_request=lora)
+    assert counters(b)["hit_blocks"] == 0 and counters(b)["lookups"] == 1
+
+    # Restoring the original weights restores the original namespace.
+    write_peft_adapter(adapter, b"weights-v1")
+    c = build(model_dir, manager, lora=True, extra=extra)
+    assert c.connector.fingerprint == a.connector.fingerprint
+    r = make_request(PROMPT, lora_request=lora)
+    c.scheduler.add_request(r)
+    c.run_until(prefill_done(c, r.request_id, len(PROMPT)), what="LoRA hit")
+    c.check_pages(r, len(PROMPT))
+    c.run_to_completion([r.request_id])
+    assert counters(c)["hit_blocks"] == FULL_BLOCKS
+    for e in (a, b, c):
+        e.assert_drained()
+        assert_no_leases_held(e, manager)
+
+
+def test_two_salts_never_share(model_dir: Path, manager: ManagerProcess) -> None:
+    a = build(model_dir, manager)
+    run_and_save(a, PROMPT, cache_salt="tenant-a")
+    b = build(model_dir, manager)
+    run_and_save(b, PROMPT, cache_salt="tenant-b")
+    run_and_save(b, PROMPT)  # no salt: also a different namespace
+    assert counters(b)["hit_blocks"] == 0 and counters(b)["lookups"] == 2
+    c = build(model_dir, manager)
+    r = make_request(PROMPT, cache_salt="tenant-a")
+    c.scheduler.add_request(r)
+    c.run_until(prefill_done(c, r.request_id, len(PROMPT)), what="same-salt hit")
+    c.check_pages(r, len(PROMPT))
+    c.run_to_completion([r.request_id])
+    assert counters(c)["hit_blocks"] == FULL_BLOCKS
+    for e in (a, b, c):
+        e.assert_drained()
+        assert_no_leases_held(e, manager)
+
+
+def test_unreachable_manager_costs_a_miss_never_a_request(model_dir: Path, tmp_path: Path) -> None:
+    """L4: with no Manager, lookups are misses and saves are dropped; requests finish."""
+    e = Engine.build(make_vllm_config(model_dir, socket_path=str(tmp_path / "absent.sock")))
+    ids = [run_and_save(e, prompt_tokens(80, seed=40 + i)) for i in range(3)]
+    assert set(ids) <= e.finished and not (set(ids) & e.failed)
+    c = counters(e)
+    assert c["lookups"] == 0 and c["manager_errors"] >= 1
+    assert c["failed_saves"] >= 1 and c["saved_blocks"] == 0
+    e.assert_drained()
+
+
+def test_chunked_prefill_and_decode_blocks_are_saved_once(model_dir: Path, manager: ManagerProcess) -> None:
+    """Saves follow block completion across unaligned prefill chunks and decode steps."""
+    a = build(model_dir, manager, max_num_batched_tokens=40)  # 2.5 blocks per chunk
+    r = make_request(PROMPT, max_tokens=44)  # 100 prompt + 44 output tokens = 9 blocks
+    a.scheduler.add_request(r)
+    planned: list[bytes] = []
+    while r.request_id not in a.finished:
+        meta = a.step().scheduler_output.kv_connector_metadata
+        assert isinstance(meta, OrbitKVConnectorMetadata)
+        planned += [h for spec in meta.saves for h in spec.hashes]
+    full_tokens = PROMPT + list(r.output_token_ids)
+    # Each block whose KV was computed is saved exactly once; the last sampled token is
+    # never fed back, so its block is not complete in the cache.
+    assert len(planned) == len(set(planned)) == (len(full_tokens) - 1) // BLOCK
+    assert planned == list(r.block_hashes[: len(planned)])
+
+    # Another engine continuing the conversation reuses prompt *and* decode blocks.
+    b = build(model_dir, manager)
+    follow_prompt = full_tokens + prompt_tokens(20, seed=77)
+    follow = make_request(follow_prompt)
+    b.scheduler.add_request(follow)
+    b.run_until(prefill_done(b, follow.request_id, len(follow_prompt)), what="follow-up prefill")
+    b.check_pages(follow, len(follow_prompt))
+    assert counters(b)["hit_blocks"] == len(planned)
+    b.run_to_completion([follow.request_id])
+    for e in (a, b):
+        e.assert_drained()
+        assert_no_leases_held(e, manager)

@@ -1,0 +1,94 @@
+"""Host copy oracle over the released KV page layouts (G4, CPU part).
+
+Pages are allocated by vLLM's own `allocate_kv_cache` for every `KVCacheLayout`;
+OrbitKV's gather/scatter must move exactly one block's bytes, leave every other block
+(the sentinels) untouched, and use the zero-staging per-block span exactly for the
+block-outermost layouts whose pages are dense.
+"""
+
+# ruff: noqa: E402 - each module skips (with its reason) before it imports vLLM
+from __future__ import annotations
+
+from vllm_env import skip_module_if_unavailable
+
+skip_module_if_unavailable()
+
+import numpy as np
+import pytest
+import torch
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.worker.utils import allocate_kv_cache
+from vllm_harness import LAYERS, make_kv_cache_config
+
+from orbitkv.vllm.layout import HostCopier, describe
+
+pytestmark = pytest.mark.vllm
+
+NUM_BLOCKS = 12
+
+
+def _pages(layout: str) -> tuple[dict[str, torch.Tensor], HostCopier]:
+    kc = make_kv_cache_config(NUM_BLOCKS, layout)
+    kv = allocate_kv_cache(kc, torch.device("cpu"), KVCacheLayout[layout])
+    geometry, flat = describe(kv, NUM_BLOCKS)
+    flat[:] = np.random.default_rng(7).integers(0, 256, size=flat.shape, dtype=np.uint8)
+    return kv, HostCopier(geometry, flat)
+
+
+def _block_bytes(kv: dict[str, torch.Tensor], block: int) -> bytes:
+    """Logical [H, N, C] bytes of `block` in every layer, read through vLLM's views."""
+    return b"".join(kv[name].view(torch.uint8)[block].contiguous().numpy().tobytes() for name in LAYERS)
+
+
+@pytest.mark.parametrize("layout", [layout.name for layout in KVCacheLayout])
+def test_gather_scatter_roundtrip_with_sentinels(layout: str) -> None:
+    kv, copier = _pages(layout)
+    g = copier.geometry
+    assert g.block_bytes == sum(kv[n][0].numel() * kv[n].element_size() for n in LAYERS)
+    blocks = [3, 7, 1]
+    before = {b: _block_bytes(kv, b) for b in range(NUM_BLOCKS)}
+    staged = copier.gather(blocks)
+    assert staged.shape == (3, g.block_bytes)
+    # Move block 3 -> 10, 7 -> 0, 1 -> 5 and check only those destinations changed.
+    dst = [10, 0, 5]
+    copier.scatter(staged, dst)
+    for b in range(NUM_BLOCKS):
+        after = _block_bytes(kv, b)
+        if b in dst:
+            assert after == before[blocks[dst.index(b)]], f"{layout}: block {b} not restored"
+        else:
+            assert after == before[b], f"{layout}: sentinel block {b} was touched"
+
+
+@pytest.mark.parametrize("layout", [layout.name for layout in KVCacheLayout])
+def test_block_span_fast_path_only_where_blocks_are_contiguous(layout: str) -> None:
+    _, copier = _pages(layout)
+    lay = KVCacheLayout[layout]
+    expect_span = lay.is_block_outermost and lay.is_block_compact
+    assert copier.geometry.block_span == expect_span
+    views = copier.block_views([2, 9])
+    if not expect_span:
+        assert views is None
+        return
+    assert views is not None
+    staged = copier.gather([2, 9])
+    assert bytes(views[0]) == staged[0].tobytes() and bytes(views[1]) == staged[1].tobytes()
+
+
+def test_kernel_block_split_moves_whole_manager_blocks() -> None:
+    """A kernel block size below the manager block size splits each block in two."""
+    kc = make_kv_cache_config(NUM_BLOCKS, "LBNHC")
+    kv = allocate_kv_cache(kc, torch.device("cpu"), KVCacheLayout.LBNHC, kernel_block_sizes=[8])
+    assert next(iter(kv.values())).shape[0] == 2 * NUM_BLOCKS
+    geometry, flat = describe(kv, NUM_BLOCKS)
+    flat[:] = np.random.default_rng(3).integers(0, 256, size=flat.shape, dtype=np.uint8)
+    copier = HostCopier(geometry, flat)
+    assert geometry.pages[0].shape[0] == 2  # two kernel blocks per manager block
+
+    def manager_block(b: int) -> bytes:
+        return b"".join(kv[n].view(torch.uint8)[2 * b : 2 * b + 2].contiguous().numpy().tobytes() for n in LAYERS)
+
+    before = {b: manager_block(b) for b in range(NUM_BLOCKS)}
+    copier.scatter(copier.gather([4]), [9])
+    for b in range(NUM_BLOCKS):
+        assert manager_block(b) == (before[4] if b == 9 else before[b])

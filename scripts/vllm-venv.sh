@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Create (or reuse) the cached virtual environment holding the pinned vLLM release
+# used by OrbitKV's vLLM adapter tests and benchmark.
+#
+#   scripts/vllm-venv.sh            # prints the venv path on the last line of stdout
+#   ORBITKV_VLLM_VENV=/path ...     # override the location
+#
+# The venv lives outside the repository, keyed by the pin, so repeated runs on the
+# same machine reuse it:  ${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs/vllm-<pin>
+# A stamp file records a completed install; an interrupted install is rebuilt.
+# Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
+set -euo pipefail
+
+VLLM_PIN="0.31.0"
+CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs"
+VENV="${ORBITKV_VLLM_VENV:-$CACHE_ROOT/vllm-$VLLM_PIN}"
+STAMP="$VENV/.orbitkv-vllm-stamp"
+PYTHON="${PYTHON:-python3}"
+# Extra tools the suite needs inside the venv (not pulled by vLLM itself).
+EXTRA_PKGS=(pytest ruff)
+STAMP_CONTENT="vllm==$VLLM_PIN ${EXTRA_PKGS[*]}"
+
+fail() {
+    echo "vllm-venv: cannot provide vllm==$VLLM_PIN: $*" >&2
+    exit 2
+}
+
+if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
+    && "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLLM_PIN')" 2>/dev/null; then
+    echo "vllm-venv: reusing $VENV" >&2
+    echo "$VENV"
+    exit 0
+fi
+
+command -v "$PYTHON" >/dev/null 2>&1 || fail "no '$PYTHON' interpreter on PATH"
+pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+"$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] < (3, 15)))' \
+    || fail "vllm==$VLLM_PIN needs Python >=3.10,<3.15 (found $pyver)"
+case "$(uname -s)-$(uname -m)" in
+    Linux-x86_64 | Linux-aarch64) ;;
+    *) fail "no vllm==$VLLM_PIN wheel for $(uname -s)-$(uname -m) (PyPI ships Linux x86_64/aarch64 only)" ;;
+esac
+"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null \
+    || fail "'$PYTHON -m venv' is unavailable (install the python3-venv package)"
+
+mkdir -p "$(dirname "$VENV")"
+avail_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print $4}')"
+if [[ -n "$avail_kb" ]] && (( avail_kb < 10 * 1024 * 1024 )); then
+    fail "needs ~9 GB free under $(dirname "$VENV") (only $((avail_kb / 1024)) MiB free)"
+fi
+
+if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
+    fail "$VENV exists and is not a virtual environment; refusing to replace it"
+fi
+echo "vllm-venv: building $VENV (vllm==$VLLM_PIN, ~3 min, ~8.4 GB)" >&2
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV" || fail "python -m venv failed"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip >&2 || fail "pip upgrade failed (is PyPI reachable?)"
+if ! "$VENV/bin/python" -m pip install --quiet "vllm==$VLLM_PIN" "${EXTRA_PKGS[@]}" >&2; then
+    rm -rf "$VENV"
+    fail "pip install vllm==$VLLM_PIN failed (network, disk or platform; see pip output above)"
+fi
+"$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLLM_PIN')" \
+    || { rm -rf "$VENV"; fail "installed vllm does not import or is not $VLLM_PIN"; }
+echo "$STAMP_CONTENT" > "$STAMP"
+echo "vllm-venv: ready $VENV" >&2
+echo "$VENV"
