@@ -30,6 +30,8 @@ echo "== installed $(basename "$whl")"
 
 echo "== ruff"
 "$VENV/bin/ruff" check python benches
+echo "== the .pyi stub matches the native module (mypy stubtest)"
+"$PY" -m mypy.stubtest orbitkv._native
 echo "== pytest (source-only + real Manager processes)"
 ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -p no:cacheprovider
 

@@ -7,12 +7,33 @@ accepted through `orbitkv.client.as_buffer` (a zero-copy numpy view).
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, final
 
 from typing_extensions import Buffer
 
 PROTOCOL_VERSION: int
 HASH_BYTES: int  # 32: every block hash is exactly 32 bytes
+
+__all__ = [
+    "HASH_BYTES",
+    "PROTOCOL_VERSION",
+    "AuthError",
+    "Busy",
+    "Client",
+    "Lease",
+    "ManagerUnavailable",
+    "Namespace",
+    "OrbitKVError",
+    "PendingSave",
+    "ProtocolError",
+    "RestoreFailed",
+    "SaveResult",
+    "__version__",
+    "default_socket_path",
+    "serve",
+]
+
+__version__: str
 
 class OrbitKVError(Exception):
     """Base error of the native client. `.code` names the failure class."""
@@ -33,6 +54,7 @@ class RestoreFailed(OrbitKVError):
     """The Manager could not stage the leased blocks (tier error or injected
     fault). The lease is released; treat as a load failure."""
 
+@final
 class Namespace:
     @property
     def id(self) -> int: ...
@@ -45,6 +67,7 @@ class Namespace:
     @property
     def shard(self) -> int: ...
 
+@final
 class Lease:
     """Pins `hit_blocks` blocks (the longest contiguous prefix hit) until
     released. Releasing twice is a no-op."""
@@ -58,6 +81,7 @@ class Lease:
     @property
     def released(self) -> bool: ...
 
+@final
 class SaveResult:
     @property
     def stored(self) -> int: ...  # newly committed blocks
@@ -68,6 +92,7 @@ class SaveResult:
     @property
     def bytes_copied(self) -> int: ...
 
+@final
 class PendingSave:
     """Slots allocated for a save; invisible until `Client.commit_save`."""
 
@@ -78,14 +103,15 @@ class PendingSave:
     @property
     def statuses(self) -> list[str]: ...  # "allocated" | "present" | "refused"
 
+@final
 class Client:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         socket_path: str | None = None,
         *,
         token: str | None = None,
         timeout_ms: int = 5000,
-    ) -> None: ...
+    ) -> Client: ...
     @property
     def session_id(self) -> int: ...
     @property
@@ -101,7 +127,7 @@ class Client:
         block_bytes: int,
         *,
         shard: int = 0,
-        salt: bytes = b"",
+        salt: bytes = ...,  # default b"": no salt
     ) -> Namespace: ...
     def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
     def acquire(self, lease: Lease) -> list[tuple[int, int]]: ...  # stage + (segment, offset) per hit block
@@ -125,7 +151,7 @@ class Client:
         """Waits for this client's host copies in flight, then tells the Manager
         to release every lease and pending save of the session. Idempotent."""
     def __enter__(self) -> Client: ...
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(self, exc_type: object, exc_value: object, traceback: object, /) -> None: ...
 
 def serve(argv: Sequence[str]) -> int: ...
 def default_socket_path() -> str: ...

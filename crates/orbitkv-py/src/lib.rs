@@ -475,7 +475,15 @@ impl Client {
         slf
     }
 
-    fn __exit__(&self, py: Python<'_>, _a: Py<PyAny>, _b: Py<PyAny>, _c: Py<PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (exc_type, exc_value, traceback, /))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Py<PyAny>,
+        exc_value: Py<PyAny>,
+        traceback: Py<PyAny>,
+    ) -> PyResult<()> {
+        let _ = (exc_type, exc_value, traceback);
         self.close(py)
     }
 }
