@@ -33,7 +33,7 @@ echo "== ruff"
 echo "== the .pyi stub matches the native module (mypy stubtest)"
 "$PY" -m mypy.stubtest orbitkv._native
 echo "== pytest (source-only + real Manager processes)"
-ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -p no:cacheprovider
+ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -rs -p no:cacheprovider
 
 echo "== vLLM 0.31.0 adapter suite (cached venv; skipped with a printed reason only if the platform cannot install it)"
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
