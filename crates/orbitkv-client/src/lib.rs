@@ -10,8 +10,8 @@ mod conn;
 mod error;
 
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub use error::ClientError;
@@ -65,7 +65,7 @@ pub struct SaveResult {
 pub struct Client {
     conn: conn::Conn,
     session: u64,
-    segments: Vec<(u32, Mapping)>,
+    segments: Vec<(u32, Arc<Mapping>)>,
     socket_path: PathBuf,
     closed: AtomicBool,
     /// Copies hold it shared; `close` takes it exclusively, so the Manager is
@@ -78,10 +78,12 @@ impl Client {
     /// Connect, authenticate and map the arena.
     pub fn connect(path: &Path, token: Option<&[u8]>, timeout: Duration) -> Result<Client, ClientError> {
         let (conn, session, segs) = conn::Conn::open(path, token, timeout)?;
+        let segments: Vec<(u32, Arc<Mapping>)> = segs.into_iter().map(|(i, m)| (i, Arc::new(m))).collect();
+        prefault_in_background(&segments);
         Ok(Client {
             conn,
             session,
-            segments: segs,
+            segments,
             socket_path: path.to_path_buf(),
             closed: AtomicBool::new(false),
             copies: RwLock::new(()),
@@ -105,7 +107,7 @@ impl Client {
         self.segments
             .iter()
             .find(|(i, _)| *i == id)
-            .map(|(_, m)| m)
+            .map(|(_, m)| m.as_ref())
             .ok_or_else(|| ClientError::Protocol(format!("Manager named unknown segment {id}")))
     }
 
@@ -458,4 +460,29 @@ fn copy_threads(bytes: usize) -> usize {
             .filter(|n| (1..=64).contains(n))
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)))
     })
+}
+
+/// Fill this process's page tables for the arena on a background thread, in
+/// 64 MiB steps, so connecting stays instant (no per-GiB cost) and steady-state
+/// copies take no first-touch faults. Copies that race ahead simply fault.
+fn prefault_in_background(segments: &[(u32, Arc<Mapping>)]) {
+    let maps: Vec<Arc<Mapping>> = segments.iter().map(|(_, m)| m.clone()).collect();
+    let _ = std::thread::Builder::new()
+        .name("orbitkv-prefault".into())
+        .spawn(move || {
+            const STEP: usize = 64 << 20;
+            for m in maps {
+                let mut off = 0;
+                while off < m.len() {
+                    let len = STEP.min(m.len() - off);
+                    if m.prefault(off as u64, len).is_err() {
+                        return; // kernel without MADV_POPULATE_WRITE: pages fault on first touch instead
+                    }
+                    if Arc::strong_count(&m) == 1 {
+                        return; // the client is gone
+                    }
+                    off += len;
+                }
+            }
+        });
 }
