@@ -47,7 +47,14 @@ if vllm_env.UNAVAILABLE:
 
 import torch  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm_harness import Engine, make_request, make_vllm_config, prompt_tokens, write_tiny_model  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    Engine,
+    make_request,
+    make_vllm_config,
+    prompt_tokens,
+    runner_output,
+    write_tiny_model,
+)
 
 
 def _step_output(engine: Engine, so: Any) -> ModelRunnerOutput:
@@ -56,14 +63,7 @@ def _step_output(engine: Engine, so: Any) -> ModelRunnerOutput:
     for r in req_ids:
         req = engine.scheduler.requests[r]
         sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={r: i for i, r in enumerate(req_ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=None,
-    )
+    return runner_output(req_ids, sampled)
 
 
 def run_variant(

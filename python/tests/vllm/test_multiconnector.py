@@ -21,7 +21,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm_harness import BLOCK, make_kv_cache_config, make_request, make_vllm_config, prompt_tokens
+from vllm_harness import BLOCK, make_kv_cache_config, make_request, make_vllm_config, prompt_tokens, runner_output
 
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
 
@@ -60,15 +60,7 @@ def _decode_side_scheduler(model_dir: Path) -> Scheduler:
 def _output(so, sched: Scheduler, finished_recving: set[str] | None = None) -> ModelRunnerOutput:  # type: ignore[no-untyped-def]
     req_ids = list(so.num_scheduled_tokens)
     sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else [] for r in req_ids]
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={r: i for i, r in enumerate(req_ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=None,
-        kv_connector_output=KVConnectorOutput(finished_recving=finished_recving or set()),
-    )
+    return runner_output(req_ids, sampled, KVConnectorOutput(finished_recving=finished_recving or set()))
 
 
 def _orbit_meta(so) -> OrbitKVConnectorMetadata:  # type: ignore[no-untyped-def]

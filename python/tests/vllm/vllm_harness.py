@@ -64,6 +64,21 @@ EOS = 2
 init_none_hash(sha256_cbor)
 
 
+
+def runner_output(
+    req_ids: list[str], sampled: list[list[int]], kv_connector_output: Any = None
+) -> ModelRunnerOutput:
+    """The `ModelRunnerOutput` a model runner would return for one step."""
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=None,
+        kv_connector_output=kv_connector_output,
+    )
+
 def write_tiny_model(path: Path) -> Path:
     """A local model directory holding only a tiny Llama `config.json` (no weights)."""
     path.mkdir(parents=True, exist_ok=True)
@@ -293,14 +308,7 @@ class Engine:
             req_ids.append(req_id)
             # A token is sampled once the whole prompt (and prior outputs) is computed.
             sampled.append([5 + len(request.output_token_ids) % 7] if end >= request.num_tokens else [])
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=None,
-        )
+        return runner_output(req_ids, sampled)
 
     # ---- one engine step ------------------------------------------------------------
 
