@@ -30,8 +30,9 @@ fn reply(stream: &mut UnixStream, id: u32, resp: &Response) -> Result<(), FrameE
 }
 
 fn refuse(stream: &mut UnixStream, shared: &Shared, id: u32, code: ErrorCode, msg: &str) {
-    if code == ErrorCode::Auth {
-        ServerCounters::inc(&shared.counters.auth_refused);
+    match code {
+        ErrorCode::Auth => ServerCounters::inc(&shared.counters.auth_refused),
+        _ => ServerCounters::inc(&shared.counters.bad_frames),
     }
     log!(Warn, "refusing connection: {msg}");
     let _ = reply(stream, id, &Response::error(code, msg));
@@ -71,7 +72,6 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
         Ok((h, body)) if h.kind == Kind::Hello as u16 => match decode_request(h.kind, &body) {
             Ok(Request::Hello { token, .. }) => (h.request_id, token),
             Ok(_) | Err(_) => {
-                ServerCounters::inc(&shared.counters.bad_frames);
                 refuse(
                     &mut stream,
                     &shared,
@@ -83,7 +83,6 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
             }
         },
         Ok((h, _)) => {
-            ServerCounters::inc(&shared.counters.bad_frames);
             refuse(
                 &mut stream,
                 &shared,
@@ -95,7 +94,6 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
         }
         Err(FrameError::Closed) => return,
         Err(e) => {
-            ServerCounters::inc(&shared.counters.bad_frames);
             refuse(&mut stream, &shared, 0, frame_code(&e), &e.to_string());
             return;
         }
