@@ -23,6 +23,7 @@ _NATIVE_NAMES = {
     "ProtocolError",
     "Busy",
     "RestoreFailed",
+    "SaveFailed",
     "HASH_BYTES",
     "PROTOCOL_VERSION",
     "default_socket_path",
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         PendingSave,
         ProtocolError,
         RestoreFailed,
+        SaveFailed,
         SaveResult,
         default_socket_path,
     )

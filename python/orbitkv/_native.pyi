@@ -27,6 +27,7 @@ __all__ = [
     "PendingSave",
     "ProtocolError",
     "RestoreFailed",
+    "SaveFailed",
     "SaveResult",
     "__version__",
     "default_socket_path",
@@ -49,6 +50,11 @@ class ProtocolError(OrbitKVError):
 
 class Busy(OrbitKVError):
     """Refused because owners are still live (e.g. generation reset)."""
+
+class SaveFailed(OrbitKVError):
+    """A save failed (e.g. an injected commit fault); nothing of it became
+    visible and its slots were freed. Saves are best effort: lose the entry,
+    never the request."""
 
 class RestoreFailed(OrbitKVError):
     """The Manager could not stage the leased blocks (tier error or injected
@@ -145,7 +151,7 @@ class Client:
     def commit_save(self, pending: PendingSave) -> int: ...
     def abort_save(self, pending: PendingSave) -> None: ...
     def reset_generation(self, ns: Namespace) -> int: ...
-    def inject_faults(self, *, restore_failures: int = 0) -> None: ...
+    def inject_faults(self, *, restore_failures: int = 0, commit_failures: int = 0) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> None:
         """Waits for this client's host copies in flight, then tells the Manager

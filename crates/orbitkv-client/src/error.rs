@@ -45,6 +45,7 @@ impl ClientError {
                 ErrorCode::FaultInjectionDisabled => "fault_injection_disabled",
                 ErrorCode::TooLarge => "too_large",
                 ErrorCode::SessionClosed => "session_closed",
+                ErrorCode::SaveFailed => "save_failed",
             },
         }
     }

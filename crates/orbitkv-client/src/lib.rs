@@ -391,8 +391,13 @@ impl Client {
         }
     }
 
-    pub fn inject_faults(&self, restore_failures: u32) -> Result<(), ClientError> {
-        match self.call(&Request::InjectFault { restore_failures })? {
+    /// Make the next `restore_failures` acquires and `commit_failures` commits
+    /// fail (Manager started with `--enable-fault-injection` only).
+    pub fn inject_faults(&self, restore_failures: u32, commit_failures: u32) -> Result<(), ClientError> {
+        match self.call(&Request::InjectFault {
+            restore_failures,
+            commit_failures,
+        })? {
             Response::Ok => Ok(()),
             r => Err(Self::unexpected(r)),
         }

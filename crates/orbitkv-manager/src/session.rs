@@ -308,10 +308,28 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                         .collect(),
                 }))
         }
-        Request::CommitSave { save } => map(shared
-            .cache()
-            .commit_save(s, SaveId(save))
-            .map(|blocks| Response::Committed { blocks })),
+        Request::CommitSave { save } => {
+            let mut cache = shared.cache();
+            let injected = shared
+                .commit_faults
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if injected {
+                ServerCounters::inc(&shared.counters.commit_failures_injected);
+                return match cache.abort_save(s, SaveId(save)) {
+                    Ok(()) => Response::error(
+                        ErrorCode::SaveFailed,
+                        format!(
+                            "commit of save {save} failed: injected fault; the save was aborted, nothing became visible"
+                        ),
+                    ),
+                    Err(e) => map(Err(e)),
+                };
+            }
+            map(cache
+                .commit_save(s, SaveId(save))
+                .map(|blocks| Response::Committed { blocks }))
+        }
         Request::AbortSave { save } => map(shared.cache().abort_save(s, SaveId(save)).map(|_| Response::Ok)),
         Request::ResetGeneration { ns } => {
             let mut cache = shared.cache();
@@ -337,7 +355,10 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
         Request::Stats => Response::StatsOk {
             json: stats::json(shared),
         },
-        Request::InjectFault { restore_failures } => {
+        Request::InjectFault {
+            restore_failures,
+            commit_failures,
+        } => {
             if !shared.config.enable_fault_injection {
                 return Response::error(
                     ErrorCode::FaultInjectionDisabled,
@@ -345,6 +366,7 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                 );
             }
             shared.restore_faults.store(restore_failures, Ordering::Release);
+            shared.commit_faults.store(commit_failures, Ordering::Release);
             Response::Ok
         }
         Request::Close => Response::Ok, // handled in the loop

@@ -20,6 +20,7 @@ pub struct ServerCounters {
     pub auth_refused: AtomicU64,
     pub bad_frames: AtomicU64,
     pub restore_failures_injected: AtomicU64,
+    pub commit_failures_injected: AtomicU64,
     pub leases_acquired: AtomicU64,
 }
 
@@ -49,6 +50,7 @@ pub struct Shared {
     pub ssd: Option<orbitkv_ssd::SsdTier>,
     pub quarantine: Mutex<Vec<Quarantined>>,
     pub restore_faults: AtomicU32,
+    pub commit_faults: AtomicU32,
     pub counters: ServerCounters,
     pub shutdown: AtomicBool,
     pub metrics_addr: Mutex<Option<SocketAddr>>,
@@ -70,6 +72,7 @@ impl Shared {
             ssd,
             quarantine: Mutex::new(Vec::new()),
             restore_faults: AtomicU32::new(0),
+            commit_faults: AtomicU32::new(0),
             counters: ServerCounters::default(),
             shutdown: AtomicBool::new(false),
             metrics_addr: Mutex::new(None),

@@ -155,6 +155,12 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             ld(&sc.restore_failures_injected),
         ),
         (
+            "commit_failures_injected_total",
+            "Commits failed (saves aborted) by fault injection",
+            "counter",
+            ld(&sc.commit_failures_injected),
+        ),
+        (
             "dram_capacity_bytes",
             "DRAM arena capacity",
             "gauge",

@@ -451,7 +451,7 @@ fn injected_restore_failure_releases_the_lease_and_is_refused_when_disabled() {
     let ns = c.register_namespace([9; 32], 4096, 0, [0; 32]).expect("ns");
     let hs = [hash(9, 0)];
     c.save(&ns, &hs, &[&block(9, 4096)]).expect("save");
-    c.inject_faults(1).expect("inject");
+    c.inject_faults(1, 0).expect("inject");
     let mut out = vec![0u8; 4096];
     let e = c
         .restore(&ns, &hs, &mut [out.as_mut_slice()])
@@ -474,7 +474,7 @@ fn injected_restore_failure_releases_the_lease_and_is_refused_when_disabled() {
     );
 
     let plain = ManagerProc::start(&[]);
-    let e = plain.client().inject_faults(1).expect_err("disabled");
+    let e = plain.client().inject_faults(1, 0).expect_err("disabled");
     assert!(matches!(
         e,
         ClientError::Server {

@@ -48,6 +48,7 @@ pub enum ErrorCode {
     FaultInjectionDisabled = 11,
     TooLarge = 12,
     SessionClosed = 13,
+    SaveFailed = 14,
 }
 
 impl ErrorCode {
@@ -67,6 +68,7 @@ impl ErrorCode {
             11 => FaultInjectionDisabled,
             12 => TooLarge,
             13 => SessionClosed,
+            14 => SaveFailed,
             _ => return None,
         })
     }
@@ -110,6 +112,7 @@ pub enum Request {
     Stats,
     InjectFault {
         restore_failures: u32,
+        commit_failures: u32,
     },
     /// The client has drained every copy it started; release all its holds.
     Close,
@@ -231,8 +234,11 @@ impl Request {
             Request::ResetGeneration { ns } => {
                 w.u32(*ns);
             }
-            Request::InjectFault { restore_failures } => {
-                w.u32(*restore_failures);
+            Request::InjectFault {
+                restore_failures,
+                commit_failures,
+            } => {
+                w.u32(*restore_failures).u32(*commit_failures);
             }
             Request::Stats | Request::Close => {}
         }
@@ -274,6 +280,7 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
         0x0a => Request::Stats,
         0x0b => Request::InjectFault {
             restore_failures: r.u32("restore_failures")?,
+            commit_failures: r.u32("commit_failures")?,
         },
         0x0c => Request::Close,
         other => return Err(DecodeError::UnknownKind(other)),

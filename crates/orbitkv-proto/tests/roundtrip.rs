@@ -35,7 +35,10 @@ fn every_request_round_trips() {
         Request::AbortSave { save: 6 },
         Request::ResetGeneration { ns: 1 },
         Request::Stats,
-        Request::InjectFault { restore_failures: 2 },
+        Request::InjectFault {
+            restore_failures: 2,
+            commit_failures: 1,
+        },
         Request::Close,
     ];
     for r in reqs {

@@ -44,6 +44,12 @@ create_exception!(
 );
 create_exception!(
     _native,
+    SaveFailed,
+    OrbitKVError,
+    "A save failed; nothing of it became visible."
+);
+create_exception!(
+    _native,
     RestoreFailed,
     OrbitKVError,
     "The Manager could not stage the leased blocks."
@@ -65,6 +71,10 @@ fn to_py(e: ClientError) -> PyErr {
             code: ErrorCode::RestoreFailed,
             ..
         } => RestoreFailed::new_err(msg),
+        ClientError::Server {
+            code: ErrorCode::SaveFailed,
+            ..
+        } => SaveFailed::new_err(msg),
         ClientError::Server {
             code: ErrorCode::Auth,
             ..
@@ -454,10 +464,11 @@ impl Client {
         py.detach(|| c.reset_generation(&nsi)).map_err(to_py)
     }
 
-    #[pyo3(signature = (*, restore_failures=0))]
-    fn inject_faults(&self, py: Python<'_>, restore_failures: u32) -> PyResult<()> {
+    #[pyo3(signature = (*, restore_failures=0, commit_failures=0))]
+    fn inject_faults(&self, py: Python<'_>, restore_failures: u32, commit_failures: u32) -> PyResult<()> {
         let c = self.inner.clone();
-        py.detach(|| c.inject_faults(restore_failures)).map_err(to_py)
+        py.detach(|| c.inject_faults(restore_failures, commit_failures))
+            .map_err(to_py)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -583,6 +594,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ProtocolError", py.get_type::<ProtocolError>())?;
     m.add("Busy", py.get_type::<Busy>())?;
     m.add("RestoreFailed", py.get_type::<RestoreFailed>())?;
+    m.add("SaveFailed", py.get_type::<SaveFailed>())?;
     m.add_class::<Client>()?;
     m.add_class::<Namespace>()?;
     m.add_class::<Lease>()?;

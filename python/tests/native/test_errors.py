@@ -83,3 +83,16 @@ def test_injected_restore_failure(manager) -> None:  # type: ignore[no-untyped-d
     assert manager.stats()["live_leases"] == 0
     lease = c.lookup(ns, hs)
     assert c.restore(lease, bytearray(BB)) == BB
+
+
+def test_injected_commit_failure_aborts_the_save(manager) -> None:  # type: ignore[no-untyped-def]
+    c = manager.client()
+    ns = c.register_namespace(b"\x09" * 32, BB)
+    hs = [b"\x13" * 32, b"\x14" * 32]
+    c.inject_faults(commit_failures=1)
+    with pytest.raises(_native.SaveFailed, match="nothing became visible"):
+        c.save(ns, hs, bytes(2 * BB))
+    assert c.lookup(ns, hs).hit_blocks == 0
+    st = manager.stats()
+    assert st["dram_pending_save_bytes"] == 0 and st["blocks_aborted_total"] == 2
+    assert c.save(ns, hs, bytes(2 * BB)).stored == 2, "the next save goes through"

@@ -233,6 +233,32 @@ def test_injected_restore_failure_follows_the_release_policy(
     assert_no_leases_held(b, manager)
 
 
+def test_failed_save_loses_the_entry_never_the_request(model_dir: Path, manager: ManagerProcess) -> None:
+    # L4: every commit fails (injected in the Manager): the request still finishes
+    # normally, nothing partial becomes visible, and a second engine misses cold.
+    with manager.client() as c:
+        c.inject_faults(commit_failures=1000)
+    a = build(model_dir, manager)
+    rid = run_and_save(a, PROMPT)
+    assert rid in a.finished and rid not in a.failed
+    c1 = counters(a)
+    assert c1["failed_saves"] >= 1 and c1["saved_blocks"] == 0, c1
+    stats = manager.stats()
+    assert stats["commit_failures_injected_total"] >= 1 and stats["blocks_committed_total"] == 0
+    assert stats["dram_pending_save_bytes"] == 0, "aborted saves free their slots"
+    with manager.client() as c:
+        c.inject_faults(commit_failures=0)
+    b = build(model_dir, manager)
+    run_and_save(b, PROMPT)
+    c2 = counters(b)
+    assert (c2["lookups"], c2["hit_blocks"]) == (1, 0), "nothing of the failed saves is visible"
+    a.assert_drained()
+    b.assert_drained()
+    assert_no_leases_held(b, manager)
+    a.shutdown()
+    b.shutdown()
+
+
 def test_external_reset_refused_while_tracked_then_fresh_generation(model_dir: Path, manager: ManagerProcess) -> None:
     a = build(model_dir, manager)
     run_and_save(a, PROMPT)
