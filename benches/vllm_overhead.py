@@ -46,9 +46,10 @@ if vllm_env.UNAVAILABLE:
     raise SystemExit(f"vllm_overhead: {vllm_env.UNAVAILABLE}")
 
 import torch  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm_harness import (  # noqa: E402
     Engine,
+    kv_connector_output,
     make_request,
     make_vllm_config,
     prompt_tokens,
@@ -97,15 +98,7 @@ def run_variant(
             w.bind_connector_metadata(meta)
             w.start_load_kv(None)
             w.wait_for_save()
-            res = w.get_transfer_results(so.finished_req_ids)
-            out.kv_connector_output = KVConnectorOutput(
-                finished_sending=res.finished_sending,
-                finished_recving=res.finished_recving,
-                failed_recving=res.failed_recving,
-                invalid_block_ids=w.get_block_ids_with_load_errors(),
-                kv_connector_worker_meta=w.build_connector_worker_meta(),
-            )
-            w.clear_connector_metadata()
+            out.kv_connector_output = kv_connector_output(w, so)
         t3 = time.perf_counter()
         sched.update_from_output(so, out)
         t4 = time.perf_counter()

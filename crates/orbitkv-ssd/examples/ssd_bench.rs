@@ -41,6 +41,25 @@ impl Arena {
     }
 }
 
+/// Write `n` blocks of `bs` bytes (keys 0..n) in batches of `batch`.
+fn write_blocks(t: &SsdTier, arena: &mut Arena, bs: usize, n: usize, batch: usize) -> Result<(), BoxErr> {
+    let mut i = 0;
+    while i < n {
+        let k = batch.min(n - i);
+        let slots = arena.slots(bs, k);
+        let items: Vec<(SsdKey, &[u8])> = slots
+            .iter()
+            .enumerate()
+            .map(|(j, s)| (key((i + j) as u64), &**s))
+            .collect();
+        for r in t.write_batch(&items) {
+            r?;
+        }
+        i += k;
+    }
+    Ok(())
+}
+
 fn args() -> Result<(String, HashMap<String, String>), BoxErr> {
     let mut it = std::env::args().skip(1);
     let cmd = it.next().ok_or("missing subcommand")?;
@@ -98,20 +117,7 @@ fn throughput(m: &HashMap<String, String>) -> Result<(), BoxErr> {
     }
     // Write.
     let t0 = Instant::now();
-    let mut i = 0usize;
-    while i < n {
-        let k = qd.min(n - i);
-        let slots = arena.slots(bs, k);
-        let items: Vec<(SsdKey, &[u8])> = slots
-            .iter()
-            .enumerate()
-            .map(|(j, s)| (key((i + j) as u64), &**s))
-            .collect();
-        for r in t.write_batch(&items) {
-            r?;
-        }
-        i += k;
-    }
+    write_blocks(&t, &mut arena, bs, n, qd)?;
     let wsecs = t0.elapsed().as_secs_f64();
     // Make reads come from the disk, not the page cache.
     t.drop_page_cache()?;
@@ -161,20 +167,7 @@ fn recovery(m: &HashMap<String, String>) -> Result<(), BoxErr> {
     {
         let (t, _) = SsdTier::open(cfg.clone(), &mut |_| {})?;
         let mut arena = Arena::new(bs * batch);
-        let mut i = 0;
-        while i < blocks {
-            let k = batch.min(blocks - i);
-            let slots = arena.slots(bs, k);
-            let items: Vec<(SsdKey, &[u8])> = slots
-                .iter()
-                .enumerate()
-                .map(|(j, s)| (key((i + j) as u64), &**s))
-                .collect();
-            for r in t.write_batch(&items) {
-                r?;
-            }
-            i += k;
-        }
+        write_blocks(&t, &mut arena, bs, blocks, batch)?;
         t.drop_page_cache()?;
     }
     let mut out = Vec::new();

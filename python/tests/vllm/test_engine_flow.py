@@ -66,6 +66,15 @@ def run_and_save(engine: Engine, prompt: list[int], **kw) -> str:  # type: ignor
     return r.request_id
 
 
+def assert_full_hit(engine: Engine, r, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Run `r` on `engine`: the whole prompt prefix loads from OrbitKV, byte-exact."""
+    engine.scheduler.add_request(r)
+    engine.run_until(prefill_done(engine, r.request_id, len(PROMPT)), what=what)
+    engine.check_pages(r, len(PROMPT))
+    engine.run_to_completion([r.request_id])
+    assert counters(engine)["hit_blocks"] == FULL_BLOCKS
+
+
 def assert_no_leases_held(engine: Engine, manager: ManagerProcess) -> None:
     c = counters(engine)
     # Every lease a lookup returned was released (hit leases and zero-hit leases) ...
@@ -337,12 +346,7 @@ def test_lora_adapter_swap_changes_the_namespace(model_dir: Path, manager: Manag
     write_peft_adapter(adapter, b"weights-v1")
     c = build(model_dir, manager, lora=True, extra=extra)
     assert c.connector.fingerprint == a.connector.fingerprint
-    r = make_request(PROMPT, lora_request=lora)
-    c.scheduler.add_request(r)
-    c.run_until(prefill_done(c, r.request_id, len(PROMPT)), what="LoRA hit")
-    c.check_pages(r, len(PROMPT))
-    c.run_to_completion([r.request_id])
-    assert counters(c)["hit_blocks"] == FULL_BLOCKS
+    assert_full_hit(c, make_request(PROMPT, lora_request=lora), "LoRA hit")
     for e in (a, b, c):
         e.assert_drained()
         assert_no_leases_held(e, manager)
@@ -356,12 +360,7 @@ def test_two_salts_never_share(model_dir: Path, manager: ManagerProcess) -> None
     run_and_save(b, PROMPT)  # no salt: also a different namespace
     assert counters(b)["hit_blocks"] == 0 and counters(b)["lookups"] == 2
     c = build(model_dir, manager)
-    r = make_request(PROMPT, cache_salt="tenant-a")
-    c.scheduler.add_request(r)
-    c.run_until(prefill_done(c, r.request_id, len(PROMPT)), what="same-salt hit")
-    c.check_pages(r, len(PROMPT))
-    c.run_to_completion([r.request_id])
-    assert counters(c)["hit_blocks"] == FULL_BLOCKS
+    assert_full_hit(c, make_request(PROMPT, cache_salt="tenant-a"), "same-salt hit")
     for e in (a, b, c):
         e.assert_drained()
         assert_no_leases_held(e, manager)

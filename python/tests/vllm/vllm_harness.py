@@ -65,6 +65,21 @@ init_none_hash(sha256_cbor)
 
 
 
+
+def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
+    """What the V1 runner reports after a step, in the release's call order:
+    transfer results, load errors, worker metadata, then unbind."""
+    results = w.get_transfer_results(so.finished_req_ids)
+    out = KVConnectorOutput(
+        finished_sending=results.finished_sending,
+        finished_recving=results.finished_recving,
+        failed_recving=results.failed_recving,
+        invalid_block_ids=w.get_block_ids_with_load_errors(),
+        kv_connector_worker_meta=w.build_connector_worker_meta(),
+    )
+    w.clear_connector_metadata()
+    return out
+
 def runner_output(
     req_ids: list[str], sampled: list[list[int]], kv_connector_output: Any = None
 ) -> ModelRunnerOutput:
@@ -328,16 +343,8 @@ class Engine:
         if not so.has_sync_kv_loads:
             w.start_load_kv(None)
         w.wait_for_save()
-        results = w.get_transfer_results(so.finished_req_ids)
-        kv_output = KVConnectorOutput(
-            finished_sending=results.finished_sending,
-            finished_recving=results.finished_recving,
-            failed_recving=results.failed_recving,
-            invalid_block_ids=w.get_block_ids_with_load_errors(),
-            kv_connector_worker_meta=w.build_connector_worker_meta(),
-        )
-        w.clear_connector_metadata()
-        out.kv_connector_output = kv_output
+        out.kv_connector_output = kv_connector_output(w, so)
+        kv_output = out.kv_connector_output
         engine_outputs = self.scheduler.update_from_output(so, out)
         for eco in engine_outputs.values():
             for o in eco.outputs:
