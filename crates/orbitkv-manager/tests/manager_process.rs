@@ -539,6 +539,10 @@ fn close_waits_for_copies_in_flight() {
     let data: Vec<Vec<u8>> = (0..64).map(|i| block(i, BIG)).collect();
     let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     assert_eq!(c.save(&ns, &hs, &src).expect("save").stored, 64);
+    // The reader reports each byte-exact restore; close is issued only after the
+    // first one (a slow machine may need longer than any fixed sleep), while the
+    // reader keeps restoring, so close races copies in flight.
+    let (first_tx, first_rx) = std::sync::mpsc::channel::<()>();
     let reader = {
         let c = c.clone();
         let (ns, hs, data) = (ns.clone(), hs.clone(), data.clone());
@@ -552,6 +556,7 @@ fn close_waits_for_copies_in_flight() {
                         assert_eq!(n, 64);
                         assert!(out == data, "a restore that returned Ok must be byte-exact");
                         restored += 1;
+                        let _ = first_tx.send(());
                     }
                     // Refused once closing: never a partial copy reported as success.
                     Err(ClientError::Closed | ClientError::Unavailable(_)) => return restored,
@@ -560,7 +565,10 @@ fn close_waits_for_copies_in_flight() {
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(150));
+    first_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the reader completed a first restore");
+    std::thread::sleep(Duration::from_millis(20));
     c.close().expect("close drains, then closes");
     let restored = reader.join().expect("reader");
     assert!(restored > 0);
