@@ -85,6 +85,8 @@ class Lease:
     @property
     def block_bytes(self) -> int: ...
     @property
+    def session(self) -> int: ...  # Client.session_id of the client that holds it
+    @property
     def released(self) -> bool: ...
 
 @final
@@ -117,9 +119,12 @@ class Client:
         *,
         token: str | None = None,
         timeout_ms: int = 5000,
+        map_arena: bool = True,  # False: control-only, no copies (e.g. an engine scheduler)
     ) -> Client: ...
     @property
     def session_id(self) -> int: ...
+    @property
+    def control_only(self) -> bool: ...
     @property
     def socket_path(self) -> str: ...
     def segments(self) -> list[tuple[int, int]]: ...  # (segment id, size in bytes)

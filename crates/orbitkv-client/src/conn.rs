@@ -14,7 +14,15 @@ use orbitkv_shm::fdpass::recv_with_fds;
 use crate::ClientError;
 
 /// An open connection, its session id and the mapped arena segments.
-pub(crate) type Opened = (Conn, u64, Vec<(u32, Mapping)>);
+pub(crate) type Opened = (Conn, u64, Vec<SegmentView>);
+
+/// One arena segment as the Manager announced it; mapped unless control-only.
+#[derive(Debug)]
+pub(crate) struct SegmentView {
+    pub(crate) id: u32,
+    pub(crate) size: u64,
+    pub(crate) mapping: Option<Mapping>,
+}
 
 #[derive(Debug)]
 struct Inner {
@@ -45,7 +53,14 @@ fn io_err(e: FrameError) -> ClientError {
 }
 
 impl Conn {
-    pub(crate) fn open(path: &Path, token: Option<&[u8]>, timeout: Duration) -> Result<Opened, ClientError> {
+    /// Connect and authenticate. With `map_arena` false the session is opened
+    /// control-only (`HELLO_CONTROL_ONLY`): the Manager passes no arena fds.
+    pub(crate) fn open(
+        path: &Path,
+        token: Option<&[u8]>,
+        timeout: Duration,
+        map_arena: bool,
+    ) -> Result<Opened, ClientError> {
         let mut stream = UnixStream::connect(path).map_err(|e| {
             ClientError::Unavailable(format!(
                 "cannot connect to {}: {e} (is `orbitkv serve` running?)",
@@ -60,6 +75,11 @@ impl Conn {
             .map_err(|e| ClientError::Unavailable(e.to_string()))?;
         let hello = Request::Hello {
             pid: std::process::id(),
+            flags: if map_arena {
+                0
+            } else {
+                orbitkv_proto::HELLO_CONTROL_ONLY
+            },
             token: token.unwrap_or_default().to_vec(),
         };
         if let Err(e) = write_frame(&mut stream, hello.kind() as u16, 1, &hello.encode()) {
@@ -102,16 +122,29 @@ impl Conn {
                 )));
             }
         };
-        if fds.len() != segments.len() {
+        let expected_fds = if map_arena { segments.len() } else { 0 };
+        if fds.len() != expected_fds {
             return Err(ClientError::Protocol(format!(
-                "Manager announced {} segment(s) but passed {} fd(s)",
+                "Manager announced {} segment(s) and passed {} fd(s); expected {expected_fds}",
                 segments.len(),
                 fds.len()
             )));
         }
         let mut maps = Vec::with_capacity(segments.len());
         for (info, fd) in segments.iter().zip(fds) {
-            maps.push((info.id, Mapping::map(&fd, info.size, false)?));
+            maps.push(SegmentView {
+                id: info.id,
+                size: info.size,
+                mapping: Some(Mapping::map(&fd, info.size, false)?),
+            });
+        }
+        if !map_arena {
+            // A control-only session: the Manager passed no fds at all.
+            maps.extend(segments.iter().map(|info| SegmentView {
+                id: info.id,
+                size: info.size,
+                mapping: None,
+            }));
         }
         Ok((
             Conn {

@@ -65,7 +65,11 @@ pub struct SaveResult {
 pub struct Client {
     conn: conn::Conn,
     session: u64,
+    /// Mapped arena segments; empty for a control-only client.
     segments: Vec<(u32, Arc<Mapping>)>,
+    /// `(id, size)` of every segment the Manager announced.
+    announced: Vec<(u32, u64)>,
+    control_only: bool,
     socket_path: PathBuf,
     closed: AtomicBool,
     /// Copies hold it shared; `close` takes it exclusively, so the Manager is
@@ -75,15 +79,43 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connect, authenticate and map the arena.
+    /// Connect, authenticate and map the arena (prefaulted in the background).
     pub fn connect(path: &Path, token: Option<&[u8]>, timeout: Duration) -> Result<Client, ClientError> {
-        let (conn, session, segs) = conn::Conn::open(path, token, timeout)?;
-        let segments: Vec<(u32, Arc<Mapping>)> = segs.into_iter().map(|(i, m)| (i, Arc::new(m))).collect();
+        Self::open(path, token, timeout, true)
+    }
+
+    /// Connect and authenticate without mapping the arena: lookups, leases,
+    /// save bookkeeping and stats work; copies (`save`, `restore`,
+    /// `segment_address`) are refused. For processes that never copy, such as
+    /// an engine scheduler: they pay no page tables and no prefault for an
+    /// arena that may be hundreds of GiB.
+    pub fn connect_control(
+        path: &Path,
+        token: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        Self::open(path, token, timeout, false)
+    }
+
+    fn open(
+        path: &Path,
+        token: Option<&[u8]>,
+        timeout: Duration,
+        map_arena: bool,
+    ) -> Result<Client, ClientError> {
+        let (conn, session, views) = conn::Conn::open(path, token, timeout, map_arena)?;
+        let announced = views.iter().map(|v| (v.id, v.size)).collect();
+        let segments: Vec<(u32, Arc<Mapping>)> = views
+            .into_iter()
+            .filter_map(|v| v.mapping.map(|m| (v.id, Arc::new(m))))
+            .collect();
         prefault_in_background(&segments);
         Ok(Client {
             conn,
             session,
             segments,
+            announced,
+            control_only: !map_arena,
             socket_path: path.to_path_buf(),
             closed: AtomicBool::new(false),
             copies: RwLock::new(()),
@@ -100,15 +132,33 @@ impl Client {
 
     /// `(segment id, size)` of every mapped arena segment.
     pub fn segments(&self) -> Vec<(u32, u64)> {
-        self.segments.iter().map(|(i, m)| (*i, m.len() as u64)).collect()
+        self.announced.clone()
+    }
+
+    /// Whether this client was connected without mapping the arena.
+    pub fn is_control_only(&self) -> bool {
+        self.control_only
     }
 
     pub fn segment(&self, id: u32) -> Result<&Mapping, ClientError> {
+        self.require_mapped()?;
         self.segments
             .iter()
             .find(|(i, _)| *i == id)
             .map(|(_, m)| m.as_ref())
             .ok_or_else(|| ClientError::Protocol(format!("Manager named unknown segment {id}")))
+    }
+
+    /// Refuse a copy on a control-only client before any Manager state changes.
+    pub fn require_mapped(&self) -> Result<(), ClientError> {
+        if self.control_only {
+            return Err(ClientError::Invalid(
+                "this client is control-only (connected without mapping the arena); \
+                 copies need a client connected with the arena mapped"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     fn call(&self, req: &Request) -> Result<Response, ClientError> {
@@ -311,6 +361,7 @@ impl Client {
                 ns.block_bytes
             )));
         }
+        self.require_mapped()?;
         let pending = self.begin_save(ns, hashes)?;
         let mut res = SaveResult::default();
         let copied = (|| -> Result<(), ClientError> {
@@ -357,6 +408,7 @@ impl Client {
         hashes: &[Hash],
         dst: &mut [&mut [u8]],
     ) -> Result<u32, ClientError> {
+        self.require_mapped()?;
         let hit = self.lookup(ns, hashes)?;
         if hit.hit_blocks == 0 {
             return Ok(0);

@@ -7,9 +7,10 @@
 //!   abort (or the end of the owning session) frees it.
 //! - `leases` own pins on visible blocks; a pinned block is never evicted.
 //! - `sessions` own their leases and saves. A session that vanished without a
-//!   clean close is *quarantined*: its pins and slots stay held until the
-//!   Manager has proof that the peer process is gone (contract L2: a vanished
-//!   connection proves nothing about physical drain).
+//!   clean close is *quarantined*: its acquired pins and its save slots stay
+//!   held until the Manager has proof that the peer process is gone (contract
+//!   L2: a vanished connection proves nothing about physical drain). Leases it
+//!   never acquired handed out no address, so they are released at once.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -274,9 +275,23 @@ impl CacheState {
         Ok(info)
     }
 
-    /// End a session. `Clean` and `ProcessGone` release everything it owns;
-    /// `Vanished` quarantines its pins and slots until [`Self::process_gone`].
+    /// End a session. `Clean` and `ProcessGone` release everything it owns.
+    /// `Vanished` releases at once the leases still `Granted` (no source
+    /// address was handed out, so no copy can be in flight) and quarantines
+    /// acquired leases and pending saves until [`Self::process_gone`].
     pub fn end_session(&mut self, s: SessionId, how: SessionEnd) -> Result<(), CacheError> {
+        let info = self.sessions.get(&s).ok_or(CacheError::UnknownSession(s))?;
+        if how == SessionEnd::Vanished && !info.quarantined {
+            let granted: Vec<LeaseId> = info
+                .leases
+                .iter()
+                .copied()
+                .filter(|l| self.leases.get(l).is_some_and(|x| x.state == LeaseState::Granted))
+                .collect();
+            for l in granted {
+                self.drop_lease(l);
+            }
+        }
         let info = self.sessions.get_mut(&s).ok_or(CacheError::UnknownSession(s))?;
         if how == SessionEnd::Vanished {
             if !info.quarantined && (!info.leases.is_empty() || !info.saves.is_empty()) {

@@ -12,8 +12,8 @@
 use std::collections::HashSet;
 
 use orbitkv_core::{
-    BlockHash, CacheError, CacheState, Fingerprint, LeaseId, NamespaceKey, SaveId, SaveStatus, SessionEnd,
-    SessionId,
+    AcquireStep, BlockHash, CacheError, CacheState, Fingerprint, LeaseId, NamespaceKey, SaveId, SaveStatus,
+    SessionEnd, SessionId,
 };
 use proptest::prelude::*;
 
@@ -21,6 +21,7 @@ use proptest::prelude::*;
 enum Op {
     Lookup { sess: usize, len: usize, start: u8 },
     Release { pick: usize },
+    Acquire { pick: usize },
     BeginSave { sess: usize, len: usize, start: u8 },
     Commit { pick: usize },
     Abort { pick: usize },
@@ -33,6 +34,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..3usize, 1..6usize, 0..4u8).prop_map(|(sess, len, start)| Op::Lookup { sess, len, start }),
         3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        2 => any::<usize>().prop_map(|pick| Op::Acquire { pick }),
         4 => (0..3usize, 1..6usize, 0..4u8).prop_map(|(sess, len, start)| Op::BeginSave { sess, len, start }),
         3 => any::<usize>().prop_map(|pick| Op::Commit { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Abort { pick }),
@@ -64,7 +66,8 @@ proptest! {
         let (ns, _) = c.register_namespace(key, 4096).expect("register");
         let mut sessions: Vec<SessionId> = (0..3).map(|_| c.open_session()).collect();
         let mut quarantined: HashSet<SessionId> = HashSet::new();
-        let mut leases: Vec<(SessionId, LeaseId, Vec<BlockHash>)> = Vec::new();
+        // (owner, lease, pinned hashes, acquired: source addresses handed out)
+        let mut leases: Vec<(SessionId, LeaseId, Vec<BlockHash>, bool)> = Vec::new();
         let mut saves: Vec<(SessionId, SaveId, Vec<BlockHash>)> = Vec::new();
         // Blocks committed in the current generation: the only ones that may be visible.
         let mut may_be_visible: HashSet<BlockHash> = HashSet::new();
@@ -79,7 +82,7 @@ proptest! {
                             let n = r.hit_blocks as usize;
                             for h in &hashes[..n] { prop_assert!(may_be_visible.contains(h)); }
                             if n < hashes.len() { prop_assert!(!c.is_visible(ns, &hashes[n])); }
-                            if let Some(l) = r.lease { leases.push((s, l, hashes[..n].to_vec())); }
+                            if let Some(l) = r.lease { leases.push((s, l, hashes[..n].to_vec(), false)); }
                             else { prop_assert_eq!(n, 0); }
                         }
                         Err(CacheError::SessionClosed(_)) => prop_assert!(quarantined.contains(&s)),
@@ -88,10 +91,24 @@ proptest! {
                 }
                 Op::Release { pick } => {
                     if leases.is_empty() { continue; }
-                    let (s, l, _) = leases.swap_remove(pick % leases.len());
-                    if quarantined.contains(&s) { leases.push((s, l, vec![])); continue; }
+                    let (s, l, _, acq) = leases.swap_remove(pick % leases.len());
+                    if quarantined.contains(&s) { leases.push((s, l, vec![], acq)); continue; }
                     c.release(s, l).expect("release own lease");
                     prop_assert!(c.release(s, l).is_err(), "double release must fail");
+                }
+                Op::Acquire { pick } => {
+                    if leases.is_empty() { continue; }
+                    let i = pick % leases.len();
+                    let s = leases[i].0;
+                    if quarantined.contains(&s) { continue; }
+                    match c.acquire(s, leases[i].1) {
+                        // DRAM only: a pinned block is resident, so sources are ready at once.
+                        Ok(AcquireStep::Ready(slots)) => {
+                            prop_assert_eq!(slots.len(), leases[i].2.len());
+                            leases[i].3 = true;
+                        }
+                        other => prop_assert!(false, "acquire without an SSD tier: {other:?}"),
+                    }
                 }
                 Op::BeginSave { sess, len, start } => {
                     let s = sessions[sess];
@@ -133,6 +150,10 @@ proptest! {
                     let s = sessions[sess];
                     let how = [SessionEnd::Clean, SessionEnd::ProcessGone, SessionEnd::Vanished][how as usize % 3];
                     c.end_session(s, how).expect("end");
+                    if how == SessionEnd::Vanished && !quarantined.contains(&s) {
+                        // Never-acquired leases handed out no address: released at once.
+                        leases.retain(|x| x.0 != s || x.3);
+                    }
                     let holds = leases.iter().any(|x| x.0 == s) || saves.iter().any(|x| x.0 == s);
                     if how == SessionEnd::Vanished && (holds || quarantined.contains(&s)) {
                         quarantined.insert(s);
@@ -165,7 +186,7 @@ proptest! {
                 }
             }
             // Leased blocks are never evicted.
-            for (_, _, hs) in &leases {
+            for (_, _, hs, _) in &leases {
                 for h in hs { prop_assert!(c.is_visible(ns, h), "leased block evicted"); }
             }
             c.check_invariants().map_err(TestCaseError::fail)?;

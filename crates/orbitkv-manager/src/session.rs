@@ -12,8 +12,8 @@ use orbitkv_core::{
     SessionId,
 };
 use orbitkv_proto::{
-    ErrorCode, FrameError, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, read_frame,
-    write_frame,
+    ErrorCode, FrameError, HELLO_CONTROL_ONLY, Kind, Request, Response, SaveItem, SegmentInfo,
+    decode_request, read_frame, write_frame,
 };
 use orbitkv_shm::fdpass::send_with_fds;
 use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
@@ -68,9 +68,9 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
         return;
     }
     let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let (hello_id, token) = match read_frame(&mut stream) {
+    let (hello_id, token, flags) = match read_frame(&mut stream) {
         Ok((h, body)) if h.kind == Kind::Hello as u16 => match decode_request(h.kind, &body) {
-            Ok(Request::Hello { token, .. }) => (h.request_id, token),
+            Ok(Request::Hello { token, flags, .. }) => (h.request_id, token, flags),
             Ok(_) | Err(_) => {
                 refuse(
                     &mut stream,
@@ -132,7 +132,13 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
     if write_frame(&mut frame, hello.kind() as u16, hello_id, &hello.encode()).is_err() {
         return;
     }
-    let fds: Vec<_> = shared.segments.iter().map(|s| s.fd().as_fd()).collect();
+    // A control-only session gets no arena: it can never copy (see `refused_for_control`).
+    let control = flags & HELLO_CONTROL_ONLY != 0;
+    let fds: Vec<_> = if control {
+        Vec::new()
+    } else {
+        shared.segments.iter().map(|s| s.fd().as_fd()).collect()
+    };
     if let Err(e) = send_with_fds(&stream, &frame, &fds) {
         log!(Warn, "session {}: sending arena fds failed: {e}", session.0);
         end(&shared, session, cred.pid, process, SessionEnd::Vanished);
@@ -140,13 +146,14 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
     }
     log!(
         Debug,
-        "session {} opened by pid {} uid {}",
+        "session {} opened by pid {} uid {}{}",
         session.0,
         cred.pid,
-        cred.uid
+        cred.uid,
+        if control { " (control-only)" } else { "" }
     );
 
-    let how = request_loop(&shared, &mut stream, session);
+    let how = request_loop(&shared, &mut stream, session, control);
     end(&shared, session, cred.pid, process, how);
 }
 
@@ -158,7 +165,23 @@ fn frame_code(e: &FrameError) -> ErrorCode {
     }
 }
 
-fn request_loop(shared: &Shared, stream: &mut UnixStream, session: SessionId) -> SessionEnd {
+/// Requests that hand out arena addresses, refused to a control-only session so
+/// that it provably never copies (and its leases can be dropped with its connection).
+fn refused_for_control(req: &Request) -> Option<Response> {
+    let what = match req {
+        Request::Acquire { .. } => "Acquire",
+        Request::BeginSave { .. } => "BeginSave",
+        _ => return None,
+    };
+    Some(Response::error(
+        ErrorCode::InvalidArgument,
+        format!(
+            "{what} hands out arena addresses; this session is control-only (connect with the arena mapped)"
+        ),
+    ))
+}
+
+fn request_loop(shared: &Shared, stream: &mut UnixStream, session: SessionId, control: bool) -> SessionEnd {
     loop {
         let (h, body) = match read_frame(stream) {
             Ok(x) => x,
@@ -182,7 +205,10 @@ fn request_loop(shared: &Shared, stream: &mut UnixStream, session: SessionId) ->
                 let _ = reply(stream, h.request_id, &map(r.map(|_| Response::Ok)));
                 return SessionEnd::Clean;
             }
-            Ok(req) => (handle(shared, session, req), false),
+            Ok(req) => match control.then(|| refused_for_control(&req)).flatten() {
+                Some(refusal) => (refusal, false),
+                None => (handle(shared, session, req), false),
+            },
             Err(e) => {
                 ServerCounters::inc(&shared.counters.bad_frames);
                 (

@@ -188,6 +188,7 @@ fn raw_session(m: &ManagerProc) -> UnixStream {
     s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     let hello = Request::Hello {
         pid: std::process::id(),
+        flags: 0,
         token: vec![],
     };
     write_frame(&mut s, Kind::Hello as u16, 1, &hello.encode()).expect("hello");
@@ -576,4 +577,57 @@ fn close_waits_for_copies_in_flight() {
         let st = m.stats();
         st["live_leases"] == 0 && st["sessions"] == 1 // the stats client itself
     });
+}
+
+#[test]
+fn leases_never_acquired_are_released_when_the_connection_drops() {
+    let m = ManagerProc::start(&["--dram-size", "4MiB"]);
+    let owner = m.client();
+    let ns = owner.register_namespace([11; 32], 4096, 0, [0; 32]).expect("ns");
+    let hs = [hash(11, 0), hash(11, 1)];
+    owner
+        .save(&ns, &hs, &[&block(11, 4096), &block(12, 4096)])
+        .expect("save");
+
+    // A control-only session: no arena fds, no addresses, so no copy is possible.
+    let control = Client::connect_control(m.socket(), None, Duration::from_secs(5)).expect("control");
+    assert!(control.is_control_only());
+    assert_eq!(control.segments(), owner.segments());
+    let cns = control
+        .register_namespace([11; 32], 4096, 0, [0; 32])
+        .expect("ns");
+    let l = control.lookup(&cns, &hs).expect("lookup");
+    assert_eq!(l.hit_blocks, 2);
+    for e in [
+        control.acquire(l.lease).expect_err("acquire refused"),
+        control
+            .begin_save(&cns, &[hash(11, 9)])
+            .expect_err("begin_save refused"),
+    ] {
+        assert!(
+            matches!(&e, ClientError::Server { code: ErrorCode::InvalidArgument, message } if message.contains("control-only")),
+            "{e}"
+        );
+    }
+    assert!(matches!(
+        control.restore(&cns, &hs, &mut [&mut [0u8; 4096][..]]),
+        Err(ClientError::Invalid(_))
+    ));
+    assert_eq!(m.stats()["dram_pinned_blocks"], 2);
+    // Its connection drops while this process lives: released at once, not quarantined.
+    control.abandon();
+    eventually("control session's pins released", || {
+        let st = m.stats();
+        st["dram_pinned_blocks"] == 0 && st["live_leases"] == 0
+    });
+    assert_eq!(m.stats()["quarantined_sessions"], 0);
+
+    // The same holds for a mapped session whose lease was never acquired.
+    let mapped = m.client();
+    let mns = mapped.register_namespace([11; 32], 4096, 0, [0; 32]).expect("ns");
+    assert_eq!(mapped.lookup(&mns, &hs).expect("lookup").hit_blocks, 2);
+    mapped.abandon();
+    eventually("granted-only lease released", || m.stats()["live_leases"] == 0);
+    assert_eq!(m.stats()["quarantined_sessions"], 0);
+    assert_eq!(owner.lookup(&ns, &hs).expect("still visible").hit_blocks, 2);
 }

@@ -13,7 +13,8 @@
 //!
 //! Bodies are little-endian fixed-width fields; sequences carry a `u32` count
 //! and are bounded. Decoding never panics and rejects trailing bytes. The arena
-//! file descriptors travel beside the `HelloOk` frame as `SCM_RIGHTS`.
+//! file descriptors travel beside the `HelloOk` frame as `SCM_RIGHTS`, except to
+//! a control-only session (`Hello` flag [`HELLO_CONTROL_ONLY`]), which gets none.
 //! These are the only serialisable types of OrbitKV's IPC boundary.
 #![forbid(unsafe_code)]
 
@@ -31,6 +32,13 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const HASH_BYTES: usize = 32;
 /// Most hashes one request may carry.
 pub const MAX_HASHES: usize = 65_536;
+/// `Hello` flag: a control-only session. The Manager passes it no arena fds
+/// and refuses it every request that hands out arena addresses (`Acquire`,
+/// `BeginSave`), so it can never copy; its leases are released the moment its
+/// connection drops.
+pub const HELLO_CONTROL_ONLY: u32 = 1;
+/// Every `Hello` flag this build knows; other bits are refused.
+pub const HELLO_KNOWN_FLAGS: u32 = HELLO_CONTROL_ONLY;
 /// Longest token accepted in `Hello`.
 pub const MAX_TOKEN: usize = 1024;
 /// Longest error or stats text.

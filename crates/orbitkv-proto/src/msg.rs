@@ -78,6 +78,8 @@ impl ErrorCode {
 pub enum Request {
     Hello {
         pid: u32,
+        /// [`crate::HELLO_CONTROL_ONLY`] or 0; unknown bits are a decode error.
+        flags: u32,
         token: Vec<u8>,
     },
     RegisterNamespace {
@@ -210,8 +212,8 @@ impl Request {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            Request::Hello { pid, token } => {
-                w.u32(*pid).bytes(token);
+            Request::Hello { pid, flags, token } => {
+                w.u32(*pid).u32(*flags).bytes(token);
             }
             Request::RegisterNamespace {
                 fingerprint,
@@ -252,6 +254,15 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
     let req = match kind {
         0x01 => Request::Hello {
             pid: r.u32("pid")?,
+            flags: match r.u32("flags")? {
+                f if f & !crate::HELLO_KNOWN_FLAGS == 0 => f,
+                f => {
+                    return Err(DecodeError::Invalid {
+                        field: "flags",
+                        value: f.into(),
+                    });
+                }
+            },
             token: r.bytes("token", MAX_TOKEN)?,
         },
         0x02 => Request::RegisterNamespace {

@@ -13,7 +13,13 @@ fn every_request_round_trips() {
     let reqs = vec![
         Request::Hello {
             pid: 42,
+            flags: 0,
             token: b"secret".to_vec(),
+        },
+        Request::Hello {
+            pid: 43,
+            flags: HELLO_CONTROL_ONLY,
+            token: vec![],
         },
         Request::RegisterNamespace {
             fingerprint: h(1),

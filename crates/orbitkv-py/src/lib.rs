@@ -166,6 +166,11 @@ impl Lease {
     fn block_bytes(&self) -> u64 {
         self.block_bytes
     }
+    /// The session that holds this lease (`Client.session_id` of its client).
+    #[getter]
+    fn session(&self) -> u64 {
+        self.session
+    }
     #[getter]
     fn released(&self) -> bool {
         self.hit_blocks == 0 || self.state().released
@@ -253,19 +258,25 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000))]
+    #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000, map_arena=true))]
     fn new(
         py: Python<'_>,
         socket_path: Option<PathBuf>,
         token: Option<String>,
         timeout_ms: u64,
+        map_arena: bool,
     ) -> PyResult<Self> {
         let path =
             socket_path.unwrap_or_else(|| orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()));
         let token = token.map(String::into_bytes);
+        let timeout = Duration::from_millis(timeout_ms);
         let client = py
             .detach(|| {
-                orbitkv_client::Client::connect(&path, token.as_deref(), Duration::from_millis(timeout_ms))
+                if map_arena {
+                    orbitkv_client::Client::connect(&path, token.as_deref(), timeout)
+                } else {
+                    orbitkv_client::Client::connect_control(&path, token.as_deref(), timeout)
+                }
             })
             .map_err(to_py)?;
         Ok(Client {
@@ -276,6 +287,12 @@ impl Client {
     #[getter]
     fn session_id(&self) -> u64 {
         self.inner.session_id()
+    }
+
+    /// True when connected with `map_arena=False`: no copies through this client.
+    #[getter]
+    fn control_only(&self) -> bool {
+        self.inner.is_control_only()
     }
 
     #[getter]
@@ -355,6 +372,7 @@ impl Client {
         if count == 0 {
             return Ok(0);
         }
+        self.inner.require_mapped().map_err(to_py)?; // before the lease is acquired
         let slots = acquire_slots(py, &self.inner, lease)?;
         let (_held, ranges) = buffers::hold_blocks(py, dst, lease.block_bytes as usize, count, true)?;
         check_disjoint(&ranges)?;
