@@ -39,6 +39,9 @@ class OrbitKVSettings:
     socket_path: str | None = None
     token: str | None = None
     timeout_ms: int = 5000
+    # The scheduler's calls (lookup, release) run inside vLLM's scheduler step: a
+    # stalled Manager may hold the step at most this long, then requests miss.
+    scheduler_timeout_ms: int = 250
     mode: Mode = Mode.READ_WRITE
     static_lora_adapters: Mapping[str, str] = field(default_factory=dict)
     model_identity: str | None = None
@@ -54,6 +57,7 @@ _KEYS = {
     "socket_path",
     "token",
     "timeout_ms",
+    "scheduler_timeout_ms",
     "mode",
     "static_lora_adapters",
     "model_identity",
@@ -118,6 +122,8 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
         kwargs["token"] = _expect_str("token", raw["token"])
     if "timeout_ms" in raw:
         kwargs["timeout_ms"] = _expect_int("timeout_ms", raw["timeout_ms"], 1)
+    if "scheduler_timeout_ms" in raw:
+        kwargs["scheduler_timeout_ms"] = _expect_int("scheduler_timeout_ms", raw["scheduler_timeout_ms"], 1)
     if "load_workers" in raw:
         kwargs["load_workers"] = _expect_int("load_workers", raw["load_workers"], 1)
     if "mode" in raw:

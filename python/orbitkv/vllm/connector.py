@@ -62,7 +62,17 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self.identity = identity_document(vllm_config, kv_cache_config, spec, self.settings)
         self.fingerprint = fingerprint(self.identity)
         self.block_bytes = block_bytes(kv_cache_config, spec)
-        session = ManagerSession(self.settings, self.fingerprint, self.block_bytes)
+        # The scheduler never copies: its session is control-only (no arena mapping,
+        # no page tables or prefault; the Manager drops its leases with its connection)
+        # and its calls are bounded by the shorter scheduler timeout.
+        scheduler = role == KVConnectorRole.SCHEDULER
+        session = ManagerSession(
+            self.settings,
+            self.fingerprint,
+            self.block_bytes,
+            map_arena=not scheduler,
+            timeout_ms=self.settings.scheduler_timeout_ms if scheduler else self.settings.timeout_ms,
+        )
         self._scheduler: OrbitKVScheduler | None = None
         self._worker: OrbitKVWorker | None = None
         if role == KVConnectorRole.SCHEDULER:

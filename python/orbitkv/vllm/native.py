@@ -19,7 +19,7 @@ import numpy as np
 from orbitkv.vllm.config import OrbitKVSettings
 
 if TYPE_CHECKING:
-    from orbitkv._native import Client, Namespace
+    from orbitkv._native import Client, Lease, Namespace
 
 logger = logging.getLogger("orbitkv.vllm")
 
@@ -47,8 +47,18 @@ class ManagerSession:
     registration is serialised here so two threads never register the same key twice).
     """
 
-    def __init__(self, settings: OrbitKVSettings, fingerprint: bytes, block_bytes: int) -> None:
+    def __init__(
+        self,
+        settings: OrbitKVSettings,
+        fingerprint: bytes,
+        block_bytes: int,
+        *,
+        map_arena: bool = True,
+        timeout_ms: int | None = None,
+    ) -> None:
         self.settings = settings
+        self.map_arena = map_arena
+        self.timeout_ms = settings.timeout_ms if timeout_ms is None else timeout_ms
         self.fingerprint = fingerprint
         self.block_bytes = block_bytes
         self._client: Client | None = None
@@ -77,7 +87,8 @@ class ManagerSession:
                     self._client = mod.Client(
                         self.settings.socket_path,
                         token=self.settings.token,
-                        timeout_ms=self.settings.timeout_ms,
+                        timeout_ms=self.timeout_ms,
+                        map_arena=self.map_arena,
                     )
                 except Exception as exc:
                     self._backoff = min(max(2 * self._backoff, 0.5), 30.0)
@@ -126,6 +137,18 @@ class ManagerSession:
         """Drop cached handles so the next use re-registers (after a generation reset)."""
         with self._lock:
             self._namespaces.clear()
+
+    def release(self, lease: Lease) -> bool:
+        """Release `lease` through the client that holds it. False when that client's
+        session is gone (dropped connection): the Manager already released the lease
+        with it (a never-acquired lease is not quarantined), so there is nothing to do
+        and no reason to disturb the current connection."""
+        with self._lock:
+            client = self._client
+        if client is None or lease.session != client.session_id:
+            return False
+        client.release(lease)
+        return True
 
     def drop_client(self) -> None:
         """Forget a broken connection; the next call reconnects."""

@@ -93,6 +93,7 @@ class OrbitKVScheduler:
             "loads_finished": 0,
             "loads_failed": 0,
             "leases_released": 0,
+            "leases_lost_with_session": 0,
             "unselected_leases": 0,
             "save_blocks_planned": 0,
             "saved_blocks": 0,
@@ -123,12 +124,15 @@ class OrbitKVScheduler:
         if lease is None:
             return
         try:
-            self.session.client().release(lease)
-            self.counters["leases_released"] += 1
-        except Exception:
+            if self.session.release(lease):
+                self.counters["leases_released"] += 1
+            else:
+                self.counters["leases_lost_with_session"] += 1
+        except Exception as exc:
             self.counters["manager_errors"] += 1
-            logger.warning("orbitkv: releasing a lease failed", exc_info=True)
-            self.session.drop_client()
+            logger.warning("orbitkv: releasing a lease failed: %s", exc)
+            if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+                self.session.drop_client()
 
     def _lookup(self, st: _ReqState, start: int, stop: int) -> int:
         hashes = st.request.block_hashes[start:stop]

@@ -64,6 +64,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
             "orbitkv.socket_path": "/run/orbitkv.sock",
             "orbitkv.token": "t",
             "orbitkv.timeout_ms": 100,
+            "orbitkv.scheduler_timeout_ms": 40,
             "orbitkv.mode": "save_only",
             "orbitkv.static_lora_adapters": {"sql": str(adapter)},
             "orbitkv.model_identity": "org/model@rev",
@@ -74,6 +75,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
     assert s.mode is Mode.SAVE_ONLY and not s.loads
     assert s.static_lora_adapters == {"sql": str(adapter.resolve())}
     assert (s.timeout_ms, s.load_workers, s.kv_cache_layout) == (100, 4, "BLHNC")
+    assert (s.scheduler_timeout_ms, default.scheduler_timeout_ms) == (40, 250)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +84,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
         ({"orbitkv.sockt_path": "x"}, "orbitkv.sockt_path"),
         ({"orbitkv.mode": "read_only"}, "orbitkv.mode"),
         ({"orbitkv.timeout_ms": 0}, "orbitkv.timeout_ms"),
+        ({"orbitkv.scheduler_timeout_ms": True}, "orbitkv.scheduler_timeout_ms"),
         ({"orbitkv.kv_cache_layout": "NHD"}, "orbitkv.kv_cache_layout"),
         ({"orbitkv.static_lora_adapters": {"x": "/nonexistent/adapter"}}, "not a local directory"),
         ({"orbitkv.static_lora_adapters": "x"}, "orbitkv.static_lora_adapters"),

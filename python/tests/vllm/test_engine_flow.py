@@ -13,6 +13,9 @@ from vllm_env import skip_module_if_unavailable
 
 skip_module_if_unavailable()
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -77,8 +80,9 @@ def assert_full_hit(engine: Engine, r, what: str) -> None:  # type: ignore[no-un
 
 def assert_no_leases_held(engine: Engine, manager: ManagerProcess) -> None:
     c = counters(engine)
-    # Every lease a lookup returned was released (hit leases and zero-hit leases) ...
-    assert c["leases_released"] == c["lookups"], c
+    # Every lease a lookup returned was released (hit leases and zero-hit leases), or
+    # went with a dropped connection's session ...
+    assert c["leases_released"] + c["leases_lost_with_session"] == c["lookups"], c
     # ... and the Manager agrees: no lease or pending save is left (L1, L2, L4).
     stats = manager.stats()
     assert (stats["live_leases"], stats["live_saves"]) == (0, 0), stats
@@ -113,6 +117,9 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, manager: Manag
     assert (c["lookups"], c["hit_blocks"], c["loads_finished"], c["loads_failed"]) == (1, FULL_BLOCKS, 1, 0)
     b.assert_drained()
     assert_no_leases_held(b, manager)
+    # The scheduler only looks up: its session never mapped the arena; the worker's did.
+    assert b.connector.scheduler_side.session.client().control_only
+    assert not b.worker.worker_side.session.client().control_only
     a.shutdown()
     b.shutdown()
 
@@ -364,6 +371,65 @@ def test_two_salts_never_share(model_dir: Path, manager: ManagerProcess) -> None
     for e in (a, b, c):
         e.assert_drained()
         assert_no_leases_held(e, manager)
+
+
+def test_dropped_scheduler_connection_loses_its_leases_not_the_next_connection(
+    model_dir: Path, manager: ManagerProcess
+) -> None:
+    """The scheduler's session drops while it pins a load's sources: the Manager
+    releases them with the session; the adapter neither fails the release nor
+    disturbs its new connection; the load (the worker's own session) completes."""
+    a = build(model_dir, manager)
+    run_and_save(a, PROMPT)
+    b = build(model_dir, manager)
+    r = make_request(PROMPT)
+    b.scheduler.add_request(r)
+    b.step()
+    assert b.status(r.request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
+    side = b.connector.scheduler_side
+    old = side.session.client()
+    side.session.drop_client()  # the connection is gone; the lease went with it
+    assert manager.stats()["live_leases"] == 0, "the Manager released it with the session"
+    new = side.session.client()
+    assert new.session_id != old.session_id
+    b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="prefill after load")
+    b.check_pages(r, len(PROMPT))
+    b.run_to_completion([r.request_id])
+    c = counters(b)
+    assert (c["leases_lost_with_session"], c["manager_errors"], c["loads_failed"]) == (1, 0, 0), c
+    assert side.session.client() is new, "the new connection was kept"
+    b.assert_drained()
+    assert_no_leases_held(b, manager)
+    a.shutdown()
+    b.shutdown()
+
+
+def test_stalled_manager_holds_the_scheduler_step_at_most_the_scheduler_timeout(
+    model_dir: Path, manager: ManagerProcess
+) -> None:
+    """A Manager that stops answering (SIGSTOP: alive, connected, silent) costs the
+    scheduler one bounded wait, then misses; the request runs and finishes."""
+    e = build(model_dir, manager, extra={"orbitkv.scheduler_timeout_ms": 200})
+    e.connector.scheduler_side.session.client()  # connected before the stall
+    r = make_request(prompt_tokens(80, seed=77))
+    e.scheduler.add_request(r)
+    os.kill(manager.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        so = e.scheduler.schedule()
+        waited = time.monotonic() - t0
+    finally:
+        os.kill(manager.proc.pid, signal.SIGCONT)
+    # Liveness, not speed: far below the 5 s call timeout the workers keep.
+    assert waited < 2.5, f"the scheduler step waited {waited:.2f}s on a stalled Manager"
+    assert so.num_scheduled_tokens.get(r.request_id, 0) > 0, "scheduled as a miss"
+    c = counters(e)
+    assert c["manager_errors"] == 1 and c["lookups"] == 0 and c["hit_blocks"] == 0, c
+    e.execute(so)
+    e.run_to_completion([r.request_id])
+    assert r.request_id in e.finished
+    e.assert_drained()
+    e.shutdown()
 
 
 def test_unreachable_manager_costs_a_miss_never_a_request(model_dir: Path, tmp_path: Path) -> None:
