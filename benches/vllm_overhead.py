@@ -2,6 +2,9 @@
 
 Same process, same frozen workload, interleaved repetitions (A/B, then B/A, ...):
   * `none`    - the real Scheduler without a KV connector;
+  * `null`    - the real Scheduler with a connector that does nothing
+                (`benches/null_connector.py`), worker role included: the floor that
+                vLLM's own per-connector plumbing costs any connector;
   * `orbitkv` - the real Scheduler with OrbitKVConnector and a real Manager process,
                 plus the worker-role connector over real CPU KV pages.
 Every prompt is unique, so every lookup misses and every complete block is saved.
@@ -14,7 +17,8 @@ Reported per engine step (median over steps, then median over repetitions):
                      scheduler-side hooks (a profiler clock, reported apart; the rest
                      of the difference is vLLM's own per-connector plumbing);
   * overhead ratios of OrbitKV vs none for the scheduler step and for the whole
-    (scheduler + worker connector) step.
+    (scheduler + worker connector) step, split into vLLM's plumbing (null vs none)
+    and OrbitKV's own share (orbitkv vs null).
 The emulated model forward is not timed (there is no model on a CPU box); on a real
 engine the step also contains the forward, so these ratios are upper bounds.
 
@@ -38,6 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests" / "vllm"))
+sys.path.insert(0, str(ROOT / "benches"))  # null_connector, by kv_connector_module_path
 
 import vllm_env  # noqa: E402  (sets the CPU/offline environment before vLLM loads)
 
@@ -57,6 +62,10 @@ from vllm_harness import (  # noqa: E402
     write_tiny_model,
 )
 
+# The bench Manager's arena is 128 MiB (4 KiB pages): prefaulting it takes tens of
+# milliseconds; this waits well past that.
+PREFAULT_WAIT_S = 0.3
+
 
 def _step_output(engine: Engine, so: Any) -> ModelRunnerOutput:
     req_ids = list(so.num_scheduled_tokens)
@@ -70,13 +79,25 @@ def _step_output(engine: Engine, so: Any) -> ModelRunnerOutput:
 def run_variant(
     variant: str, model_dir: Path, socket_path: str, prompts: list[list[int]], max_tokens: int
 ) -> dict[str, Any]:
+    connector, module = {
+        "none": (None, None),
+        "null": ("NullConnector", "null_connector"),
+        "orbitkv": ("OrbitKVConnector", "orbitkv.vllm"),
+    }[variant]
     cfg = make_vllm_config(
         model_dir,
         socket_path=socket_path,
-        kv_connector="OrbitKVConnector" if variant == "orbitkv" else None,
+        kv_connector=connector,
+        module_path=module,
         max_num_batched_tokens=2048,
     )
-    engine = Engine.build(cfg, num_blocks=4096) if variant == "orbitkv" else _bare_engine(cfg)
+    engine = _bare_engine(cfg) if variant == "none" else Engine.build(cfg, num_blocks=4096)
+    if variant == "orbitkv":
+        # Serving starts long after connect (model load): open both sessions now and
+        # let the worker's background arena prefault finish before measuring.
+        engine.connector.scheduler_side.session.client()
+        engine.worker.worker_side.session.client()
+        time.sleep(PREFAULT_WAIT_S)
     sched = engine.scheduler
     for p in prompts:
         sched.add_request(make_request(p, max_tokens=max_tokens))
@@ -112,6 +133,9 @@ def run_variant(
         "scheduler_us_p90": statistics.quantiles(sched_us, n=10)[-1],
         "worker_us_median": statistics.median(worker_us),
         "orbitkv_hooks_us_median": statistics.median(hooks_us),
+        # Means too: a lookup RPC lands in few steps, so medians hide most of it.
+        "scheduler_us_mean": statistics.fmean(sched_us),
+        "orbitkv_hooks_us_mean": statistics.fmean(hooks_us),
         "step_us_median": statistics.median(a + b for a, b in zip(sched_us, worker_us, strict=True)),
     }
     if variant == "orbitkv":
@@ -244,14 +268,16 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="okv-bench-"))
     model_dir = write_tiny_model(tmp / "tiny-llama")
-    manager = vllm_env.ManagerProcess(tmp / "m.sock", tmp / "manager.log", fault_injection=False, dram_size="512MiB")
-    runs: dict[str, list[dict[str, Any]]] = {"none": [], "orbitkv": []}
+    manager = vllm_env.ManagerProcess(tmp / "m.sock", tmp / "manager.log", fault_injection=False, dram_size="128MiB")
+    variants = ["none", "null", "orbitkv"]
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     try:
         for rep in range(args.reps):
-            order = ["none", "orbitkv"] if rep % 2 == 0 else ["orbitkv", "none"]
+            # Rotate the order so no variant always runs first or last.
+            order = variants[rep % 3 :] + variants[: rep % 3]
             for variant in order:
                 # Fresh prompts per repetition and variant: every lookup is a miss.
-                seed = 1_000_000 * (rep + 1) + (0 if variant == "none" else 500_000)
+                seed = 1_000_000 * (rep + 1) + 300_000 * variants.index(variant)
                 prompts = [prompt_tokens(args.prompt_tokens, seed + i) for i in range(args.requests)]
                 runs[variant].append(
                     run_variant(variant, model_dir, str(manager.socket_path), prompts, args.max_tokens)
@@ -264,7 +290,14 @@ def main() -> None:
         return statistics.median(r[key] for r in runs[variant])
 
     none_sched, okv_sched = med("none", "scheduler_us_median"), med("orbitkv", "scheduler_us_median")
+    null_sched = med("null", "scheduler_us_median")
     none_step, okv_step = med("none", "step_us_median"), med("orbitkv", "step_us_median")
+    null_step = med("null", "step_us_median")
+
+    def paired(a: str, b: str, key: str) -> float:
+        # Median over repetitions of the same-repetition ratio: robust to drift.
+        return statistics.median(x[key] / y[key] - 1.0 for x, y in zip(runs[a], runs[b], strict=True))
+
     report = {
         "benchmark": "vllm_overhead",
         "workload": {
@@ -284,19 +317,32 @@ def main() -> None:
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
         },
-        "none": {"scheduler_us_median": none_sched, "step_us_median": none_step},
+        "none": {
+            "scheduler_us_median": none_sched,
+            "scheduler_us_mean": med("none", "scheduler_us_mean"),
+            "step_us_median": none_step,
+        },
+        "null": {
+            "scheduler_us_median": null_sched,
+            "scheduler_us_mean": med("null", "scheduler_us_mean"),
+            "worker_us_median": med("null", "worker_us_median"),
+            "step_us_median": null_step,
+        },
         "orbitkv": {
             "scheduler_us_median": okv_sched,
             "worker_us_median": med("orbitkv", "worker_us_median"),
+            "scheduler_us_mean": med("orbitkv", "scheduler_us_mean"),
             "hooks_us_median": med("orbitkv", "orbitkv_hooks_us_median"),
+            "hooks_us_mean": med("orbitkv", "orbitkv_hooks_us_mean"),
             "step_us_median": okv_step,
         },
         "scheduler_overhead_ratio": okv_sched / none_sched - 1.0,
         # Median over repetitions of the paired (same repetition) ratio: robust to drift.
-        "scheduler_overhead_ratio_paired": statistics.median(
-            o["scheduler_us_median"] / n["scheduler_us_median"] - 1.0
-            for o, n in zip(runs["orbitkv"], runs["none"], strict=True)
-        ),
+        "scheduler_overhead_ratio_paired": paired("orbitkv", "none", "scheduler_us_median"),
+        # vLLM's plumbing for any connector, and OrbitKV's own share above it.
+        "null_vs_none_scheduler_ratio_paired": paired("null", "none", "scheduler_us_median"),
+        "orbitkv_vs_null_scheduler_ratio_paired": paired("orbitkv", "null", "scheduler_us_median"),
+        "orbitkv_vs_null_step_ratio_paired": paired("orbitkv", "null", "step_us_median"),
         "orbitkv_hooks_share_of_none_step": med("orbitkv", "orbitkv_hooks_us_median") / none_sched,
         "step_overhead_ratio": okv_step / none_step - 1.0,
         "runs": runs,
@@ -311,9 +357,13 @@ def main() -> None:
     out.write_text(json.dumps(report, indent=2))
     keys = (
         "none",
+        "null",
         "orbitkv",
         "scheduler_overhead_ratio",
         "scheduler_overhead_ratio_paired",
+        "null_vs_none_scheduler_ratio_paired",
+        "orbitkv_vs_null_scheduler_ratio_paired",
+        "orbitkv_vs_null_step_ratio_paired",
         "orbitkv_hooks_share_of_none_step",
         "step_overhead_ratio",
         "layout_probe",
