@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from orbitkv_testing import eventually
+from orbitkv_testing import eventually, spawn_client
 
 pytestmark = pytest.mark.native
 BB = 64 * 1024
@@ -78,25 +78,18 @@ def test_control_only_leases_are_released_when_the_connection_drops(manager) -> 
     hs = [bytes([9]) * 32]
     with manager.client() as mapped:
         mapped.save(mapped.register_namespace(FP, BB), hs, bytes(BB))
-    code = f"""
-        import os, sys, time
+    child = spawn_client(
+        f"""
+        import sys
         from orbitkv import _native
         c = _native.Client(sys.argv[1], map_arena=False)
         lease = c.lookup(c.register_namespace({FP!r}, {BB}), {hs!r})
         assert lease.hit_blocks == 1
-        for fd in range(3, 1024):  # the connection vanishes; the process lives on
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        print("READY", flush=True)
-        time.sleep(60)
-        """
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), manager.socket], stdout=subprocess.PIPE, text=True
+        """,
+        manager.socket,
+        vanish=True,  # the connection vanishes; the process lives on
     )
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "READY"
         # `sessions` counts the stats call's own session.
         eventually(lambda: manager.stats()["sessions"] == 1, "the control session ended")
         st = manager.stats()

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
-from orbitkv_testing import eventually
+from orbitkv_testing import eventually, spawn_client
 
 from orbitkv import _native
 
@@ -20,17 +17,8 @@ BB = 64 * 1024
 FP = b"\x21" * 32
 
 
-def spawn(code: str, socket: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), socket],
-                         stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    assert line.strip() == "READY", line
-    return p
-
-
 def test_sigkill_mid_save_leaves_nothing_visible_and_frees_slots(manager) -> None:  # type: ignore[no-untyped-def]
-    child = spawn(
+    child = spawn_client(
         f"""
         import sys, time
         from orbitkv import _native
@@ -38,8 +26,6 @@ def test_sigkill_mid_save_leaves_nothing_visible_and_frees_slots(manager) -> Non
         ns = c.register_namespace({FP!r}, {BB})
         p = c.begin_save(ns, [bytes([i]) * 32 for i in range(1, 9)])
         assert p.statuses == ["allocated"] * 8
-        print("READY", flush=True)
-        time.sleep(60)
         """,
         manager.socket,
     )
@@ -59,7 +45,7 @@ def test_dropped_connection_of_a_live_process_keeps_its_holds(manager) -> None: 
     ns = c.register_namespace(FP, BB)
     hs = [bytes([40 + i]) * 32 for i in range(4)]
     c.save(ns, hs, b"".join(h * (BB // 32) for h in hs))
-    child = spawn(
+    child = spawn_client(
         f"""
         import os, sys, time
         from orbitkv import _native
@@ -68,15 +54,9 @@ def test_dropped_connection_of_a_live_process_keeps_its_holds(manager) -> None: 
         lease = c.lookup(ns, {hs!r})
         slots = c.acquire(lease)          # copies may now be in flight
         p = c.begin_save(ns, [b"\\x77" * 32])
-        for fd in range(3, 1024):         # the connection vanishes; the process lives on
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        print("READY", flush=True)
-        time.sleep(60)
         """,
         manager.socket,
+        vanish=True,  # the connection vanishes; the process lives on
     )
     eventually(lambda: manager.stats()["quarantined_sessions"] == 1, "session quarantined")
     time.sleep(0.5)
@@ -106,7 +86,7 @@ def test_sigkill_mid_restore_keeps_blocks_pinned_until_the_process_is_gone(manag
     ns = c.register_namespace(FP, BB)
     hs = [bytes([60 + i]) * 32 for i in range(2)]
     c.save(ns, hs, bytes(2 * BB))
-    child = spawn(
+    child = spawn_client(
         f"""
         import sys, time
         from orbitkv import _native
@@ -114,8 +94,6 @@ def test_sigkill_mid_restore_keeps_blocks_pinned_until_the_process_is_gone(manag
         ns = c.register_namespace({FP!r}, {BB})
         lease = c.lookup(ns, {hs!r})
         c.acquire(lease)
-        print("READY", flush=True)
-        time.sleep(60)
         """,
         manager.socket,
     )
