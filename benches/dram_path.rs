@@ -2,7 +2,8 @@
 //! acquire → copy → release) GB/s through a real Manager, beside single-thread
 //! memcpy of the same blocks measured in the same run.
 //!
-//! Usage: dram_path [OUT.json] [--total-mib N] [--trials N]
+//! Usage: dram_path [OUT.json] [--total-mib N] [--trials N] [--hugepages off|2MiB|1GiB]
+//! (`ORBITKV_COPY_THREADS=1` measures one copy thread.)
 //! Bytes are counted once (bytes delivered), as for memcpy.
 
 use std::hint::black_box;
@@ -44,10 +45,16 @@ fn main() {
     };
     let total = opt("--total-mib", 256) << 20;
     let trials = opt("--trials", 9).max(1);
+    let hugepages = args
+        .iter()
+        .position(|a| a == "--hugepages")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| "off".into());
 
     let dir = std::env::temp_dir().join(format!("orbitkv-bench-{}", std::process::id()));
     let sock = dir.join("m.sock");
-    let arena = (total * 3).max(64 << 20);
+    let arena = ((total * 3).max(64 << 20)).next_multiple_of(1 << 30);
     let cfg = ManagerConfig::from_argv([
         "bench".to_string(),
         "--socket".into(),
@@ -60,6 +67,8 @@ fn main() {
         "off".into(),
         "--log-level".into(),
         "warn".into(),
+        "--hugepages".into(),
+        hugepages.clone(),
     ])
     .unwrap_or_else(|e| panic!("config: {e}"));
     let manager = Manager::start(cfg).unwrap_or_else(|e| panic!("manager: {e}"));
@@ -141,6 +150,8 @@ fn main() {
         "what": "save = begin_save + copy + commit; restore = lookup + acquire + copy + release; one client, one thread; median of interleaved trials; bytes counted once",
         "baseline": "single-thread memcpy (copy_from_slice) of the same blocks, same process, same run",
         "total_bytes_per_trial": total,
+        "arena_pages": hugepages,
+        "copy_threads": std::env::var("ORBITKV_COPY_THREADS").unwrap_or_else(|_| "default".into()),
         "results": rows,
     });
     if let Some(parent) = std::path::Path::new(&out).parent() {

@@ -58,7 +58,7 @@ def _status(argv: Sequence[str]) -> int:
     print(
         f"  DRAM arena   {size(used)} / {size(st['dram_capacity_bytes'])} used, "
         f"{st['dram_visible_blocks']} blocks visible, {st['dram_pinned_blocks']} pinned, "
-        f"{len(st['segment_sizes'])} segment(s)"
+        f"{len(st['segment_sizes'])} segment(s) of {_page(st['dram_page_bytes'])} pages"
     )
     print(
         f"  lookups      {st['lookups_total']} ({st['hit_blocks_total']}/{st['lookup_blocks_total']} blocks hit, "
@@ -89,6 +89,10 @@ def _status(argv: Sequence[str]) -> int:
     else:
         print("  SSD tier     off (enable with --ssd or --ssd-dir)")
     return 0
+
+
+def _page(n: int) -> str:
+    return {4096: "4 KiB", 2 << 20: "2 MiB (huge)", 1 << 30: "1 GiB (huge)"}.get(n, f"{n}-byte")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,10 @@ pub struct Args {
     /// Arena segment size; the arena is split into few large segments [default: 256MiB]
     #[arg(long, env = "ORBITKV_SEGMENT_SIZE")]
     pub segment_size: Option<String>,
+    /// Back the arena with reserved huge pages: off, 2MiB or 1GiB (reserve them first, e.g.
+    /// `sysctl vm.nr_hugepages`; too few free is an error) [default: off]
+    #[arg(long, env = "ORBITKV_HUGEPAGES")]
+    pub hugepages: Option<String>,
     /// Prometheus endpoint address (loopback only), or "off" [default: 127.0.0.1:9464]
     #[arg(long, env = "ORBITKV_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
@@ -86,6 +90,7 @@ struct FileConfig {
     socket: Option<PathBuf>,
     dram_size: Option<String>,
     segment_size: Option<String>,
+    hugepages: Option<String>,
     metrics_addr: Option<String>,
     token_file: Option<PathBuf>,
     allow_uid: Option<Vec<u32>>,
@@ -127,6 +132,8 @@ pub struct ManagerConfig {
     pub socket: PathBuf,
     pub dram_size: u64,
     pub segment_size: u64,
+    /// Page size backing the arena segments.
+    pub page_size: orbitkv_shm::PageSize,
     pub metrics_addr: Option<SocketAddr>,
     pub token: Option<Vec<u8>>,
     pub allow_uids: Vec<u32>,
@@ -196,6 +203,29 @@ impl ManagerConfig {
         if segment_size < orbitkv_core::ALIGN || segment_size % orbitkv_core::ALIGN != 0 {
             return Err(ConfigError::Invalid(format!(
                 "segment_size {segment_size} must be a positive multiple of 4096"
+            )));
+        }
+        let page_size = match a
+            .hugepages
+            .or(file.hugepages)
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("off") => orbitkv_shm::PageSize::Base,
+            Some("2mib" | "2m" | "2mb") => orbitkv_shm::PageSize::Huge2MiB,
+            Some("1gib" | "1g" | "1gb") => orbitkv_shm::PageSize::Huge1GiB,
+            Some(h) => {
+                return Err(ConfigError::Invalid(format!(
+                    "hugepages {h:?} must be off, 2MiB or 1GiB"
+                )));
+            }
+        };
+        let page = page_size.bytes();
+        if !dram_size.is_multiple_of(page) || !segment_size.is_multiple_of(page) {
+            return Err(ConfigError::Invalid(format!(
+                "with {page_size} pages, dram_size ({dram_size}) and segment_size ({segment_size}) \
+                 must be whole multiples of {page} bytes"
             )));
         }
         let metrics = a
@@ -305,6 +335,7 @@ impl ManagerConfig {
             socket,
             dram_size,
             segment_size,
+            page_size,
             metrics_addr,
             token,
             allow_uids,
@@ -371,5 +402,33 @@ mod tests {
         std::fs::write(&p, "dram_sise = \"8MiB\"\n").expect("write");
         let e = ManagerConfig::from_argv(["x", "--config", &ps]).expect_err("typo");
         assert!(e.to_string().contains("dram_sise"));
+    }
+
+    #[test]
+    fn hugepages_parse_and_sizes_must_be_whole_pages() {
+        let c = ManagerConfig::from_argv(["m", "--hugepages", "2MiB", "--dram-size", "64MiB"]).expect("ok");
+        assert_eq!(c.page_size, orbitkv_shm::PageSize::Huge2MiB);
+        let c = ManagerConfig::from_argv(["m", "--dram-size", "64MiB"]).expect("ok");
+        assert_eq!(c.page_size, orbitkv_shm::PageSize::Base);
+        for argv in [
+            vec!["m", "--hugepages", "2MiB", "--dram-size", "5MiB"],
+            vec!["m", "--hugepages", "2MiB", "--segment-size", "3MiB"],
+            vec![
+                "m",
+                "--hugepages",
+                "1GiB",
+                "--dram-size",
+                "1GiB",
+                "--segment-size",
+                "256MiB",
+            ],
+            vec!["m", "--hugepages", "64KiB"],
+        ] {
+            let e = ManagerConfig::from_argv(argv.clone()).expect_err("refused");
+            assert!(
+                e.to_string().contains("hugepages") || e.to_string().contains("multiples"),
+                "{argv:?}: {e}"
+            );
+        }
     }
 }

@@ -52,8 +52,27 @@ impl Manager {
     pub fn start(config: ManagerConfig) -> Result<Manager, ManagerError> {
         log::set_level(config.log_level);
         let mut segments = Vec::new();
-        for (i, size) in config.segment_sizes().into_iter().enumerate() {
-            segments.push(Segment::create(&format!("orbitkv-arena-{i}"), size)?);
+        let sizes = config.segment_sizes();
+        if let Some(free) = config.page_size.free_pages() {
+            // Fail before creating anything, with the whole arena's need in the message.
+            let needed = config.dram_size / config.page_size.bytes();
+            if free < needed {
+                return Err(orbitkv_shm::ShmError::HugePages {
+                    size: config.dram_size,
+                    page: config.page_size,
+                    needed,
+                    free,
+                    path: config.page_size.free_pages_path().unwrap_or_default(),
+                }
+                .into());
+            }
+        }
+        for (i, size) in sizes.into_iter().enumerate() {
+            segments.push(Segment::create(
+                &format!("orbitkv-arena-{i}"),
+                size,
+                config.page_size,
+            )?);
         }
         let listener =
             server::bind(&config.socket, config.socket_mode).map_err(|err| ManagerError::Bind {

@@ -235,6 +235,12 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             shared.segments.len() as u64,
         ),
         (
+            "dram_page_bytes",
+            "Page size backing the arena (4096, or a huge page size)",
+            "gauge",
+            shared.config.page_size.bytes(),
+        ),
+        (
             "uptime_seconds",
             "Seconds since start",
             "gauge",

@@ -1,6 +1,7 @@
 //! Shared-memory and socket primitives for the DRAM arena.
 //!
-//! - [`Segment`]: a sealed memfd of fixed size, created by the Manager.
+//! - [`Segment`]: a sealed memfd of fixed size, created by the Manager, on base
+//!   or reserved huge pages ([`PageSize`]).
 //! - [`Mapping`]: a `MAP_SHARED` read-write mapping of a segment, in the
 //!   Manager or in a client after fd passing; bounds-checked copies.
 //! - [`fdpass`]: `SCM_RIGHTS` send/receive on Unix stream sockets.
@@ -13,4 +14,4 @@ pub mod fdpass;
 mod mapping;
 pub mod peer;
 
-pub use mapping::{Mapping, Segment, ShmError};
+pub use mapping::{Mapping, PageSize, Segment, ShmError};

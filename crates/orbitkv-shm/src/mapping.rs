@@ -20,6 +20,69 @@ pub enum ShmError {
     SizeMismatch { expected: u64, actual: u64 },
     #[error("range [{offset}, {offset}+{len}) is outside the {size}-byte segment")]
     OutOfBounds { offset: u64, len: u64, size: u64 },
+    #[error("a segment of {size} bytes is not a whole number of {page} pages")]
+    Unaligned { size: u64, page: PageSize },
+    #[error(
+        "{size} bytes on {page} huge pages: {needed} pages must be free, the system has {free} free \
+         ({path}); reserve them, e.g. `sysctl vm.nr_hugepages=<total>` (2 MiB) or at boot \
+         (1 GiB), or run without huge pages"
+    )]
+    HugePages {
+        size: u64,
+        page: PageSize,
+        needed: u64,
+        free: u64,
+        path: String,
+    },
+}
+
+/// Page size backing a segment. Huge pages (hugetlbfs) cut page-table entries
+/// 512-fold (2 MiB) and TLB misses on every copy; they must be reserved by the
+/// operator beforehand (`vm.nr_hugepages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PageSize {
+    /// The kernel's base pages (4 KiB on x86-64).
+    #[default]
+    Base,
+    Huge2MiB,
+    Huge1GiB,
+}
+
+impl PageSize {
+    pub fn bytes(self) -> u64 {
+        match self {
+            PageSize::Base => 4096,
+            PageSize::Huge2MiB => 2 << 20,
+            PageSize::Huge1GiB => 1 << 30,
+        }
+    }
+
+    /// The sysfs file with this size's free huge pages (None for base pages).
+    pub fn free_pages_path(self) -> Option<String> {
+        match self {
+            PageSize::Base => None,
+            huge => Some(format!(
+                "/sys/kernel/mm/hugepages/hugepages-{}kB/free_hugepages",
+                huge.bytes() >> 10
+            )),
+        }
+    }
+
+    /// Free huge pages of this size now (None for base pages or when unreadable).
+    pub fn free_pages(self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.free_pages_path()?).ok()?;
+        text.trim().parse().ok()
+    }
+}
+
+impl std::fmt::Display for PageSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PageSize::Base => "4 KiB",
+            PageSize::Huge2MiB => "2 MiB",
+            PageSize::Huge1GiB => "1 GiB",
+        })
+    }
 }
 
 /// A memfd segment owned by the Manager. Its size is sealed, so a client can
@@ -28,19 +91,49 @@ pub enum ShmError {
 pub struct Segment {
     fd: OwnedFd,
     mapping: Mapping,
+    page: PageSize,
 }
 
 impl Segment {
-    pub fn create(name: &str, size: u64) -> Result<Segment, ShmError> {
-        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(ShmError::Create)?;
+    /// Create, size, seal and populate a segment of `size` bytes backed by
+    /// `page`-sized pages. Huge pages must be reserved: too few free ones is a
+    /// clear error ([`ShmError::HugePages`]), never a silent fallback.
+    pub fn create(name: &str, size: u64, page: PageSize) -> Result<Segment, ShmError> {
+        if size == 0 || !size.is_multiple_of(page.bytes()) {
+            return Err(ShmError::Unaligned { size, page });
+        }
+        let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        match page {
+            PageSize::Base => {}
+            PageSize::Huge2MiB => flags |= MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB,
+            PageSize::Huge1GiB => flags |= MemfdFlags::HUGETLB | MemfdFlags::HUGE_1GB,
+        }
+        let shortage = |page: PageSize| ShmError::HugePages {
+            size,
+            page,
+            needed: size / page.bytes(),
+            free: page.free_pages().unwrap_or(0),
+            path: page.free_pages_path().unwrap_or_default(),
+        };
+        let fd = rustix::fs::memfd_create(name, flags).map_err(ShmError::Create)?;
         rustix::fs::ftruncate(&fd, size).map_err(|err| ShmError::Truncate { size, err })?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(ShmError::Seal)?;
         // The Manager populates: every page is allocated once, up front, so no
-        // copy anywhere pays allocation and zeroing on first touch.
-        let mapping = Mapping::map(&fd, size, true)?;
-        Ok(Segment { fd, mapping })
+        // copy anywhere pays allocation and zeroing on first touch. A hugetlb
+        // mapping reserves its pages here; ENOMEM means too few are free.
+        let mapping = match Mapping::map(&fd, size, true) {
+            Err(ShmError::Map {
+                err: rustix::io::Errno::NOMEM,
+                ..
+            }) if page != PageSize::Base => return Err(shortage(page)),
+            other => other?,
+        };
+        Ok(Segment { fd, mapping, page })
+    }
+
+    pub fn page_size(&self) -> PageSize {
+        self.page
     }
 
     pub fn fd(&self) -> &OwnedFd {
@@ -245,7 +338,7 @@ mod tests {
 
     #[test]
     fn segment_is_shared_between_mappings_and_sealed() {
-        let seg = Segment::create("orbitkv-test", 1 << 16).expect("create");
+        let seg = Segment::create("orbitkv-test", 1 << 16, PageSize::Base).expect("create");
         let other = Mapping::map(seg.fd(), 1 << 16, false).expect("map");
         seg.mapping().write_at(4096, b"hello").expect("write");
         let mut out = [0u8; 5];
@@ -259,5 +352,58 @@ mod tests {
             Mapping::map(seg.fd(), 1 << 17, false).is_err(),
             "mapping past the end is refused"
         );
+    }
+
+    #[test]
+    fn huge_segment_sizes_must_be_whole_pages() {
+        for (size, page) in [
+            (4096, PageSize::Huge2MiB),
+            (3 << 20, PageSize::Huge2MiB),
+            (0, PageSize::Base),
+        ] {
+            assert!(matches!(
+                Segment::create("orbitkv-test", size, page),
+                Err(ShmError::Unaligned { .. })
+            ));
+        }
+    }
+
+    /// With free 2 MiB pages: a huge segment is shared, sealed and prefaultable
+    /// from a second mapping. Asking for more pages than are free is always a
+    /// clear `HugePages` error, never a silent base-page fallback.
+    #[test]
+    fn huge_segments_work_or_fail_clearly() {
+        let page = PageSize::Huge2MiB;
+        let Some(free) = page.free_pages() else {
+            let e = Segment::create("orbitkv-test", page.bytes(), page).expect_err("no hugetlb support");
+            assert!(
+                matches!(e, ShmError::Create(_) | ShmError::HugePages { .. }),
+                "{e}"
+            );
+            return;
+        };
+        let e = Segment::create("orbitkv-test", (free + 1) * page.bytes(), page).expect_err("too many");
+        match &e {
+            ShmError::HugePages { needed, .. } => assert_eq!(*needed, free + 1),
+            other => panic!("expected a HugePages error, got {other}"),
+        }
+        assert!(e.to_string().contains("vm.nr_hugepages"), "{e}");
+        if free < 2 {
+            return; // the happy path runs in python/tests/native/test_hugepages.py, or skips there visibly
+        }
+        let size = 2 * page.bytes();
+        let seg = Segment::create("orbitkv-test", size, page).expect("create");
+        assert_eq!(seg.page_size(), page);
+        let other = Mapping::map(seg.fd(), size, false).expect("map");
+        other
+            .prefault(0, size as usize)
+            .expect("MADV_POPULATE_WRITE on hugetlb");
+        other
+            .write_at(page.bytes() - 2, b"span")
+            .expect("write across the page boundary");
+        let mut out = [0u8; 4];
+        seg.mapping().read_at(page.bytes() - 2, &mut out).expect("read");
+        assert_eq!(&out, b"span");
+        assert!(rustix::fs::ftruncate(seg.fd(), page.bytes()).is_err(), "sealed");
     }
 }
