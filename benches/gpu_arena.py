@@ -8,7 +8,7 @@ Compares, in the same run and process:
 and verifies every byte both ways through the real Manager (save from GPU pages
 → commit → a second client restores on the CPU; CPU save → GPU restore).
 
-Needs CuPy and a CUDA GPU. Usage: python benches/gpu_arena.py --out results.json
+Needs CuPy and a CUDA GPU. Usage: python benches/gpu_arena.py --out results.json [--hugepages 2MiB]
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ extern "C" __global__ void copy_blocks(const unsigned long long* src, const unsi
 """
 
 
-def start_manager(dram: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_manager(dram: str, hugepages: str) -> tuple[subprocess.Popen[bytes], str]:
     d = tempfile.mkdtemp(prefix="orbitkv-gpu-")
     sock = os.path.join(d, "m.sock")
     p = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", dram,
-                          "--segment-size", "1GiB", "--metrics-addr", "off", "--log-level", "warn"])
+                          "--segment-size", "1GiB", "--metrics-addr", "off", "--log-level", "warn",
+                          "--hugepages", hugepages])
     for _ in range(600):
         try:
             _native.Client(sock).close()
@@ -78,9 +79,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--dram-size", default="6GiB")
+    ap.add_argument("--hugepages", default="off", help="the Manager's --hugepages (off, 2MiB, 1GiB)")
     a = ap.parse_args()
     kernel = cp.RawKernel(KERNEL, "copy_blocks")
-    proc, sock = start_manager(a.dram_size)
+    proc, sock = start_manager(a.dram_size, a.hugepages)
     results: dict[str, object] = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "sizes": []}
     try:
         saver = _native.Client(sock)
@@ -97,6 +99,7 @@ def main() -> int:
             dev_base[seg] = (addr, addr)
         results["register_seconds"] = time.perf_counter() - t0
         results["arena_bytes"] = sum(n for _, n in engine.segments())
+        results["arena_page_bytes"] = engine.stats()["dram_page_bytes"]
 
         for bb, nblocks in ((16 << 10, 8192), (64 << 10, 4096), (256 << 10, 1024), (2 << 20, 256)):
             ns = saver.register_namespace(bb.to_bytes(8, "little") + bytes(24), bb)
