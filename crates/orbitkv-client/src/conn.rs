@@ -52,6 +52,16 @@ fn io_err(e: FrameError) -> ClientError {
     }
 }
 
+/// The error for a Manager that refused the handshake: `Auth` for uid/token
+/// refusals, the server's own code (e.g. `Busy` over `--max-connections`) otherwise.
+fn refusal(code: u16, message: String) -> ClientError {
+    match ErrorCode::from_u16(code) {
+        Some(ErrorCode::Auth) => ClientError::Auth(message),
+        Some(code) => ClientError::Server { code, message },
+        None => ClientError::Protocol(message),
+    }
+}
+
 impl Conn {
     /// Connect and authenticate. With `map_arena` false the session is opened
     /// control-only (`HELLO_CONTROL_ONLY`): the Manager passes no arena fds.
@@ -88,11 +98,7 @@ impl Conn {
             if let Ok((h, body)) = read_frame(&mut stream)
                 && let Ok(Response::Error { code, message }) = decode_response(h.kind, &body)
             {
-                return Err(if code == ErrorCode::Auth as u16 {
-                    ClientError::Auth(message)
-                } else {
-                    ClientError::Protocol(message)
-                });
+                return Err(refusal(code, message));
             }
             return Err(io_err(e));
         }
@@ -111,10 +117,7 @@ impl Conn {
         let resp = decode_response(header.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let (session, segments) = match resp {
             Response::HelloOk { session, segments } => (session, segments),
-            Response::Error { code, message } if code == ErrorCode::Auth as u16 => {
-                return Err(ClientError::Auth(message));
-            }
-            Response::Error { message, .. } => return Err(ClientError::Protocol(message)),
+            Response::Error { code, message } => return Err(refusal(code, message)),
             other => {
                 return Err(ClientError::Protocol(format!(
                     "expected HelloOk, got {:?}",

@@ -50,6 +50,10 @@ pub struct Args {
     /// Socket file mode, octal [default: 600]
     #[arg(long)]
     pub socket_mode: Option<String>,
+    /// Most client connections served at once (one thread each); more are refused with Busy
+    /// [default: 1024]
+    #[arg(long, env = "ORBITKV_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Accept InjectFault requests (tests only)
     #[arg(long)]
     pub enable_fault_injection: bool,
@@ -96,6 +100,7 @@ struct FileConfig {
     allow_uid: Option<Vec<u32>>,
     socket_mode: Option<String>,
     enable_fault_injection: Option<bool>,
+    max_connections: Option<usize>,
     log_level: Option<String>,
     ssd_dir: Option<PathBuf>,
     ssd: Option<bool>,
@@ -139,6 +144,7 @@ pub struct ManagerConfig {
     pub allow_uids: Vec<u32>,
     pub socket_mode: u32,
     pub enable_fault_injection: bool,
+    pub max_connections: usize,
     pub log_level: crate::log::Level,
     pub ssd: Option<SsdSettings>,
 }
@@ -275,6 +281,10 @@ impl ManagerConfig {
                     "socket_mode {mode_s:?} must be octal and grant nothing to others"
                 ))
             })?;
+        let max_connections = a.max_connections.or(file.max_connections).unwrap_or(1024);
+        if max_connections == 0 {
+            return Err(ConfigError::Invalid("max_connections must be at least 1".into()));
+        }
         let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
             .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
         let ssd_dir = a
@@ -341,6 +351,7 @@ impl ManagerConfig {
             allow_uids,
             socket_mode,
             enable_fault_injection: a.enable_fault_injection || file.enable_fault_injection.unwrap_or(false),
+            max_connections,
             log_level,
         })
     }

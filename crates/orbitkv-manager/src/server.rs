@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -55,11 +56,21 @@ pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
         }
         match listener.accept() {
             Ok((stream, _)) => {
+                let limit = shared.config.max_connections;
+                if shared.connections.fetch_add(1, Ordering::AcqRel) >= limit {
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    session::refuse_over_limit(stream, &shared, limit);
+                    continue;
+                }
                 let sh = shared.clone();
                 let spawned = std::thread::Builder::new()
                     .name("orbitkv-session".into())
-                    .spawn(move || session::serve_connection(sh, stream));
+                    .spawn(move || {
+                        session::serve_connection(sh.clone(), stream);
+                        sh.connections.fetch_sub(1, Ordering::AcqRel);
+                    });
                 if let Err(e) = spawned {
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
                     log!(Error, "cannot spawn a session thread: {e}");
                 }
             }

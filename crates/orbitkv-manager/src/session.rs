@@ -38,6 +38,24 @@ fn refuse(stream: &mut UnixStream, shared: &Shared, id: u32, code: ErrorCode, ms
     let _ = reply(stream, id, &Response::error(code, msg));
 }
 
+/// Answer a connection over `--max-connections` with `Busy` and close it, from
+/// the accept loop (no thread is spent on it; the write cannot block: the reply
+/// is far smaller than an empty socket buffer).
+pub fn refuse_over_limit(mut stream: UnixStream, shared: &Shared, limit: usize) {
+    ServerCounters::inc(&shared.counters.connections_refused);
+    let _ = stream.set_write_timeout(Some(std::time::Duration::from_millis(100)));
+    let msg = format!("the Manager already serves its limit of {limit} connections (--max-connections)");
+    if shared
+        .counters
+        .connections_refused
+        .load(Ordering::Relaxed)
+        .is_power_of_two()
+    {
+        log!(Warn, "refusing connection: {msg}"); // 1st, 2nd, 4th, 8th …: a flood cannot flood the log
+    }
+    let _ = reply(&mut stream, 0, &Response::error(ErrorCode::Busy, msg));
+}
+
 /// Constant-time comparison (length is not secret).
 fn token_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

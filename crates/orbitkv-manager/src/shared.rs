@@ -1,7 +1,7 @@
 //! State shared by the Manager's threads.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -22,6 +22,7 @@ pub struct ServerCounters {
     pub restore_failures_injected: AtomicU64,
     pub commit_failures_injected: AtomicU64,
     pub leases_acquired: AtomicU64,
+    pub connections_refused: AtomicU64,
 }
 
 impl ServerCounters {
@@ -55,6 +56,8 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     pub metrics_addr: Mutex<Option<SocketAddr>>,
     pub started: Instant,
+    /// Connections with a live session thread (bounded by `max_connections`).
+    pub connections: AtomicUsize,
 }
 
 impl Shared {
@@ -77,6 +80,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             metrics_addr: Mutex::new(None),
             started: Instant::now(),
+            connections: AtomicUsize::new(0),
         }
     }
 

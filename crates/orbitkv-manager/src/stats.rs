@@ -137,6 +137,18 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             c.sessions_released_from_quarantine,
         ),
         (
+            "connections_refused_total",
+            "Connections refused over --max-connections",
+            "counter",
+            ld(&sc.connections_refused),
+        ),
+        (
+            "connections",
+            "Connections with a live session thread",
+            "gauge",
+            shared.connections.load(Ordering::Relaxed) as u64,
+        ),
+        (
             "auth_refused_total",
             "Connections refused by uid or token checks",
             "counter",

@@ -631,3 +631,29 @@ fn leases_never_acquired_are_released_when_the_connection_drops() {
     assert_eq!(m.stats()["quarantined_sessions"], 0);
     assert_eq!(owner.lookup(&ns, &hs).expect("still visible").hit_blocks, 2);
 }
+
+#[test]
+fn connections_over_the_limit_are_refused_busy_without_a_thread() {
+    let m = ManagerProc::start(&["--dram-size", "4MiB", "--max-connections", "2"]);
+    let a = m.client();
+    let b = m.client();
+    let e = Client::connect(m.socket(), None, Duration::from_secs(5)).expect_err("third refused");
+    assert!(
+        matches!(&e, ClientError::Server { code: ErrorCode::Busy, message } if message.contains("--max-connections")),
+        "{e}"
+    );
+    let st: serde_json::Value = serde_json::from_str(&a.stats_json().expect("stats")).expect("json");
+    assert_eq!(
+        (
+            st["connections"].as_u64(),
+            st["connections_refused_total"].as_u64()
+        ),
+        (Some(2), Some(1))
+    );
+    // A closed connection frees its place.
+    b.close().expect("close");
+    drop(b);
+    eventually("a place is free again", || {
+        Client::connect(m.socket(), None, Duration::from_secs(5)).is_ok()
+    });
+}
