@@ -15,6 +15,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::arena::{ArenaAllocator, aligned_len};
+use crate::map::Map;
 use crate::keys::{BlockHash, BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot};
 use crate::policy::S3Fifo;
 
@@ -214,13 +215,13 @@ pub struct Gauges {
 pub struct CacheState {
     pub(crate) arena: ArenaAllocator,
     pub(crate) policy: S3Fifo<BlockKey>,
-    pub(crate) index: HashMap<BlockKey, Entry>,
+    pub(crate) index: Map<BlockKey, Entry>,
     pub(crate) namespaces: HashMap<NsId, NsInfo>,
     ns_by_key: HashMap<NamespaceKey, NsId>,
     pub(crate) generations: HashMap<Fingerprint, u64>,
-    pub(crate) leases: HashMap<LeaseId, Lease>,
-    saves: HashMap<SaveId, PendingSave>,
-    sessions: HashMap<SessionId, SessionInfo>,
+    pub(crate) leases: Map<LeaseId, Lease>,
+    saves: Map<SaveId, PendingSave>,
+    sessions: Map<SessionId, SessionInfo>,
     next_id: u64,
     pub(crate) counters: Counters,
     pub(crate) tier: crate::tier::TierState,
@@ -233,13 +234,13 @@ impl CacheState {
         CacheState {
             arena,
             policy,
-            index: HashMap::new(),
+            index: Map::default(),
             namespaces: HashMap::new(),
             ns_by_key: HashMap::new(),
             generations: HashMap::new(),
-            leases: HashMap::new(),
-            saves: HashMap::new(),
-            sessions: HashMap::new(),
+            leases: Map::default(),
+            saves: Map::default(),
+            sessions: Map::default(),
             next_id: 0,
             counters: Counters::default(),
             tier: crate::tier::TierState::default(),

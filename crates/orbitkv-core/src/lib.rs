@@ -7,6 +7,7 @@
 pub mod arena;
 pub mod cache;
 pub mod keys;
+mod map;
 pub mod policy;
 pub mod tier;
 

@@ -7,8 +7,10 @@
 //! to main. Queues hold `(key, seq)` and are cleaned lazily: an element is live
 //! only while the entry's current `seq` matches.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::Hash;
+
+use crate::map::Map;
 
 const MAX_FREQ: u8 = 3;
 
@@ -32,8 +34,8 @@ pub struct S3Fifo<K> {
     small: VecDeque<(K, u64)>,
     main: VecDeque<(K, u64)>,
     ghost: VecDeque<(K, u64, u64)>,
-    ghost_index: HashMap<K, u64>,
-    entries: HashMap<K, Meta>,
+    ghost_index: Map<K, u64>,
+    entries: Map<K, Meta>,
     small_bytes: u64,
     main_bytes: u64,
     ghost_bytes: u64,
@@ -47,8 +49,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             small: VecDeque::new(),
             main: VecDeque::new(),
             ghost: VecDeque::new(),
-            ghost_index: HashMap::new(),
-            entries: HashMap::new(),
+            ghost_index: Map::default(),
+            entries: Map::default(),
             small_bytes: 0,
             main_bytes: 0,
             ghost_bytes: 0,

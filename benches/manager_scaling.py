@@ -1,0 +1,222 @@
+"""Manager control-path scaling: requests/s and latency as client processes are added.
+
+One real Manager (`python -m orbitkv serve`); N client processes, each with its own
+session, run one operation in a closed loop for a fixed time:
+  * `lookup` - lookup of a 32-block chain that fully hits (a lease) + release:
+               2 round trips, the cache lock taken twice, no copy;
+  * `save`   - save of 4 new 4 KiB blocks (begin_save, copy, commit_save):
+               2 round trips, allocation and eviction under the cache lock.
+Baselines in the same run:
+  * ideal linear scaling of the N=1 figure (N x ops/s at N=1), capped by cores;
+  * `echo`   - N pairs of processes exchanging the same request/reply sizes over
+               Unix socketpairs (Python on both sides): the kernel IPC + process
+               wake-up cost with no Manager at all.
+The Manager runs one thread per session and one cache mutex; this shows where that
+design stops scaling on the machine at hand.
+
+Usage: python benches/manager_scaling.py [--clients 1,2,4,8] [--seconds 3]
+                                         [--out bench-results/manager_scaling.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from orbitkv import _native
+
+ROOT = Path(__file__).resolve().parents[1]
+FP = b"\x5a" * 32
+CHAIN = 32
+BB = 4096
+LOOKUP_REQ = 16 + 8 + 32 * CHAIN  # header + ns/count + hashes, as on the wire
+REPLY = 16 + 24
+
+
+def chain(i: int) -> list[bytes]:
+    return [i.to_bytes(4, "little") + j.to_bytes(4, "little") + bytes(24) for j in range(CHAIN)]
+
+
+def client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out: Any) -> None:
+    try:
+        _client_loop(sock, op, seconds, worker, start, out)
+    except BaseException as e:  # reported to the parent, which fails loudly
+        out.put(f"worker {worker} ({op}): {e!r}")
+        raise
+
+
+def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out: Any) -> None:
+    c = _native.Client(sock)
+    ns = c.register_namespace(FP, BB)
+    hs = chain(worker % 64)
+    payload = [bytes([worker % 256]) * BB] * 4
+    lat: list[float] = []
+    start.wait()
+    deadline = time.perf_counter() + seconds
+    n = 0
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= deadline:
+            break
+        if op == "lookup":
+            lease = c.lookup(ns, hs)
+            assert lease.hit_blocks == CHAIN, lease
+            c.release(lease)
+        else:
+            keys = [worker.to_bytes(4, "little") + (4 * n + k).to_bytes(8, "little") + bytes(20) for k in range(4)]
+            c.save(ns, keys, payload)
+        lat.append(time.perf_counter() - t0)
+        n += 1
+    c.close()
+    out.put((n, lat))
+
+
+def echo_server(conn: socket.socket) -> None:
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            return
+        conn.sendall(bytes(REPLY))
+
+
+def echo_client(conn: socket.socket, seconds: float, start: Any, out: Any) -> None:
+    req = bytes(LOOKUP_REQ)
+    lat: list[float] = []
+    start.wait()
+    deadline = time.perf_counter() + seconds
+    n = 0
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= deadline:
+            break
+        for _ in range(2):  # two round trips, as lookup + release
+            conn.sendall(req)
+            got = 0
+            while got < REPLY:
+                got += len(conn.recv(65536))
+        lat.append(time.perf_counter() - t0)
+        n += 1
+    out.put((n, lat))
+
+
+def summarize(results: list[Any], seconds: float) -> dict[str, float]:
+    failed = [r for r in results if isinstance(r, str)]
+    if failed:
+        raise SystemExit("benchmark worker failed: " + "; ".join(failed))
+    lat = sorted(x for _, xs in results for x in xs)
+    ops = sum(n for n, _ in results)
+    return {
+        "ops_per_s": ops / seconds,
+        "p50_us": statistics.median(lat) * 1e6 if lat else 0.0,
+        "p99_us": lat[int(0.99 * (len(lat) - 1))] * 1e6 if lat else 0.0,
+    }
+
+
+def run_clients(sock: str, op: str, n: int, seconds: float) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=client_loop, args=(sock, op, seconds, w, start, out)) for w in range(n)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5 + 0.05 * n)  # every client connected and mapped
+    start.set()
+    results = [out.get(timeout=seconds + 60) for _ in procs]
+    for p in procs:
+        p.join()
+    return summarize(results, seconds)
+
+
+def run_echo(n: int, seconds: float) -> dict[str, float]:
+    ctx = mp.get_context("fork")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = []
+    for _ in range(n):
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        procs.append(ctx.Process(target=echo_server, args=(a,)))
+        procs.append(ctx.Process(target=echo_client, args=(b, seconds, start, out)))
+    for p in procs:
+        p.start()
+    time.sleep(0.3)
+    start.set()
+    results = [out.get(timeout=seconds + 60) for _ in range(n)]
+    for p in procs:
+        p.kill()
+        p.join()
+    return summarize(results, seconds)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--out", default=str(ROOT / "bench-results" / "manager_scaling.json"))
+    a = ap.parse_args()
+    counts = [int(x) for x in a.clients.split(",")]
+    d = tempfile.mkdtemp(prefix="okv-scale-")
+    sock = os.path.join(d, "m.sock")
+    mgr = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", "1GiB",
+                            "--metrics-addr", "off", "--log-level", "warn"])  # fmt: skip
+    rows = []
+    try:
+        for _ in range(200):
+            try:
+                _native.Client(sock).close()
+                break
+            except _native.ManagerUnavailable:
+                time.sleep(0.05)
+        for n in counts:
+            # (Re)store the chains the lookups hit: an earlier save phase may have evicted them.
+            with _native.Client(sock) as c:
+                ns = c.register_namespace(FP, BB)
+                for i in range(64):
+                    c.save(ns, chain(i), [bytes(BB)] * CHAIN)
+            row: dict[str, Any] = {"clients": n}
+            for op in ("lookup", "save"):
+                row[op] = run_clients(sock, op, n, a.seconds)
+            row["echo"] = run_echo(n, a.seconds)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        mgr.terminate()
+        mgr.wait()
+    base = rows[0]
+    cores = os.cpu_count() or 1
+    for row in rows:
+        n = row["clients"]
+        for op in ("lookup", "save", "echo"):
+            # Ideal: linear in clients until every core is busy (a client plus its server side).
+            ideal = base[op]["ops_per_s"] / base["clients"] * min(n, max(1, cores // 2))
+            row[op]["vs_ideal_linear"] = row[op]["ops_per_s"] / ideal
+        row["lookup_vs_echo"] = row["lookup"]["ops_per_s"] / row["echo"]["ops_per_s"]
+    doc = {
+        "bench": "manager_scaling",
+        "ops": {
+            "lookup": f"lookup of a {CHAIN}-block full hit + release (2 round trips)",
+            "save": f"save of 4 new {BB}-byte blocks: begin_save + copy + commit_save (2 round trips)",
+            "echo": "2 round trips of the lookup's request/reply sizes over a socketpair, Python both sides",
+        },
+        "seconds_per_point": a.seconds,
+        "cpus": cores,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "rows": rows,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=2))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,9 @@
+//! The hash map behind every hot table of the core (index, policy, leases, sessions).
+//!
+//! Keys are mostly client-supplied block digests. std's SipHash cost ~35 ns per
+//! key and a 32-block lookup + release hashes each block about four times (index
+//! and policy, both ways): SipHash was most of the Manager's lock hold time.
+//! foldhash is several times faster and still seeded per process, so a client
+//! cannot choose keys that collide.
+
+pub(crate) type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
