@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from orbitkv_testing import eventually
 
 from orbitkv import _native
 
@@ -70,3 +71,32 @@ def test_huge_page_arena_is_shared_byte_exact_and_mapped_huge(manager_factory) -
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), m.socket], capture_output=True, text=True,
                        check=True)  # fmt: skip
     assert r.stdout.split() == ["2048", "2048"], r.stdout
+
+
+def test_ssd_blocks_stage_byte_exact_into_a_huge_page_arena(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """O_DIRECT reads from the SSD tier land in hugetlb arena slots, verified."""
+    free = free_huge_pages()
+    if free < 8:
+        pytest.skip(f"{free} free 2 MiB huge pages; 8 are needed (reserve with `sysctl vm.nr_hugepages`)")
+    m = manager_factory("--hugepages", "2MiB", "--dram-size", "16MiB", "--segment-size", "8MiB",
+                        "--ssd-dir", str(tmp_path / "ssd"), "--ssd-capacity", "64MiB", "--ssd-mode", "direct",
+                        "--ssd-write-policy", "eager")  # fmt: skip
+    with _native.Client(m.socket) as c:
+        ns = c.register_namespace(FP, BB)
+        hs = [bytes([7, i]) + bytes(30) for i in range(128)]  # 32 MiB: twice the arena
+        data = {h: bytes([h[1]]) * (BB // 2) + h * (BB // 64) for h in hs}
+        for i in range(0, len(hs), 8):
+            c.save(ns, hs[i : i + 8], [data[h] for h in hs[i : i + 8]])
+            eventually(lambda n=i + 8: m.stats()["ssd_spilled_blocks_total"] >= n, "write-behind kept up")
+        exact = 0
+        for h in hs:
+            lease = c.lookup(ns, [h])
+            if lease.hit_blocks:
+                buf = bytearray(BB)
+                c.restore(lease, buf)
+                c.release(lease)
+                assert bytes(buf) == data[h], "a restored block differs"
+                exact += 1
+        st = c.stats()
+        assert st["dram_page_bytes"] == HUGE and st["ssd_stage_failures_total"] == 0
+        assert st["ssd_staged_blocks_total"] > 0 and exact >= 64, (exact, st["ssd_staged_blocks_total"])
