@@ -10,14 +10,15 @@ that layer's page for the block, each page in its physical byte order (logical
 [ratio, H, N, C] order when a page is not one dense run: LHBNC, BHLNC). For
 block-outermost layouts whose pages are contiguous (BLHNC, BLNHC) that concatenation
 is exactly the block's contiguous span in the backing buffer (`block_views`).
-`gather_into`/`scatter_from` copy between pages and any block-sized destination -
-in the worker, the Manager arena slots themselves, so every byte is copied once.
+`gather_to`/`scatter_from` copy between pages and block-sized raw addresses - in
+the worker, the Manager arena slots themselves, so every byte is copied once.
 The same `BlockGeometry` is what a GPU gather/scatter kernel would consume (base
 address, per-layer offsets, block stride), so the CPU path is its reference oracle.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -112,11 +113,25 @@ def describe(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> tuple[Bl
 
 
 class HostCopier:
-    """Gathers cached blocks from, and scatters them into, CPU KV pages."""
+    """Gathers cached blocks from, and scatters them into, CPU KV pages.
+
+    Copies go page by page to or from raw block-sized addresses (Manager arena slots,
+    or a staging buffer), with `ctypes.memmove` for dense pages: no Python object is
+    allocated per block or page, so a step's saves add no garbage-collector work to
+    the engine process (numpy views per page did, and GC passes over vLLM's heap
+    showed up as a slower Scheduler). Every source range is proven inside the KV
+    buffer once, here; destinations are the caller's to size (`block_bytes` each).
+    """
 
     def __init__(self, geometry: BlockGeometry, flat: np.ndarray) -> None:
         self.geometry = geometry
         self._flat = flat
+        self._base = int(flat.ctypes.data)
+        last = geometry.num_blocks - 1
+        for page in geometry.pages:
+            reach = sum((n - 1) * st for n, st in zip(page.shape, page.strides, strict=True)) + 1
+            if page.base < 0 or page.base + last * page.block_stride + reach > flat.nbytes:
+                raise LayoutError(f"layer {page.layer!r}: pages reach past the {flat.nbytes}-byte KV buffer")
 
     def _check(self, block_ids: Sequence[int]) -> None:
         for b in block_ids:
@@ -145,38 +160,46 @@ class HostCopier:
 
     def gather(self, block_ids: Sequence[int]) -> np.ndarray:
         """Copy blocks into one staging buffer of len(block_ids) * block_bytes."""
-        out = np.empty((len(block_ids), self.geometry.block_bytes), dtype=np.uint8)
-        self.gather_into(list(out), block_ids)
+        bb = self.geometry.block_bytes
+        out = np.empty((len(block_ids), bb), dtype=np.uint8)
+        base = int(out.ctypes.data)
+        self.gather_to([base + i * bb for i in range(len(block_ids))], block_ids)
         return out
-
-    def gather_into(self, rows: Sequence[np.ndarray], block_ids: Sequence[int]) -> None:
-        """Copy each block into its own `block_bytes` destination (e.g. an arena slot)."""
-        self._check(block_ids)
-        for row, b in zip(rows, block_ids, strict=True):
-            off = 0
-            for page in self.geometry.pages:
-                dst = row[off : off + page.page_bytes]
-                src = self._page(page, b)
-                if page.contiguous:
-                    dst[:] = src
-                else:
-                    dst.reshape(page.shape)[...] = src
-                off += page.page_bytes
 
     def scatter(self, staging: np.ndarray, block_ids: Sequence[int]) -> None:
         """Copy blocks from a staging buffer (as produced by `gather`) into pages."""
-        self.scatter_from(list(staging.reshape(-1, self.geometry.block_bytes)), block_ids)
+        bb = self.geometry.block_bytes
+        src = np.ascontiguousarray(staging, dtype=np.uint8).reshape(-1)
+        if src.nbytes != len(block_ids) * bb:
+            raise ValueError(f"staging holds {src.nbytes} bytes, {len(block_ids)} blocks need {len(block_ids) * bb}")
+        base = int(src.ctypes.data)
+        self.scatter_from([base + i * bb for i in range(len(block_ids))], block_ids)
 
-    def scatter_from(self, rows: Sequence[np.ndarray], block_ids: Sequence[int]) -> None:
-        """Copy each `block_bytes` source (e.g. an arena slot) into its block's pages."""
+    def gather_to(self, dst: Sequence[int], block_ids: Sequence[int]) -> None:
+        """Copy each block to its address in `dst` (`block_bytes` writable bytes each)."""
         self._check(block_ids)
-        for row, b in zip(rows, block_ids, strict=True):
+        for addr, b in zip(dst, block_ids, strict=True):
             off = 0
             for page in self.geometry.pages:
-                src = row[off : off + page.page_bytes]
-                dst = self._page(page, b)
                 if page.contiguous:
-                    dst[:] = src
+                    ctypes.memmove(addr + off, self._base + page.base + b * page.block_stride, page.page_bytes)
                 else:
-                    dst[...] = src.reshape(page.shape)
+                    _raw(addr + off, page.page_bytes).reshape(page.shape)[...] = self._page(page, b)
                 off += page.page_bytes
+
+    def scatter_from(self, src: Sequence[int], block_ids: Sequence[int]) -> None:
+        """Copy each block from its address in `src` (`block_bytes` bytes each) into its pages."""
+        self._check(block_ids)
+        for addr, b in zip(src, block_ids, strict=True):
+            off = 0
+            for page in self.geometry.pages:
+                if page.contiguous:
+                    ctypes.memmove(self._base + page.base + b * page.block_stride, addr + off, page.page_bytes)
+                else:
+                    self._page(page, b)[...] = _raw(addr + off, page.page_bytes).reshape(page.shape)
+                off += page.page_bytes
+
+
+def _raw(address: int, nbytes: int) -> np.ndarray:
+    """A uint8 view of `nbytes` at `address` (the caller proved the range)."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))

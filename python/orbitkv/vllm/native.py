@@ -6,15 +6,13 @@ The native module is imported the first time a role actually talks to the Manage
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from orbitkv.vllm.config import OrbitKVSettings
 
@@ -63,7 +61,6 @@ class ManagerSession:
         self.block_bytes = block_bytes
         self._client: Client | None = None
         self._namespaces: dict[bytes, Namespace] = {}
-        self._arenas: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         # After a broken or refused connection, calls fail fast until this time, so an
         # unreachable Manager costs one connect attempt per back-off, not one per step.
@@ -114,21 +111,6 @@ class ManagerSession:
                 self._namespaces[salt] = ns
             return ns
 
-    def arena(self, segment: int) -> np.ndarray:
-        """Writable uint8 view of a mapped Manager arena segment (zero copy).
-
-        Valid while this session's client lives (the cache is dropped with it); copies
-        through it are synchronous, so they have drained before any release/commit.
-        """
-        client = self.client()
-        with self._lock:
-            view = self._arenas.get(segment)
-            if view is None:
-                address, size = client.segment_address(segment)
-                view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
-                self._arenas[segment] = view
-            return view
-
     def namespaces(self) -> dict[bytes, Namespace]:
         with self._lock:
             return dict(self._namespaces)
@@ -155,7 +137,6 @@ class ManagerSession:
         with self._lock:
             client, self._client = self._client, None
             self._namespaces.clear()
-            self._arenas.clear()
         if client is not None:
             try:
                 client.close()
@@ -164,3 +145,24 @@ class ManagerSession:
 
     def close(self) -> None:
         self.drop_client()
+
+
+def slot_addresses(client: Client, slots: Sequence[tuple[int, int]], nbytes: int) -> list[int]:
+    """Addresses, in this process, of the arena slots `(segment, offset)` that `client`'s
+    Manager handed out, each checked to hold `nbytes` inside its segment.
+
+    Resolved through that same client on every call, never cached across clients: after
+    a reconnect (perhaps to a restarted Manager with new segments) a slot of the old
+    session must never be translated through the new mapping.
+    """
+    spans: dict[int, tuple[int, int]] = {}
+    out = []
+    for segment, offset in slots:
+        span = spans.get(segment)
+        if span is None:
+            span = spans[segment] = client.segment_address(segment)
+        address, size = span
+        if offset < 0 or offset + nbytes > size:
+            raise ValueError(f"arena slot [{offset}, {offset + nbytes}) outside segment {segment} ({size} bytes)")
+        out.append(address + offset)
+    return out

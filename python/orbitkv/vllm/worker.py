@@ -22,7 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransfe
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
-from orbitkv.vllm.native import ManagerSession
+from orbitkv.vllm.native import ManagerSession, slot_addresses
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 logger = logging.getLogger("orbitkv.vllm")
@@ -121,8 +121,8 @@ class OrbitKVWorker:
                     # buffer; the same shape of work a GPU scatter kernel will do.
                     slots = client.acquire(lease)[:n]
                     bb = copier.geometry.block_bytes
-                    rows = [self.session.arena(seg)[off : off + bb] for seg, off in slots]
-                    copier.scatter_from(rows, dst_ids)
+                    src = slot_addresses(client, slots, bb)
+                    copier.scatter_from(src, dst_ids)
                     out.bytes_copied = n * bb
             out.failed_block_ids = list(spec.block_ids[n:])
             out.total_failure = n == 0
@@ -192,8 +192,8 @@ class OrbitKVWorker:
             try:
                 bb = copier.geometry.block_bytes
                 todo = [(slot, b) for slot, b in zip(pending.slots, ids, strict=True) if slot is not None]
-                rows = [self.session.arena(seg)[off : off + bb] for (seg, off), _ in todo]
-                copier.gather_into(rows, [b for _, b in todo])
+                dst = slot_addresses(client, [slot for slot, _ in todo], bb)
+                copier.gather_to(dst, [b for _, b in todo])
                 self._stored += client.commit_save(pending)
             except BaseException:
                 client.abort_save(pending)

@@ -384,19 +384,22 @@ def test_dropped_scheduler_connection_loses_its_leases_not_the_next_connection(
     b = build(model_dir, manager)
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
-    b.step()
+    held = manager.stats()["live_leases"]  # (other engines' leases, if any)
+    so = b.scheduler.schedule()  # the lookup pins the hit; the load is planned, not run
     assert b.status(r.request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
     side = b.connector.scheduler_side
     old = side.session.client()
-    side.session.drop_client()  # the connection is gone; the lease went with it
-    assert manager.stats()["live_leases"] == 0, "the Manager released it with the session"
+    assert manager.stats()["live_leases"] == held + 1
+    side.session.drop_client()  # the connection is gone before the load even starts
+    assert manager.stats()["live_leases"] == held, "the Manager released the lease with the session"
     new = side.session.client()
     assert new.session_id != old.session_id
+    b.execute(so)  # the worker loads through its own session
     b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="prefill after load")
     b.check_pages(r, len(PROMPT))
     b.run_to_completion([r.request_id])
     c = counters(b)
-    assert (c["leases_lost_with_session"], c["manager_errors"], c["loads_failed"]) == (1, 0, 0), c
+    assert (c["leases_lost_with_session"], c["manager_errors"], c["loads_failed"]) == (1, 0, 0), repr(c)
     assert side.session.client() is new, "the new connection was kept"
     b.assert_drained()
     assert_no_leases_held(b, manager)
@@ -415,6 +418,13 @@ def test_stalled_manager_holds_the_scheduler_step_at_most_the_scheduler_timeout(
     e.scheduler.add_request(r)
     os.kill(manager.proc.pid, signal.SIGSTOP)
     try:
+        # kill() only queues the stop: wait until every Manager thread is stopped, or a
+        # running session thread may still answer the lookup.
+        tasks = Path(f"/proc/{manager.proc.pid}/task")
+        deadline = time.monotonic() + 10
+        while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
+            assert time.monotonic() < deadline, "the Manager did not stop"
+            time.sleep(0.01)
         t0 = time.monotonic()
         so = e.scheduler.schedule()
         waited = time.monotonic() - t0
