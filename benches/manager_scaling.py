@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,30 +57,35 @@ def client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out
         raise
 
 
+def closed_loop(op: Callable[[int], None], seconds: float, start: Any) -> tuple[int, list[float]]:
+    """Run `op(i)` back to back for `seconds` after `start` is set: (count, latencies)."""
+    lat: list[float] = []
+    start.wait()
+    deadline = time.perf_counter() + seconds
+    while (t0 := time.perf_counter()) < deadline:
+        op(len(lat))
+        lat.append(time.perf_counter() - t0)
+    return len(lat), lat
+
+
 def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out: Any) -> None:
     c = _native.Client(sock)
     ns = c.register_namespace(FP, BB)
     hs = chain(worker % 64)
     payload = [bytes([worker % 256]) * BB] * 4
-    lat: list[float] = []
-    start.wait()
-    deadline = time.perf_counter() + seconds
-    n = 0
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= deadline:
-            break
-        if op == "lookup":
-            lease = c.lookup(ns, hs)
-            assert lease.hit_blocks == CHAIN, lease
-            c.release(lease)
-        else:
-            keys = [worker.to_bytes(4, "little") + (4 * n + k).to_bytes(8, "little") + bytes(20) for k in range(4)]
-            c.save(ns, keys, payload)
-        lat.append(time.perf_counter() - t0)
-        n += 1
+
+    def lookup(_: int) -> None:
+        lease = c.lookup(ns, hs)
+        assert lease.hit_blocks == CHAIN, lease
+        c.release(lease)
+
+    def save(n: int) -> None:
+        keys = [worker.to_bytes(4, "little") + (4 * n + k).to_bytes(8, "little") + bytes(20) for k in range(4)]
+        c.save(ns, keys, payload)
+
+    result = closed_loop(lookup if op == "lookup" else save, seconds, start)
     c.close()
-    out.put((n, lat))
+    out.put(result)
 
 
 def echo_server(conn: socket.socket) -> None:
@@ -92,22 +98,15 @@ def echo_server(conn: socket.socket) -> None:
 
 def echo_client(conn: socket.socket, seconds: float, start: Any, out: Any) -> None:
     req = bytes(LOOKUP_REQ)
-    lat: list[float] = []
-    start.wait()
-    deadline = time.perf_counter() + seconds
-    n = 0
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= deadline:
-            break
-        for _ in range(2):  # two round trips, as lookup + release
+
+    def two_round_trips(_: int) -> None:  # as lookup + release
+        for _ in range(2):
             conn.sendall(req)
             got = 0
             while got < REPLY:
                 got += len(conn.recv(65536))
-        lat.append(time.perf_counter() - t0)
-        n += 1
-    out.put((n, lat))
+
+    out.put(closed_loop(two_round_trips, seconds, start))
 
 
 def summarize(results: list[Any], seconds: float) -> dict[str, float]:
