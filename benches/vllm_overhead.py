@@ -91,7 +91,7 @@ def run_variant(
         module_path=module,
         max_num_batched_tokens=2048,
     )
-    engine = _bare_engine(cfg) if variant == "none" else Engine.build(cfg, num_blocks=4096)
+    engine = Engine.build(cfg, num_blocks=4096)  # no worker connector for `none`
     if variant == "orbitkv":
         # Serving starts long after connect (model load): open both sessions now and
         # let the worker's background arena prefault finish before measuring.
@@ -173,23 +173,6 @@ def _instrument(connector: Any) -> list[float]:
 
         setattr(connector, name, timed)
     return clock
-
-
-def _bare_engine(cfg: Any) -> Engine:
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.structured_output import StructuredOutputManager
-    from vllm_harness import BLOCK, make_kv_cache_config
-
-    kc = make_kv_cache_config(4096, "LBNHC")
-    cfg.cache_config.num_gpu_blocks = 4096
-    sched = Scheduler(
-        vllm_config=cfg,
-        kv_cache_config=kc,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(cfg),
-        block_size=BLOCK,
-    )
-    return Engine(cfg, kc, sched, None, {})
 
 
 def layout_probe(model_dir: Path, socket_path: str, blocks: int, reps: int) -> dict[str, Any]:

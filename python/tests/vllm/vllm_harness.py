@@ -278,6 +278,8 @@ class Engine:
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=BLOCK,
         )
+        if vllm_config.kv_transfer_config is None:  # no connector: the bare Scheduler
+            return cls(vllm_config, kv_cache_config, scheduler, None, {})
         worker = KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
         kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), KVCacheLayout[layout])
         worker.register_kv_caches(kv_caches)
