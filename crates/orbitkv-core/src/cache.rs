@@ -15,8 +15,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::arena::{ArenaAllocator, aligned_len};
-use crate::map::Map;
 use crate::keys::{BlockHash, BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot};
+use crate::map::Map;
 use crate::policy::S3Fifo;
 
 /// Largest block the arena accepts (a single extent).
