@@ -41,6 +41,15 @@ pub fn bind(path: &Path, mode: u32) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// One of the `--max-connections` places, held by a session thread until it ends.
+struct ConnectionSlot(Arc<Shared>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
     while !shared.is_shutting_down() {
         let mut fds = [PollFd::new(&listener, PollFlags::IN)];
@@ -66,8 +75,8 @@ pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
                 let spawned = std::thread::Builder::new()
                     .name("orbitkv-session".into())
                     .spawn(move || {
-                        session::serve_connection(sh.clone(), stream);
-                        sh.connections.fetch_sub(1, Ordering::AcqRel);
+                        let _slot = ConnectionSlot(sh.clone()); // freed even if the session panics
+                        session::serve_connection(sh, stream);
                     });
                 if let Err(e) = spawned {
                     shared.connections.fetch_sub(1, Ordering::AcqRel);
