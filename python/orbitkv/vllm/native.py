@@ -111,6 +111,21 @@ class ManagerSession:
                 self._namespaces[salt] = ns
             return ns
 
+    def reset_generation(self) -> int:
+        """Move this fingerprint (every salt) to a fresh generation.
+
+        Runs over a short-lived control-only connection with the workers' timeout
+        (`timeout_ms`), not this session's: a reset waits for the Manager to persist
+        the new generation (an fsync with the SSD tier on), which the scheduler's
+        short timeout must not cut off into a reset reported failed that took effect.
+        """
+        mod = native()
+        with mod.Client(
+            self.settings.socket_path, token=self.settings.token, timeout_ms=self.settings.timeout_ms, map_arena=False
+        ) as c:
+            ns = c.register_namespace(self.fingerprint, self.block_bytes, shard=0, salt=b"")
+            return int(c.reset_generation(ns))
+
     def namespaces(self) -> dict[bytes, Namespace]:
         with self._lock:
             return dict(self._namespaces)

@@ -326,7 +326,7 @@ class OrbitKVScheduler:
         try:
             # A generation belongs to the fingerprint: one reset moves every salt's
             # namespace (the Manager refuses with Busy while any owner lives on it).
-            self.session.client().reset_generation(self.session.namespace(b""))
+            self.session.reset_generation()
         except Exception as exc:  # Busy or an unreachable Manager: report failure
             self.counters["manager_errors"] += 1
             logger.warning("orbitkv: external reset failed: %s", exc)
