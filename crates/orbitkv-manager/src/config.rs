@@ -54,6 +54,19 @@ pub struct Args {
     /// [default: 1024]
     #[arg(long, env = "ORBITKV_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most bytes of incomplete frame bodies buffered across all connections, beyond the first
+    /// 64 KiB of each frame; a frame that needs more is answered Busy and its connection closed
+    /// [default: 64MiB]
+    #[arg(long, env = "ORBITKV_MAX_BUFFERED")]
+    pub max_buffered_bytes: Option<String>,
+    /// A new connection must deliver its whole Hello within this many milliseconds of being
+    /// accepted (an absolute deadline) [default: 5000]
+    #[arg(long)]
+    pub hello_timeout_ms: Option<u64>,
+    /// Once a frame's first byte has arrived, the whole frame must arrive within this many
+    /// milliseconds (an idle connection between frames has no deadline) [default: 10000]
+    #[arg(long)]
+    pub frame_timeout_ms: Option<u64>,
     /// Accept InjectFault requests (tests only)
     #[arg(long)]
     pub enable_fault_injection: bool,
@@ -101,6 +114,9 @@ struct FileConfig {
     socket_mode: Option<String>,
     enable_fault_injection: Option<bool>,
     max_connections: Option<usize>,
+    max_buffered_bytes: Option<String>,
+    hello_timeout_ms: Option<u64>,
+    frame_timeout_ms: Option<u64>,
     log_level: Option<String>,
     ssd_dir: Option<PathBuf>,
     ssd: Option<bool>,
@@ -145,6 +161,12 @@ pub struct ManagerConfig {
     pub socket_mode: u32,
     pub enable_fault_injection: bool,
     pub max_connections: usize,
+    /// Bytes of incomplete frame bodies buffered across connections (beyond each frame's first 64 KiB).
+    pub max_buffered_bytes: usize,
+    /// Absolute deadline for a connection's Hello, from accept.
+    pub hello_timeout: std::time::Duration,
+    /// Deadline for a whole frame, from its first byte.
+    pub frame_timeout: std::time::Duration,
     pub log_level: crate::log::Level,
     pub ssd: Option<SsdSettings>,
 }
@@ -152,6 +174,7 @@ pub struct ManagerConfig {
 pub const DEFAULT_DRAM: &str = "1GiB";
 pub const DEFAULT_SEGMENT: &str = "256MiB";
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
+pub const DEFAULT_MAX_BUFFERED: &str = "64MiB";
 
 pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     let t = s.trim();
@@ -285,6 +308,34 @@ impl ManagerConfig {
         if max_connections == 0 {
             return Err(ConfigError::Invalid("max_connections must be at least 1".into()));
         }
+        let max_buffered_bytes = parse_size(
+            a.max_buffered_bytes
+                .or(file.max_buffered_bytes)
+                .as_deref()
+                .unwrap_or(DEFAULT_MAX_BUFFERED),
+        )?;
+        let max_buffered_bytes = usize::try_from(max_buffered_bytes)
+            .ok()
+            .filter(|b| *b >= orbitkv_proto::MAX_BODY)
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "max_buffered_bytes {max_buffered_bytes} must be at least 4MiB (one frame of the largest size)"
+                ))
+            })?;
+        let millis = |name: &str, v: u64| match v {
+            1..=3_600_000 => Ok(std::time::Duration::from_millis(v)),
+            _ => Err(ConfigError::Invalid(format!(
+                "{name} {v} must be 1..=3600000 milliseconds"
+            ))),
+        };
+        let hello_timeout = millis(
+            "hello_timeout_ms",
+            a.hello_timeout_ms.or(file.hello_timeout_ms).unwrap_or(5_000),
+        )?;
+        let frame_timeout = millis(
+            "frame_timeout_ms",
+            a.frame_timeout_ms.or(file.frame_timeout_ms).unwrap_or(10_000),
+        )?;
         let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
             .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
         let ssd_dir = a
@@ -352,6 +403,9 @@ impl ManagerConfig {
             socket_mode,
             enable_fault_injection: a.enable_fault_injection || file.enable_fault_injection.unwrap_or(false),
             max_connections,
+            max_buffered_bytes,
+            hello_timeout,
+            frame_timeout,
             log_level,
         })
     }
@@ -393,6 +447,13 @@ mod tests {
         assert!(e.to_string().contains("not loopback"));
         let e = ManagerConfig::from_argv(["x", "--allow-uid", "1000"]).expect_err("needs token");
         assert!(e.to_string().contains("requires --token-file"));
+        assert_eq!(c.max_buffered_bytes, 64 << 20);
+        assert_eq!(c.hello_timeout, std::time::Duration::from_secs(5));
+        assert_eq!(c.frame_timeout, std::time::Duration::from_secs(10));
+        let e = ManagerConfig::from_argv(["x", "--max-buffered-bytes", "1MiB"]).expect_err("below a frame");
+        assert!(e.to_string().contains("at least 4MiB"), "{e}");
+        let e = ManagerConfig::from_argv(["x", "--hello-timeout-ms", "0"]).expect_err("zero");
+        assert!(e.to_string().contains("hello_timeout_ms"), "{e}");
         let e = ManagerConfig::from_argv(["x", "--socket-mode", "666"]).expect_err("world");
         assert!(e.to_string().contains("grant nothing to others"));
         let c =

@@ -6,6 +6,7 @@
 #![deny(unsafe_code)] // allowed only in `tier.rs`, for arena slices handed to the SSD engine
 
 pub mod config;
+mod framing;
 #[macro_use]
 pub mod log;
 mod metrics;

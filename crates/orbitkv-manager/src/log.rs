@@ -49,9 +49,44 @@ pub fn emit(l: Level, msg: std::fmt::Arguments<'_>) {
     eprintln!("{ts:.3} {name} orbitkv-manager: {msg}");
 }
 
+/// Whether the `count`th occurrence of a repeatable warning is logged.
+fn sampled(count: u64) -> bool {
+    count.is_power_of_two()
+}
+
+/// A warning that a peer can make repeat without bound (refusals, timeouts):
+/// logged only at its 1st, 2nd, 4th, 8th, … occurrence, with the count, so a
+/// flood cannot flood the log. `count` is this occurrence's 1-based number,
+/// e.g. the value returned by `ServerCounters::inc`.
+pub fn warn_sampled(count: u64, msg: std::fmt::Arguments<'_>) {
+    if sampled(count) {
+        emit(
+            Level::Warn,
+            format_args!("{msg} [{count} so far; repeats logged at powers of two]"),
+        );
+    }
+}
+
 #[macro_export]
 macro_rules! log {
     ($lvl:ident, $($arg:tt)*) => {
         $crate::log::emit($crate::log::Level::$lvl, format_args!($($arg)*))
     };
+}
+
+/// `warn_sampled!(count, "fmt", args…)`: see [`warn_sampled`].
+#[macro_export]
+macro_rules! warn_sampled {
+    ($count:expr, $($arg:tt)*) => {
+        $crate::log::warn_sampled($count, format_args!($($arg)*))
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn repeated_warnings_are_logged_at_powers_of_two() {
+        let logged: Vec<u64> = (0..=100).filter(|n| super::sampled(*n)).collect();
+        assert_eq!(logged, vec![1, 2, 4, 8, 16, 32, 64]);
+    }
 }

@@ -12,48 +12,50 @@ use orbitkv_core::{
     SessionId,
 };
 use orbitkv_proto::{
-    ErrorCode, FrameError, HELLO_CONTROL_ONLY, Kind, Request, Response, SaveItem, SegmentInfo,
-    decode_request, read_frame, write_frame,
+    ErrorCode, FrameError, HELLO_CONTROL_ONLY, Request, Response, SaveItem, SegmentInfo, decode_request,
+    write_frame,
 };
 use orbitkv_shm::fdpass::send_with_fds;
 use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
 
+use crate::framing::{PeerReader, Stall};
 use crate::shared::{Quarantined, ServerCounters, Shared};
 use crate::stats;
 
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a last error reply before closing may block on a peer that does not read.
+const CLOSING_REPLY_TIMEOUT: Duration = Duration::from_millis(100);
 
-fn reply(stream: &mut UnixStream, id: u32, resp: &Response) -> Result<(), FrameError> {
-    write_frame(stream, resp.kind() as u16, id, &resp.encode())?;
-    stream.flush()?;
+fn reply(stream: &UnixStream, id: u32, resp: &Response) -> Result<(), FrameError> {
+    let mut w = stream;
+    write_frame(&mut w, resp.kind() as u16, id, &resp.encode())?;
+    w.flush()?;
     Ok(())
 }
 
-fn refuse(stream: &mut UnixStream, shared: &Shared, id: u32, code: ErrorCode, msg: &str) {
-    match code {
+/// A last error reply on a connection about to be closed: best effort, and it
+/// cannot hold the thread on a peer that stopped reading.
+fn reply_and_close(stream: &UnixStream, id: u32, code: ErrorCode, msg: impl Into<String>) {
+    let _ = stream.set_write_timeout(Some(CLOSING_REPLY_TIMEOUT));
+    let _ = reply(stream, id, &Response::error(code, msg));
+}
+
+fn refuse(stream: &UnixStream, shared: &Shared, id: u32, code: ErrorCode, msg: &str) {
+    let n = match code {
         ErrorCode::Auth => ServerCounters::inc(&shared.counters.auth_refused),
         _ => ServerCounters::inc(&shared.counters.bad_frames),
-    }
-    log!(Warn, "refusing connection: {msg}");
-    let _ = reply(stream, id, &Response::error(code, msg));
+    };
+    warn_sampled!(n, "refusing connection: {msg}");
+    reply_and_close(stream, id, code, msg);
 }
 
 /// Answer a connection over `--max-connections` with `Busy` and close it, from
 /// the accept loop (no thread is spent on it; the write cannot block: the reply
 /// is far smaller than an empty socket buffer).
-pub fn refuse_over_limit(mut stream: UnixStream, shared: &Shared, limit: usize) {
-    ServerCounters::inc(&shared.counters.connections_refused);
-    let _ = stream.set_write_timeout(Some(std::time::Duration::from_millis(100)));
+pub fn refuse_over_limit(stream: UnixStream, shared: &Shared, limit: usize) {
+    let n = ServerCounters::inc(&shared.counters.connections_refused);
     let msg = format!("the Manager already serves its limit of {limit} connections (--max-connections)");
-    if shared
-        .counters
-        .connections_refused
-        .load(Ordering::Relaxed)
-        .is_power_of_two()
-    {
-        log!(Warn, "refusing connection: {msg}"); // 1st, 2nd, 4th, 8th …: a flood cannot flood the log
-    }
-    let _ = reply(&mut stream, 0, &Response::error(ErrorCode::Busy, msg));
+    warn_sampled!(n, "refusing connection: {msg}");
+    reply_and_close(&stream, 0, ErrorCode::Busy, msg);
 }
 
 /// Constant-time comparison (length is not secret).
@@ -73,7 +75,7 @@ fn authorize(shared: &Shared, cred: &PeerCred) -> Result<(), String> {
     }
 }
 
-pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
+pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     let cred = match peer_cred(&stream) {
         Ok(c) => c,
         Err(e) => {
@@ -82,16 +84,17 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
         }
     };
     if let Err(msg) = authorize(&shared, &cred) {
-        refuse(&mut stream, &shared, 0, ErrorCode::Auth, &msg);
+        refuse(&stream, &shared, 0, ErrorCode::Auth, &msg);
         return;
     }
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let (hello_id, token, flags) = match read_frame(&mut stream) {
-        Ok((h, body)) if h.kind == Kind::Hello as u16 => match decode_request(h.kind, &body) {
+    // The Hello deadline is absolute, from here; only a small Hello frame is accepted.
+    let mut reader = PeerReader::new(&stream, &shared);
+    let (hello_id, token, flags) = match reader.next_frame() {
+        Ok((h, body)) => match decode_request(h.kind, &body) {
             Ok(Request::Hello { token, flags, .. }) => (h.request_id, token, flags),
             Ok(_) | Err(_) => {
                 refuse(
-                    &mut stream,
+                    &stream,
                     &shared,
                     h.request_id,
                     ErrorCode::BadFrame,
@@ -100,28 +103,43 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
                 return;
             }
         },
-        Ok((h, _)) => {
-            refuse(
-                &mut stream,
-                &shared,
-                h.request_id,
+        Err(FrameError::Closed) => return,
+        Err(_) if reader.stalled() == Some(Stall::Hello) => {
+            let n = ServerCounters::inc(&shared.counters.hello_timeouts);
+            let t = shared.config.hello_timeout;
+            warn_sampled!(
+                n,
+                "no Hello within {t:?} from pid {} (uid {}; got {}); closing",
+                cred.pid,
+                cred.uid,
+                reader.progress()
+            );
+            reply_and_close(
+                &stream,
+                reader.request_id(),
                 ErrorCode::BadFrame,
-                "first frame must be Hello",
+                format!("no complete Hello within {t:?} of connecting (--hello-timeout-ms); closing"),
             );
             return;
         }
-        Err(FrameError::Closed) => return,
         Err(e) => {
-            refuse(&mut stream, &shared, 0, frame_code(&e), &e.to_string());
+            refuse(
+                &stream,
+                &shared,
+                reader.request_id(),
+                frame_code(&e),
+                &e.to_string(),
+            );
             return;
         }
     };
+    reader.hello_done();
     if let Some(expected) = &shared.config.token
         && !token_eq(expected, &token)
     {
         {
             refuse(
-                &mut stream,
+                &stream,
                 &shared,
                 hello_id,
                 ErrorCode::Auth,
@@ -130,7 +148,6 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
             return;
         }
     }
-    let _ = stream.set_read_timeout(None);
     let process = ProcessHandle::open(cred.pid).ok();
     let session = shared.cache().open_session();
     ServerCounters::inc(&shared.counters.sessions_opened);
@@ -171,7 +188,7 @@ pub fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
         if control { " (control-only)" } else { "" }
     );
 
-    let how = request_loop(&shared, &mut stream, session, control);
+    let how = request_loop(&shared, &stream, &mut reader, session, control, cred.pid);
     end(&shared, session, cred.pid, process, how);
 }
 
@@ -179,6 +196,7 @@ fn frame_code(e: &FrameError) -> ErrorCode {
     match e {
         FrameError::Version(_) => ErrorCode::Version,
         FrameError::TooLarge(_) => ErrorCode::TooLarge,
+        FrameError::Refused { code, .. } => *code,
         _ => ErrorCode::BadFrame,
     }
 }
@@ -199,20 +217,52 @@ fn refused_for_control(req: &Request) -> Option<Response> {
     ))
 }
 
-fn request_loop(shared: &Shared, stream: &mut UnixStream, session: SessionId, control: bool) -> SessionEnd {
+fn request_loop(
+    shared: &Shared,
+    stream: &UnixStream,
+    reader: &mut PeerReader<'_>,
+    session: SessionId,
+    control: bool,
+    pid: i32,
+) -> SessionEnd {
     loop {
-        let (h, body) = match read_frame(stream) {
+        // The previous frame's body was dropped at the end of the last
+        // iteration; `next_frame` returns its budget first.
+        let (h, body) = match reader.next_frame() {
             Ok(x) => x,
             Err(FrameError::Closed) => return SessionEnd::Vanished,
+            Err(_) if reader.stalled() == Some(Stall::Frame) => {
+                let n = ServerCounters::inc(&shared.counters.frame_timeouts);
+                let t = shared.config.frame_timeout;
+                warn_sampled!(
+                    n,
+                    "session {} (pid {pid}): frame incomplete {t:?} after its first byte (got {}); closing",
+                    session.0,
+                    reader.progress()
+                );
+                reply_and_close(
+                    stream,
+                    reader.request_id(),
+                    ErrorCode::BadFrame,
+                    format!("frame incomplete {t:?} after its first byte (--frame-timeout-ms); closing"),
+                );
+                return SessionEnd::Vanished;
+            }
             Err(FrameError::Io(e)) => {
                 log!(Debug, "session {}: read failed: {e}", session.0);
                 return SessionEnd::Vanished;
             }
             Err(e) => {
                 // Framing is lost: answer once, then drop the connection.
-                ServerCounters::inc(&shared.counters.bad_frames);
-                log!(Warn, "session {}: {e}; closing", session.0);
-                let _ = reply(stream, 0, &Response::error(frame_code(&e), e.to_string()));
+                let n = match e {
+                    FrameError::Refused {
+                        code: ErrorCode::Busy,
+                        ..
+                    } => ServerCounters::inc(&shared.counters.frame_buffer_refusals),
+                    _ => ServerCounters::inc(&shared.counters.bad_frames),
+                };
+                warn_sampled!(n, "session {} (pid {pid}): {e}; closing", session.0);
+                reply_and_close(stream, reader.request_id(), frame_code(&e), e.to_string());
                 return SessionEnd::Vanished;
             }
         };

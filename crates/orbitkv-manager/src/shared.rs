@@ -23,11 +23,15 @@ pub struct ServerCounters {
     pub commit_failures_injected: AtomicU64,
     pub leases_acquired: AtomicU64,
     pub connections_refused: AtomicU64,
+    pub hello_timeouts: AtomicU64,
+    pub frame_timeouts: AtomicU64,
+    pub frame_buffer_refusals: AtomicU64,
 }
 
 impl ServerCounters {
-    pub fn inc(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+    /// Count one more; returns the new total (for [`crate::log::warn_sampled`]).
+    pub fn inc(c: &AtomicU64) -> u64 {
+        c.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
@@ -58,6 +62,9 @@ pub struct Shared {
     pub started: Instant,
     /// Connections with a live session thread (bounded by `max_connections`).
     pub connections: AtomicUsize,
+    /// Bytes of incomplete frame bodies charged to `--max-buffered-bytes`
+    /// (see `framing::PeerReader`).
+    pub frame_buffer_bytes: AtomicUsize,
 }
 
 impl Shared {
@@ -81,6 +88,7 @@ impl Shared {
             metrics_addr: Mutex::new(None),
             started: Instant::now(),
             connections: AtomicUsize::new(0),
+            frame_buffer_bytes: AtomicUsize::new(0),
         }
     }
 

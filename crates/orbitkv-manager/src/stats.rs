@@ -149,6 +149,30 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             shared.connections.load(Ordering::Relaxed) as u64,
         ),
         (
+            "hello_timeouts_total",
+            "Connections closed for not completing Hello within --hello-timeout-ms",
+            "counter",
+            ld(&sc.hello_timeouts),
+        ),
+        (
+            "frame_timeouts_total",
+            "Connections closed for not completing a started frame within --frame-timeout-ms",
+            "counter",
+            ld(&sc.frame_timeouts),
+        ),
+        (
+            "frame_buffer_refusals_total",
+            "Frames answered Busy (connection closed) because --max-buffered-bytes was reached",
+            "counter",
+            ld(&sc.frame_buffer_refusals),
+        ),
+        (
+            "frame_buffer_bytes",
+            "Bytes of incomplete frame bodies charged to --max-buffered-bytes",
+            "gauge",
+            shared.frame_buffer_bytes.load(Ordering::Relaxed) as u64,
+        ),
+        (
             "auth_refused_total",
             "Connections refused by uid or token checks",
             "counter",

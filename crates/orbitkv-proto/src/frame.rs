@@ -27,6 +27,10 @@ pub enum FrameError {
     TooLarge(u32),
     #[error("connection closed")]
     Closed,
+    /// Refused by a [`FrameGuard`] (the reader's limits), with the error code
+    /// to answer and why.
+    #[error("{message}")]
+    Refused { code: crate::ErrorCode, message: String },
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
 }
@@ -68,22 +72,87 @@ impl Header {
     }
 }
 
+/// Capacity a frame body starts with (or its length, if smaller); it then
+/// doubles as bytes arrive, so a peer that announces a large body and sends
+/// little of it holds little memory.
+pub const FIRST_BODY_CHUNK: usize = 64 << 10;
+
+/// Limits applied while a frame arrives from an untrusted peer: a reader
+/// implementing it (with [`read_frame_guarded`]) learns when a frame starts,
+/// may refuse a header before any body byte is buffered, and is asked before
+/// every growth of the body buffer.
+pub trait FrameGuard {
+    /// The first byte of a frame has arrived (a per-frame deadline starts here).
+    fn frame_started(&mut self) {}
+    /// The header is valid; refuse it here to buffer none of its body.
+    fn check_header(&mut self, _header: &Header) -> Result<(), FrameError> {
+        Ok(())
+    }
+    /// The body buffer is about to grow by `bytes` of capacity. An error
+    /// refuses the frame (the buffer is dropped, nothing more is read).
+    fn grow_body(&mut self, _bytes: usize) -> Result<(), FrameError> {
+        Ok(())
+    }
+}
+
+/// A reader with no limits beyond [`MAX_BODY`].
+struct Unguarded<'a, R: ?Sized>(&'a mut R);
+
+impl<R: Read + ?Sized> Read for Unguarded<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl<R: ?Sized> FrameGuard for Unguarded<'_, R> {}
+
 /// Read one frame. `Closed` on a clean EOF before the first header byte.
-pub fn read_frame(r: &mut impl Read) -> Result<(Header, Vec<u8>), FrameError> {
+/// The body buffer grows as bytes arrive (see [`FIRST_BODY_CHUNK`]).
+pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<(Header, Vec<u8>), FrameError> {
+    read_frame_guarded(&mut Unguarded(r))
+}
+
+/// Read one frame from `r`, applying its [`FrameGuard`] limits. The body
+/// buffer's capacity is at most twice the bytes received (and at least
+/// [`FIRST_BODY_CHUNK`]), never the announced length up front.
+pub fn read_frame_guarded<R: Read + FrameGuard + ?Sized>(r: &mut R) -> Result<(Header, Vec<u8>), FrameError> {
     let mut raw = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
         match r.read(&mut raw[got..]) {
             Ok(0) if got == 0 => return Err(FrameError::Closed),
             Ok(0) => return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
-            Ok(n) => got += n,
+            Ok(n) => {
+                if got == 0 {
+                    r.frame_started();
+                }
+                got += n;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
     }
     let header = Header::decode(&raw)?;
-    let mut body = vec![0u8; header.len as usize];
-    r.read_exact(&mut body)?;
+    r.check_header(&header)?;
+    let len = header.len as usize;
+    let mut body: Vec<u8> = Vec::new();
+    while body.len() < len {
+        let filled = body.len();
+        if filled == body.capacity() {
+            let target = len.min((2 * filled).max(FIRST_BODY_CHUNK));
+            r.grow_body(target - body.capacity())?;
+            body.try_reserve_exact(target - filled)
+                .map_err(|e| FrameError::Io(io::Error::new(io::ErrorKind::OutOfMemory, e)))?;
+        }
+        let end = body.capacity().min(len);
+        body.resize(end, 0);
+        match r.read(&mut body[filled..end]) {
+            Ok(0) => return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => body.truncate(filled + n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => body.truncate(filled),
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok((header, body))
 }
 

@@ -23,7 +23,10 @@ mod frame;
 mod msg;
 
 pub use codec::DecodeError;
-pub use frame::{FrameError, HEADER_LEN, Header, MAGIC, MAX_BODY, read_frame, write_frame};
+pub use frame::{
+    FIRST_BODY_CHUNK, FrameError, FrameGuard, HEADER_LEN, Header, MAGIC, MAX_BODY, read_frame,
+    read_frame_guarded, write_frame,
+};
 pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, decode_response};
 
 /// Protocol version spoken by this build.
@@ -41,6 +44,9 @@ pub const HELLO_CONTROL_ONLY: u32 = 1;
 pub const HELLO_KNOWN_FLAGS: u32 = HELLO_CONTROL_ONLY;
 /// Longest token accepted in `Hello`.
 pub const MAX_TOKEN: usize = 1024;
+/// Longest `Hello` body (pid, flags, token length, token): a first frame that
+/// announces more is refused before any of it is buffered.
+pub const MAX_HELLO_BODY: usize = 12 + MAX_TOKEN;
 /// Longest error or stats text.
 pub const MAX_TEXT: usize = 1 << 20;
 

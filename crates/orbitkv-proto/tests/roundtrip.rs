@@ -165,6 +165,157 @@ fn frame_io_round_trip() {
     assert!(matches!(read_frame(&mut cur), Err(FrameError::Closed)));
 }
 
+/// A byte source with `FrameGuard` hooks that records what the reader asked for.
+struct Recording<'a> {
+    data: &'a [u8],
+    /// Bytes handed out per read (a socket delivers frames in pieces).
+    piece: usize,
+    consumed: usize,
+    started: usize,
+    grown: Vec<usize>,
+    refuse_header: bool,
+    budget: Option<usize>,
+}
+
+impl<'a> Recording<'a> {
+    fn new(data: &'a [u8], piece: usize) -> Self {
+        Recording {
+            data,
+            piece,
+            consumed: 0,
+            started: 0,
+            grown: Vec::new(),
+            refuse_header: false,
+            budget: None,
+        }
+    }
+}
+
+impl std::io::Read for Recording<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.piece).min(self.data.len() - self.consumed);
+        buf[..n].copy_from_slice(&self.data[self.consumed..self.consumed + n]);
+        self.consumed += n;
+        Ok(n)
+    }
+}
+
+impl FrameGuard for Recording<'_> {
+    fn frame_started(&mut self) {
+        self.started += 1;
+    }
+    fn check_header(&mut self, _h: &Header) -> Result<(), FrameError> {
+        if self.refuse_header {
+            return Err(FrameError::Refused {
+                code: ErrorCode::BadFrame,
+                message: "no".into(),
+            });
+        }
+        Ok(())
+    }
+    fn grow_body(&mut self, bytes: usize) -> Result<(), FrameError> {
+        let total = self.grown.iter().sum::<usize>() + bytes;
+        if self.budget.is_some_and(|b| total > b) {
+            return Err(FrameError::Refused {
+                code: ErrorCode::Busy,
+                message: "over budget".into(),
+            });
+        }
+        self.grown.push(bytes);
+        Ok(())
+    }
+}
+
+fn header(len: u32) -> Vec<u8> {
+    Header {
+        version: PROTOCOL_VERSION,
+        kind: Kind::Lookup as u16,
+        len,
+        request_id: 7,
+    }
+    .encode()
+    .to_vec()
+}
+
+/// A peer that announces the largest body and sends 100 bytes of it costs one
+/// first chunk of buffer, not the announced length.
+#[test]
+fn body_buffer_grows_with_arrival_not_with_the_announcement() {
+    let mut data = header(MAX_BODY as u32);
+    data.extend_from_slice(&[1; 100]);
+    let mut src = Recording::new(&data, 1 << 20);
+    let e = read_frame_guarded(&mut src).expect_err("truncated");
+    assert!(
+        matches!(&e, FrameError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof),
+        "{e}"
+    );
+    assert_eq!(src.grown, vec![FIRST_BODY_CHUNK]);
+    assert_eq!(src.started, 1);
+}
+
+/// A complete frame arriving in pieces: the body is exact, the buffer's
+/// capacity never exceeds twice what had arrived (or the first chunk), and
+/// the total asked of the guard is the body length.
+#[test]
+fn body_growth_is_geometric_and_exact_in_total() {
+    let len = 3 * FIRST_BODY_CHUNK + 123;
+    let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let mut data = header(len as u32);
+    data.extend_from_slice(&body);
+    data.extend_from_slice(&header(0)); // a second, empty frame
+    let mut src = Recording::new(&data, 10_000);
+    let (h, got) = read_frame_guarded(&mut src).expect("frame");
+    assert_eq!((h.len as usize, &got), (len, &body));
+    assert_eq!(src.grown.iter().sum::<usize>(), len);
+    let mut cap = 0;
+    for g in &src.grown {
+        // Grown only when full: capacity before this growth had all arrived.
+        assert!(cap + g <= (2 * cap).max(FIRST_BODY_CHUNK), "{:?}", src.grown);
+        cap += g;
+    }
+    let (h2, b2) = read_frame_guarded(&mut src).expect("frame 2");
+    assert_eq!((h2.len, b2.len()), (0, 0));
+    assert_eq!(src.started, 2);
+    assert!(matches!(read_frame_guarded(&mut src), Err(FrameError::Closed)));
+}
+
+/// Guard refusals stop reading: a refused header buffers none of its body, a
+/// refused growth reads nothing more.
+#[test]
+fn guard_refusals_stop_the_read() {
+    let mut data = header(1000);
+    data.extend_from_slice(&[0; 1000]);
+    let mut src = Recording::new(&data, 1 << 20);
+    src.refuse_header = true;
+    let e = read_frame_guarded(&mut src).expect_err("refused");
+    assert!(matches!(
+        e,
+        FrameError::Refused {
+            code: ErrorCode::BadFrame,
+            ..
+        }
+    ));
+    assert_eq!((src.consumed, src.grown.len()), (HEADER_LEN, 0));
+
+    let len = 4 * FIRST_BODY_CHUNK;
+    let mut data = header(len as u32);
+    data.extend_from_slice(&vec![0; len]);
+    let mut src = Recording::new(&data, 1 << 20);
+    src.budget = Some(2 * FIRST_BODY_CHUNK);
+    let e = read_frame_guarded(&mut src).expect_err("over budget");
+    assert!(
+        matches!(
+            e,
+            FrameError::Refused {
+                code: ErrorCode::Busy,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(src.consumed, HEADER_LEN + 2 * FIRST_BODY_CHUNK);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
     #[test]

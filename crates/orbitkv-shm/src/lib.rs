@@ -7,10 +7,12 @@
 //! - [`fdpass`]: `SCM_RIGHTS` send/receive on Unix stream sockets.
 //! - [`peer`]: `SO_PEERCRED` and pidfd-based proof that a process is gone.
 //!
-//! Every `unsafe` block of OrbitKV's host path lives in `mapping.rs`.
-#![deny(unsafe_op_in_unsafe_fn)]
+//! Every `unsafe` block of this crate lives in `mapping.rs` (`fdpass` and
+//! `peer` use rustix's safe wrappers); elsewhere `unsafe_code` is denied.
+#![deny(unsafe_op_in_unsafe_fn, unsafe_code)]
 
 pub mod fdpass;
+#[allow(unsafe_code)] // memfd mappings: raw-pointer copies and borrowed slices
 mod mapping;
 pub mod peer;
 

@@ -20,6 +20,11 @@ pub enum ShmError {
     SizeMismatch { expected: u64, actual: u64 },
     #[error("range [{offset}, {offset}+{len}) is outside the {size}-byte segment")]
     OutOfBounds { offset: u64, len: u64, size: u64 },
+    #[error(
+        "a {len}-byte buffer at {addr:#x} overlaps the arena mapping itself; copy arena bytes \
+         to or from memory outside the arena"
+    )]
+    Overlap { addr: usize, len: usize },
     #[error("a segment of {size} bytes is not a whole number of {page} pages")]
     Unaligned { size: u64, page: PageSize },
     #[error(
@@ -151,19 +156,40 @@ impl Segment {
 
 /// A shared read-write mapping of a segment.
 ///
-/// Bytes in the mapping are shared with other processes; the cache protocol
-/// (leases, invisible slots until commit, quarantine) decides who may write a
-/// range at a time. The copy helpers check bounds only.
+/// Bytes in the mapping are shared with other mappings of the same segment, in
+/// this process and in every client, all read-write. The cache protocol
+/// (leases, invisible slots until commit, quarantine), not this type, decides
+/// who may write a range at a time. What this type guarantees:
+///
+/// - The safe copies ([`Mapping::write_at`], [`Mapping::read_at`]) check bounds
+///   and refuse a caller buffer that overlaps this mapping; they access the
+///   mapping only through raw pointers, never through references, so no Rust
+///   reference to arena bytes exists unless a caller creates one.
+/// - [`Mapping::slice`] and [`Mapping::slice_mut`] do create references, and are
+///   `unsafe`: their callers must hold the cache-protocol right that makes the
+///   range immutable (or exclusive) for the slice's lifetime. They take `&self`
+///   because a mapping is shared by all session threads; exclusivity cannot be
+///   expressed by `&mut self` and is the caller's obligation.
+///
+/// A client that breaks the cache protocol can change bytes under a copy or a
+/// slice; the Manager treats arena bytes as opaque payload (never as lengths,
+/// pointers or offsets it acts on) and verifies SSD reads by checksum, so such a
+/// client corrupts cache contents, not the Manager's control state.
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: the mapping is plain shared memory with no thread affinity; access
-// discipline is enforced by the cache protocol, not by Rust aliasing rules.
+// SAFETY: `Mapping` owns a process-wide mmap region with no thread affinity;
+// moving it to another thread only moves the pointer and the munmap in `Drop`.
 unsafe impl Send for Mapping {}
-// SAFETY: as above; all accessors take `&self` and copy through raw pointers.
+// SAFETY: the `&self` methods that touch bytes are the raw-pointer copies
+// (`write_at`, `read_at`, `read_to_ptr`, `write_from_ptr`) and `prefault`; the
+// region is shared memory that other processes may write concurrently anyway,
+// and which ranges are written or read when is settled by the cache protocol.
+// The methods that hand out references (`slice`, `slice_mut`) are `unsafe` and
+// make their callers responsible for immutability or exclusivity across threads.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
@@ -221,6 +247,19 @@ impl Mapping {
         self.ptr.as_ptr()
     }
 
+    /// Refuse caller memory `[addr, addr+len)` that overlaps this mapping's
+    /// addresses. (Another mapping of the same segment aliases the same pages
+    /// at other addresses; copying between two mappings is not refused, and the
+    /// cache protocol never asks for it.)
+    fn check_disjoint(&self, addr: *const u8, len: usize) -> Result<(), ShmError> {
+        let (a, base) = (addr as usize, self.ptr.as_ptr() as usize);
+        let overlaps = len > 0 && a < base.saturating_add(self.len) && base < a.saturating_add(len);
+        if overlaps {
+            return Err(ShmError::Overlap { addr: a, len });
+        }
+        Ok(())
+    }
+
     fn check(&self, offset: u64, len: usize) -> Result<usize, ShmError> {
         let end = offset.checked_add(len as u64);
         match end {
@@ -233,22 +272,29 @@ impl Mapping {
         }
     }
 
-    /// Copy `src` into the mapping at `offset`.
+    /// Copy `src` into the mapping at `offset`. `src` must lie outside the
+    /// mapping ([`ShmError::Overlap`] otherwise).
     pub fn write_at(&self, offset: u64, src: &[u8]) -> Result<(), ShmError> {
         let off = self.check(offset, src.len())?;
-        // SAFETY: `check` proved [off, off+len) lies inside the live mapping;
-        // `src` is a Rust slice that cannot overlap a mapping we created.
+        self.check_disjoint(src.as_ptr(), src.len())?;
+        // SAFETY: `check` proved [off, off+len) lies inside the live mapping,
+        // which is valid for writes; `src` is valid for reads of its length and
+        // `check_disjoint` proved it does not overlap the mapping, so the two
+        // regions are disjoint as `copy_nonoverlapping` requires.
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len());
         }
         Ok(())
     }
 
-    /// Copy from the mapping at `offset` into `dst`.
+    /// Copy from the mapping at `offset` into `dst`. `dst` must lie outside
+    /// the mapping ([`ShmError::Overlap`] otherwise).
     pub fn read_at(&self, offset: u64, dst: &mut [u8]) -> Result<(), ShmError> {
         let off = self.check(offset, dst.len())?;
-        // SAFETY: bounds proved by `check`; `dst` is exclusively borrowed and
-        // does not overlap the mapping.
+        self.check_disjoint(dst.as_ptr(), dst.len())?;
+        // SAFETY: bounds proved by `check`, so the source is inside the live
+        // mapping; `dst` is exclusively borrowed, valid for writes of its
+        // length, and `check_disjoint` proved it does not overlap the mapping.
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len());
         }
@@ -279,46 +325,67 @@ impl Mapping {
     /// Borrow `[offset, offset+len)` of the shared mapping as a slice.
     ///
     /// # Safety
-    /// No one may write the range while the slice lives: the caller must hold
-    /// the cache-protocol right that freezes it (a committed block is immutable;
-    /// a slot being spilled cannot be freed or reallocated).
+    /// No one may write the range while the slice lives — not this process
+    /// (through `write_at`, `slice_mut` or another mapping of the segment) and
+    /// not a client: the caller must hold the cache-protocol right that freezes
+    /// it (a committed block is never written again; a slot being spilled
+    /// cannot be freed or reallocated). The slice borrows `self`, so it cannot
+    /// outlive the mapping.
     pub unsafe fn slice(&self, offset: u64, len: usize) -> Result<&[u8], ShmError> {
         let off = self.check(offset, len)?;
-        // SAFETY: in bounds by `check`; immutability guaranteed by the caller.
+        // SAFETY: `check` proved the range lies inside the live mapping, which
+        // is readable and stays mapped while `&self` is borrowed; that nobody
+        // writes it while the slice lives is the caller's obligation.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) })
     }
 
-    /// Borrow `[offset, offset+len)` of the shared mapping mutably.
+    /// Borrow `[offset, offset+len)` of the shared mapping mutably, from a
+    /// shared `&self` (the mapping is shared by threads; see the type docs).
     ///
     /// # Safety
-    /// The caller must own the range exclusively for the slice's lifetime
-    /// (e.g. a slot allocated for staging, invisible to every client), and must
-    /// not create overlapping slices.
+    /// For the slice's lifetime nothing else may read or write the range: no
+    /// other slice over it (from this or any mapping of the segment), no copy
+    /// through `read_at`/`write_at`, and no client. The caller must hold the
+    /// cache-protocol right that makes it exclusive (e.g. a slot allocated for
+    /// staging, whose location no client has been given). The slice borrows
+    /// `self`, so it cannot outlive the mapping.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut(&self, offset: u64, len: usize) -> Result<&mut [u8], ShmError> {
         let off = self.check(offset, len)?;
-        // SAFETY: in bounds by `check`; exclusivity guaranteed by the caller.
+        // SAFETY: `check` proved the range lies inside the live mapping, which
+        // is writable and stays mapped while `&self` is borrowed; exclusive
+        // access for the slice's lifetime is the caller's obligation.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) })
     }
 
-    /// Copy from the mapping into raw memory owned by the caller.
+    /// Copy from the mapping into raw memory owned by the caller. `dst` must
+    /// lie outside the mapping ([`ShmError::Overlap`] otherwise).
     ///
     /// # Safety
-    /// `dst` must be valid for writes of `len` bytes and not overlap the mapping.
+    /// `dst` must be valid for writes of `len` bytes, and no Rust reference to
+    /// those bytes may be in use during the call.
     pub unsafe fn read_to_ptr(&self, offset: u64, dst: *mut u8, len: usize) -> Result<(), ShmError> {
         let off = self.check(offset, len)?;
-        // SAFETY: bounds proved by `check`; the caller guarantees `dst`.
+        self.check_disjoint(dst, len)?;
+        // SAFETY: the source is inside the live mapping (`check`); `dst` is
+        // valid for `len` writes (caller) and disjoint from the mapping
+        // (`check_disjoint`), as `copy_nonoverlapping` requires.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst, len) };
         Ok(())
     }
 
-    /// Copy raw caller memory into the mapping.
+    /// Copy raw caller memory into the mapping. `src` must lie outside the
+    /// mapping ([`ShmError::Overlap`] otherwise).
     ///
     /// # Safety
-    /// `src` must be valid for reads of `len` bytes.
+    /// `src` must be valid for reads of `len` bytes, and nothing may write
+    /// those bytes during the call.
     pub unsafe fn write_from_ptr(&self, offset: u64, src: *const u8, len: usize) -> Result<(), ShmError> {
         let off = self.check(offset, len)?;
-        // SAFETY: bounds proved by `check`; the caller guarantees `src`.
+        self.check_disjoint(src, len)?;
+        // SAFETY: the destination is inside the live mapping (`check`); `src`
+        // is valid for `len` reads (caller) and disjoint from the mapping
+        // (`check_disjoint`), as `copy_nonoverlapping` requires.
         unsafe { std::ptr::copy_nonoverlapping(src, self.ptr.as_ptr().add(off), len) };
         Ok(())
     }
@@ -326,8 +393,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: ptr/len are exactly what mmap returned and nothing borrows
-        // the mapping past the owner's lifetime (accessors copy out).
+        // SAFETY: ptr/len are exactly what mmap returned, unmapped once here.
+        // Every slice from `slice`/`slice_mut` borrows `self` and the copies
+        // complete before returning, so no reference into the region survives
+        // this `&mut self`.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
@@ -352,6 +421,40 @@ mod tests {
             Mapping::map(seg.fd(), 1 << 17, false).is_err(),
             "mapping past the end is refused"
         );
+    }
+
+    /// A caller buffer inside the arena mapping is refused, not copied with
+    /// `copy_nonoverlapping` over itself.
+    #[test]
+    fn copies_refuse_buffers_that_overlap_the_mapping() {
+        let seg = Segment::create("orbitkv-test", 1 << 16, PageSize::Base).expect("create");
+        let m = seg.mapping();
+        m.write_at(0, &[7; 64]).expect("write");
+        // SAFETY: nothing writes [0, 64) while `src` lives: the only writes
+        // below go to [32, 96) and are refused before touching memory.
+        let src = unsafe { m.slice(0, 64) }.expect("slice");
+        for (offset, what) in [(4096u64, "elsewhere in the mapping"), (32, "overlapping range")] {
+            let e = m.write_at(offset, src).expect_err(what);
+            assert!(matches!(e, ShmError::Overlap { len: 64, .. }), "{what}: {e}");
+        }
+        // SAFETY: the range is inside the mapping and not otherwise borrowed.
+        let dst = unsafe { m.slice_mut(8192, 64) }.expect("slice");
+        let e = m.read_at(0, dst).expect_err("dst in the mapping");
+        assert!(e.to_string().contains("overlaps the arena mapping"), "{e}");
+        let (base, end) = (m.as_ptr(), m.as_ptr().wrapping_add(m.len()));
+        // SAFETY: both pointers are in or at the end of the mapping; the calls
+        // are refused before any byte is copied.
+        unsafe {
+            assert!(m.read_to_ptr(0, base.wrapping_add(100), 10).is_err());
+            assert!(m.write_from_ptr(0, end.wrapping_sub(1), 1).is_err());
+        }
+        // A buffer outside the mapping (here on the stack) is copied as usual.
+        let other = Mapping::map(seg.fd(), 1 << 16, false).expect("map");
+        let mut out = [0u8; 64];
+        other
+            .read_at(0, &mut out)
+            .expect("a stack buffer is outside the mapping");
+        assert_eq!(out, [7; 64]);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! header key and the payload checksum and never return unverified bytes. I/O runs on
 //! io_uring threads, or on a pread/pwrite pool when io_uring is unavailable.
 //! See README.md for the format and the crash-safety argument.
-#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(unsafe_op_in_unsafe_fn, unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs)]
 
 mod alloc;

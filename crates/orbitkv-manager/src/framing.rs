@@ -1,0 +1,233 @@
+//! Reading frames from a peer under the Manager's connection limits:
+//!
+//! - an absolute deadline for the whole `Hello` (`--hello-timeout-ms`, from
+//!   accept: a peer dripping one byte at a time cannot extend it);
+//! - once a frame's first byte has arrived, a deadline for the whole frame
+//!   (`--frame-timeout-ms`); an idle connection between frames has none;
+//! - before the `Hello`, only a `Hello` header of at most `MAX_HELLO_BODY`
+//!   bytes is accepted, so nothing large is buffered for an unauthenticated peer;
+//! - body buffers grow as bytes arrive (never the announced length up front);
+//!   past the first `FIRST_BODY_CHUNK` bytes of a frame, their capacity is
+//!   charged to one budget shared by all connections (`--max-buffered-bytes`),
+//!   and a frame that cannot get budget is refused with `Busy`. The charge is
+//!   returned when the frame has been handled or the connection ends.
+//!
+//! So the Manager buffers at most `max_buffered_bytes + max_connections × 64 KiB`
+//! of frame bodies, whatever its peers announce.
+
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use orbitkv_proto::{
+    ErrorCode, FIRST_BODY_CHUNK, FrameError, FrameGuard, Header, Kind, MAX_HELLO_BODY, read_frame_guarded,
+};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::net::RecvFlags;
+
+use crate::shared::Shared;
+
+/// Bytes of each frame's body buffer not charged to the shared budget.
+pub const PER_FRAME_ALLOWANCE: usize = FIRST_BODY_CHUNK;
+
+/// Why a read stopped at a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    /// The `Hello` was not complete within the Hello deadline.
+    Hello,
+    /// A started frame was not complete within the frame deadline.
+    Frame,
+}
+
+/// A connection's frame reader. Holds the budget charged for the body of the
+/// frame last read until [`PeerReader::next_frame`] is called again or the
+/// reader is dropped (by then the caller has dropped that body).
+pub struct PeerReader<'a> {
+    stream: &'a UnixStream,
+    shared: &'a Shared,
+    /// `Some` while the Hello is awaited: its absolute deadline.
+    hello_deadline: Option<Instant>,
+    /// Deadline of the frame being read (set when its first byte arrives).
+    frame_deadline: Option<Instant>,
+    /// Capacity of the current body buffer.
+    held: usize,
+    /// Bytes of the current frame received so far, and its announced length.
+    received: usize,
+    announced: Option<usize>,
+    request_id: u32,
+    stalled: Option<Stall>,
+}
+
+impl<'a> PeerReader<'a> {
+    /// A reader for a fresh connection: the Hello deadline runs from now.
+    pub fn new(stream: &'a UnixStream, shared: &'a Shared) -> PeerReader<'a> {
+        PeerReader {
+            stream,
+            shared,
+            hello_deadline: Some(Instant::now() + shared.config.hello_timeout),
+            frame_deadline: None,
+            held: 0,
+            received: 0,
+            announced: None,
+            request_id: 0,
+            stalled: None,
+        }
+    }
+
+    /// Read the next frame (the first one must be a `Hello`, see the module
+    /// documentation). The budget charged for the previous frame is returned first.
+    pub fn next_frame(&mut self) -> Result<(Header, Vec<u8>), FrameError> {
+        self.release();
+        self.frame_deadline = None;
+        self.received = 0;
+        self.announced = None;
+        self.request_id = 0;
+        read_frame_guarded(self)
+    }
+
+    /// The Hello was read: later frames have no deadline until their first byte.
+    pub fn hello_done(&mut self) {
+        self.hello_deadline = None;
+    }
+
+    /// The request id of the frame being read, once its header arrived (0 before).
+    pub fn request_id(&self) -> u32 {
+        self.request_id
+    }
+
+    /// Set when the last read failed at a deadline.
+    pub fn stalled(&self) -> Option<Stall> {
+        self.stalled
+    }
+
+    /// "got X of Y bytes" for the frame being read, for log lines.
+    pub fn progress(&self) -> String {
+        match self.announced {
+            Some(len) => format!("{} of {} bytes", self.received, orbitkv_proto::HEADER_LEN + len),
+            None => format!("{} of {} header bytes", self.received, orbitkv_proto::HEADER_LEN),
+        }
+    }
+
+    fn charged(held: usize) -> usize {
+        held.saturating_sub(PER_FRAME_ALLOWANCE)
+    }
+
+    fn release(&mut self) {
+        let charged = Self::charged(self.held);
+        if charged > 0 {
+            self.shared
+                .frame_buffer_bytes
+                .fetch_sub(charged, Ordering::AcqRel);
+        }
+        self.held = 0;
+    }
+
+    fn deadline(&self) -> Option<(Instant, Stall)> {
+        match (self.hello_deadline, self.frame_deadline) {
+            (Some(h), _) => Some((h, Stall::Hello)),
+            (None, Some(f)) => Some((f, Stall::Frame)),
+            (None, None) => None,
+        }
+    }
+
+    fn timed_out(&mut self, stall: Stall) -> io::Error {
+        self.stalled = Some(stall);
+        io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
+    }
+}
+
+impl Read for PeerReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some((deadline, stall)) = self.deadline() else {
+            // Idle between frames: wait as long as the peer likes.
+            let mut stream: &UnixStream = self.stream;
+            let n = stream.read(buf)?;
+            self.received += n;
+            return Ok(n);
+        };
+        loop {
+            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
+                Ok((n, _)) => {
+                    self.received += n;
+                    return Ok(n);
+                }
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.timed_out(stall));
+            }
+            let timeout = Timespec::try_from(left.max(Duration::from_millis(1))).unwrap_or(Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            });
+            let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl FrameGuard for PeerReader<'_> {
+    fn frame_started(&mut self) {
+        self.frame_deadline = Some(Instant::now() + self.shared.config.frame_timeout);
+    }
+
+    fn check_header(&mut self, header: &Header) -> Result<(), FrameError> {
+        self.request_id = header.request_id;
+        self.announced = Some(header.len as usize);
+        if self.hello_deadline.is_none() {
+            return Ok(());
+        }
+        if header.kind != Kind::Hello as u16 {
+            return Err(FrameError::Refused {
+                code: ErrorCode::BadFrame,
+                message: "first frame must be Hello".into(),
+            });
+        }
+        if header.len as usize > MAX_HELLO_BODY {
+            return Err(FrameError::Refused {
+                code: ErrorCode::TooLarge,
+                message: format!(
+                    "Hello of {} bytes exceeds the limit of {MAX_HELLO_BODY}",
+                    header.len
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn grow_body(&mut self, bytes: usize) -> Result<(), FrameError> {
+        let after = self.held.saturating_add(bytes);
+        let charge = Self::charged(after) - Self::charged(self.held);
+        if charge > 0 {
+            let limit = self.shared.config.max_buffered_bytes;
+            self.shared
+                .frame_buffer_bytes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                    cur.checked_add(charge).filter(|n| *n <= limit)
+                })
+                .map_err(|cur| FrameError::Refused {
+                    code: ErrorCode::Busy,
+                    message: format!(
+                        "the Manager cannot buffer this {}-byte frame now: {cur} of its {limit} bytes for \
+                         incomplete frames are in use (--max-buffered-bytes); retry later",
+                        self.announced.unwrap_or(0)
+                    ),
+                })?;
+        }
+        self.held = after;
+        Ok(())
+    }
+}
+
+impl Drop for PeerReader<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
