@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orbitkv_client::{Client, ClientError, ConnectOptions};
-use support::{ManagerProc, eventually};
+use support::ManagerProc;
 
 const NOBODY: u32 = 65534;
 const TOKEN: &str = "0123456789abcdef-secret";
@@ -65,13 +65,25 @@ fn refused_start(args: &[&str]) -> (Option<i32>, String) {
     }
 }
 
+/// Poll `f` until it holds; generous, for a loaded CI machine.
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "timed out waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn socket_directory_is_created_private_and_reused_only_when_private() {
     let root = tempfile::tempdir().expect("tmp");
     // Created by the Manager: 0700, ours.
     let fresh = root.path().join("fresh");
     let sock = fresh.join("m.sock");
-    let mut m = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+    let m = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
         .args([
             "--dram-size",
             "4MiB",
@@ -84,13 +96,13 @@ fn socket_directory_is_created_private_and_reused_only_when_private() {
         .arg(&sock)
         .spawn()
         .expect("spawn");
-    eventually("manager up", || {
+    let m = KillOnDrop(m);
+    until("manager up", || {
         std::os::unix::net::UnixStream::connect(&sock).is_ok()
     });
     let meta = std::fs::symlink_metadata(&fresh).expect("stat");
     assert_eq!(meta.mode() & 0o777, 0o700);
-    let _ = m.kill();
-    let _ = m.wait();
+    drop(m);
 
     // An existing directory open to group or others is refused, left as it is.
     for mode in [0o777, 0o770, 0o722, 0o1777] {
@@ -201,7 +213,7 @@ fn only_a_stale_socket_is_replaced_anything_else_at_the_path_is_left_alone() {
         .spawn()
         .expect("spawn");
     let m = KillOnDrop(m);
-    eventually("manager up on the stale path", || {
+    until("manager up on the stale path", || {
         Client::connect(&sock, None, Duration::from_secs(5)).is_ok()
     });
     drop(m);
@@ -280,7 +292,7 @@ fn client_checks_who_answers_before_sending_the_token() {
         .spawn()
         .expect("spawn manager as uid 65534");
     let _m = KillOnDrop(m);
-    eventually("manager of uid 65534 up", || {
+    until("manager of uid 65534 up", || {
         std::os::unix::net::UnixStream::connect(&sock).is_ok()
     });
 
