@@ -43,7 +43,9 @@ class ManagerUnavailable(OrbitKVError):
     """No Manager listens on the socket, or the connection broke."""
 
 class AuthError(OrbitKVError):
-    """The Manager refused this peer (uid not allowed or token wrong)."""
+    """The Manager refused this peer (uid not allowed or token wrong), or the
+    process answering on the socket runs as an untrusted uid (message ending
+    in "[untrusted_server]"; nothing, the token included, was sent to it)."""
 
 class ProtocolError(OrbitKVError):
     """Malformed or unexpected frame; the session is closed."""
@@ -120,6 +122,7 @@ class Client:
         token: str | None = None,
         timeout_ms: int = 5000,
         map_arena: bool = True,  # False: control-only, no copies (e.g. an engine scheduler)
+        server_uid: int | None = None,  # also trust a Manager of this uid (default: $ORBITKV_SERVER_UID)
     ) -> Client: ...
     @property
     def session_id(self) -> int: ...

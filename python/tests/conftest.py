@@ -64,7 +64,7 @@ def manager_factory(tmp_path: Path) -> Iterator[Callable[..., ManagerProcess]]:
 
     def make(*args: str) -> ManagerProcess:
         d = tmp_path / f"m{len(started)}"
-        d.mkdir()
+        d.mkdir(mode=0o700)  # the Manager refuses a socket directory others may write
         if "--dram-size" not in args:
             args = ("--dram-size", "32MiB", *args)  # the arena is populated at start: keep tests small
         m = start_manager(d, *args)

@@ -62,21 +62,77 @@ fn refusal(code: u16, message: String) -> ClientError {
     }
 }
 
+/// Environment variable naming one more uid a client trusts to be its Manager.
+pub const SERVER_UID_ENV: &str = "ORBITKV_SERVER_UID";
+
+/// The extra uid trusted to answer as the Manager: `explicit`, else
+/// `ORBITKV_SERVER_UID`, else none (only this process's own uid).
+fn trusted_uid(explicit: Option<u32>) -> Result<Option<u32>, ClientError> {
+    if explicit.is_some() {
+        return Ok(explicit);
+    }
+    match std::env::var(SERVER_UID_ENV) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse::<u32>()
+            .map(Some)
+            .map_err(|_| ClientError::Invalid(format!("{SERVER_UID_ENV}={v:?} is not a numeric uid"))),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(ClientError::Invalid(format!(
+            "{SERVER_UID_ENV}={v:?} is not a numeric uid"
+        ))),
+    }
+}
+
+/// Check who answers on the socket (`SO_PEERCRED`, kernel-verified) before
+/// anything is sent: a process of another user that squats the socket path
+/// must never receive the token.
+fn check_server(stream: &UnixStream, path: &Path, trusted: Option<u32>) -> Result<(), ClientError> {
+    let me = orbitkv_shm::peer::my_uid();
+    let cred = orbitkv_shm::peer::peer_cred(stream).map_err(|e| {
+        ClientError::Unavailable(format!(
+            "cannot read the credentials of the process answering on {}: {e}",
+            path.display()
+        ))
+    })?;
+    if cred.uid == me || Some(cred.uid) == trusted {
+        return Ok(());
+    }
+    let also = trusted.map_or(String::new(), |u| format!(" or the trusted uid {u}"));
+    Err(ClientError::UntrustedServer(format!(
+        "the process answering on {} (pid {}) runs as uid {}, not as this process's uid {me}{also}; \
+         nothing was sent to it. If it is your Manager, trust its uid (Python: \
+         `Client(..., server_uid={})`, or {SERVER_UID_ENV}={}); otherwise another user owns this \
+         socket path",
+        path.display(),
+        cred.pid,
+        cred.uid,
+        cred.uid,
+        cred.uid
+    )))
+}
+
 impl Conn {
-    /// Connect and authenticate. With `map_arena` false the session is opened
-    /// control-only (`HELLO_CONTROL_ONLY`): the Manager passes no arena fds.
+    /// Connect, check that the peer runs as a trusted uid (this process's, or
+    /// `server_uid` / `ORBITKV_SERVER_UID`), then authenticate. With
+    /// `map_arena` false the session is opened control-only
+    /// (`HELLO_CONTROL_ONLY`): the Manager passes no arena fds.
     pub(crate) fn open(
         path: &Path,
         token: Option<&[u8]>,
         timeout: Duration,
         map_arena: bool,
+        server_uid: Option<u32>,
     ) -> Result<Opened, ClientError> {
+        let trusted = trusted_uid(server_uid)?;
         let mut stream = UnixStream::connect(path).map_err(|e| {
             ClientError::Unavailable(format!(
                 "cannot connect to {}: {e} (is `orbitkv serve` running?)",
                 path.display()
             ))
         })?;
+        check_server(&stream, path, trusted)?;
         stream
             .set_read_timeout(Some(timeout))
             .map_err(|e| ClientError::Unavailable(e.to_string()))?;

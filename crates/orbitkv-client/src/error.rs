@@ -8,6 +8,10 @@ pub enum ClientError {
     Auth(String),
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The process answering on the socket runs as a uid this client does not
+    /// trust; nothing (no token) was sent to it.
+    #[error("untrusted Manager: {0}")]
+    UntrustedServer(String),
     #[error("{message}")]
     Server { code: ErrorCode, message: String },
     #[error("invalid argument: {0}")]
@@ -26,6 +30,7 @@ impl ClientError {
         match self {
             ClientError::Unavailable(_) => "unavailable",
             ClientError::Auth(_) => "auth",
+            ClientError::UntrustedServer(_) => "untrusted_server",
             ClientError::Protocol(_) => "protocol",
             ClientError::Invalid(_) => "invalid_argument",
             ClientError::Closed => "closed",

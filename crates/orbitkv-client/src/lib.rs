@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+pub use conn::SERVER_UID_ENV;
 pub use error::ClientError;
 use orbitkv_proto::{ErrorCode, HASH_BYTES, Request, Response, SaveItem};
 use orbitkv_shm::Mapping;
@@ -78,10 +79,45 @@ pub struct Client {
     copies: RwLock<()>,
 }
 
+/// How [`Client::connect_with`] connects.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOptions<'a> {
+    /// Shared token, when the Manager runs with `--token-file`.
+    pub token: Option<&'a [u8]>,
+    /// Bound on every request, the handshake included.
+    pub timeout: Duration,
+    /// False: a control-only session (see [`Client::connect_control`]).
+    pub map_arena: bool,
+    /// One more uid trusted to answer on the socket, besides this process's
+    /// own (a Manager run by another user, admitting us with `--allow-uid`).
+    /// `None`: the `ORBITKV_SERVER_UID` environment variable, if set. A peer
+    /// of any other uid is refused with [`ClientError::UntrustedServer`]
+    /// before anything, the token included, is sent to it.
+    pub server_uid: Option<u32>,
+}
+
+impl<'a> ConnectOptions<'a> {
+    /// A session that maps the arena, without token or extra trusted uid.
+    pub fn new(timeout: Duration) -> ConnectOptions<'a> {
+        ConnectOptions {
+            token: None,
+            timeout,
+            map_arena: true,
+            server_uid: None,
+        }
+    }
+}
+
 impl Client {
     /// Connect, authenticate and map the arena (prefaulted in the background).
     pub fn connect(path: &Path, token: Option<&[u8]>, timeout: Duration) -> Result<Client, ClientError> {
-        Self::open(path, token, timeout, true)
+        Self::connect_with(
+            path,
+            &ConnectOptions {
+                token,
+                ..ConnectOptions::new(timeout)
+            },
+        )
     }
 
     /// Connect and authenticate without mapping the arena: lookups, leases,
@@ -94,16 +130,23 @@ impl Client {
         token: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<Client, ClientError> {
-        Self::open(path, token, timeout, false)
+        Self::connect_with(
+            path,
+            &ConnectOptions {
+                token,
+                map_arena: false,
+                ..ConnectOptions::new(timeout)
+            },
+        )
     }
 
-    fn open(
-        path: &Path,
-        token: Option<&[u8]>,
-        timeout: Duration,
-        map_arena: bool,
-    ) -> Result<Client, ClientError> {
-        let (conn, session, views) = conn::Conn::open(path, token, timeout, map_arena)?;
+    /// Connect with every option spelled out. The process answering on the
+    /// socket must run as this process's uid or `opts.server_uid` (checked
+    /// through `SO_PEERCRED` before the token is sent).
+    pub fn connect_with(path: &Path, opts: &ConnectOptions<'_>) -> Result<Client, ClientError> {
+        let map_arena = opts.map_arena;
+        let (conn, session, views) =
+            conn::Conn::open(path, opts.token, opts.timeout, map_arena, opts.server_uid)?;
         let announced = views.iter().map(|v| (v.id, v.size)).collect();
         let segments: Vec<(u32, Arc<Mapping>)> = views
             .into_iter()

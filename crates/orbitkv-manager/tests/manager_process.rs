@@ -285,6 +285,7 @@ fn token_is_required_when_configured() {
     let dir = tempfile::tempdir().expect("tmp");
     let tok = dir.path().join("token");
     std::fs::write(&tok, "0123456789abcdef-secret\n").expect("write");
+    std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let m = ManagerProc::start(&["--token-file", tok.to_str().expect("utf8")]);
     let e = Client::connect(m.socket(), None, Duration::from_secs(5)).expect_err("no token");
     assert!(matches!(e, ClientError::Auth(_)), "{e}");
@@ -335,6 +336,7 @@ fn socket_is_private_and_a_wrong_uid_peer_is_refused() {
             .arg(std::env::current_exe().expect("exe"))
             .args(["--exact", "child_connects", "--nocapture", "--test-threads", "1"])
             .env("ORBITKV_TEST_CHILD", m.socket())
+            .env("ORBITKV_SERVER_UID", "0") // the child trusts this root Manager, which refuses it
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .output()

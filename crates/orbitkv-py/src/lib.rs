@@ -29,7 +29,12 @@ create_exception!(
     OrbitKVError,
     "No Manager on the socket, or the connection broke."
 );
-create_exception!(_native, AuthError, OrbitKVError, "The Manager refused this peer.");
+create_exception!(
+    _native,
+    AuthError,
+    OrbitKVError,
+    "The Manager refused this peer, or the peer is not a trusted Manager."
+);
 create_exception!(
     _native,
     ProtocolError,
@@ -60,7 +65,7 @@ fn to_py(e: ClientError) -> PyErr {
     let msg = format!("{e} [{code}]");
     match &e {
         ClientError::Unavailable(_) | ClientError::Closed => ManagerUnavailable::new_err(msg),
-        ClientError::Auth(_) => AuthError::new_err(msg),
+        ClientError::Auth(_) | ClientError::UntrustedServer(_) => AuthError::new_err(msg),
         ClientError::Protocol(_) => ProtocolError::new_err(msg),
         ClientError::Invalid(_) => PyValueError::new_err(msg),
         ClientError::Server {
@@ -258,26 +263,26 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000, map_arena=true))]
+    #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000, map_arena=true, server_uid=None))]
     fn new(
         py: Python<'_>,
         socket_path: Option<PathBuf>,
         token: Option<String>,
         timeout_ms: u64,
         map_arena: bool,
+        server_uid: Option<u32>,
     ) -> PyResult<Self> {
         let path =
             socket_path.unwrap_or_else(|| orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()));
         let token = token.map(String::into_bytes);
-        let timeout = Duration::from_millis(timeout_ms);
+        let opts = orbitkv_client::ConnectOptions {
+            token: token.as_deref(),
+            map_arena,
+            server_uid,
+            ..orbitkv_client::ConnectOptions::new(Duration::from_millis(timeout_ms))
+        };
         let client = py
-            .detach(|| {
-                if map_arena {
-                    orbitkv_client::Client::connect(&path, token.as_deref(), timeout)
-                } else {
-                    orbitkv_client::Client::connect_control(&path, token.as_deref(), timeout)
-                }
-            })
+            .detach(|| orbitkv_client::Client::connect_with(&path, &opts))
             .map_err(to_py)?;
         Ok(Client {
             inner: Arc::new(client),

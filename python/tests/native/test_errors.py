@@ -45,6 +45,7 @@ def test_manager_unavailable_and_bad_token(tmp_path, manager_factory) -> None:  
         _native.Client(str(tmp_path / "nothing.sock"))
     tok = tmp_path / "tok"
     tok.write_text("a-very-secret-token-0123\n")
+    tok.chmod(0o600)  # the Manager refuses a token file others may read
     m = manager_factory("--token-file", str(tok))
     with pytest.raises(_native.AuthError, match="wrong or missing token"):
         _native.Client(m.socket)

@@ -23,7 +23,7 @@ def orbit_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerP
     # Unix socket paths are limited to ~107 bytes: keep the directory short.
     d = Path(tmp_path_factory.mktemp("mgr", numbered=True))
     short = Path("/tmp") / f"okv-{os.getpid()}-{d.name}"
-    short.mkdir(exist_ok=True)
+    short.mkdir(mode=0o700, exist_ok=True)  # the Manager refuses a socket directory others may write
     mgr = ManagerProcess(short / "m.sock", d / "manager.log", fault_injection=True)
     try:
         yield mgr
