@@ -637,7 +637,18 @@ fn leases_never_acquired_are_released_when_the_connection_drops() {
 #[test]
 fn connections_over_the_limit_are_refused_busy_without_a_thread() {
     let m = ManagerProc::start(&["--dram-size", "4MiB", "--max-connections", "2"]);
-    let a = m.client();
+    // The readiness probe's connection holds a place until its session thread sees
+    // EOF: take the first place once it is free, then wait until only ours is held.
+    let mut first = None;
+    eventually("the first place is free", || {
+        first = Client::connect(m.socket(), None, Duration::from_secs(5)).ok();
+        first.is_some()
+    });
+    let a = first.expect("connected");
+    eventually("only this test's connection is held", || {
+        let st: serde_json::Value = serde_json::from_str(&a.stats_json().expect("stats")).expect("json");
+        st["connections"].as_u64() == Some(1)
+    });
     let b = m.client();
     let e = Client::connect(m.socket(), None, Duration::from_secs(5)).expect_err("third refused");
     assert!(
