@@ -188,6 +188,10 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         if control { " (control-only)" } else { "" }
     );
 
+    // A peer that sends requests but never reads the replies must not hold this
+    // thread for good: a reply that cannot be written within the frame deadline
+    // ends the session (as a vanished connection).
+    let _ = stream.set_write_timeout(Some(shared.config.frame_timeout));
     let how = request_loop(&shared, &stream, &mut reader, session, control, cred.pid);
     end(&shared, session, cred.pid, process, how);
 }

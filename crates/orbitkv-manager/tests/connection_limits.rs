@@ -273,3 +273,31 @@ fn a_frame_stalled_midway_is_dropped_at_its_deadline_but_idle_sessions_stay() {
         .expect("idle session still served");
     assert_eq!(idle.lookup(&ns, &[hash(8, 0)]).expect("lookup").hit_blocks, 0);
 }
+
+#[test]
+fn a_peer_that_never_reads_its_replies_is_dropped_at_the_frame_deadline() {
+    let m = ManagerProc::start(&["--frame-timeout-ms", "1000"]);
+    let mut s = connect(&m);
+    hello(&mut s);
+    s.set_write_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    // Pipeline Stats requests (each answered by a few KiB of JSON) without reading a
+    // reply, until the Manager stops reading because its replies no longer fit.
+    let body = Request::Stats.encode();
+    let t0 = Instant::now();
+    let mut sent = 0u32;
+    while t0.elapsed() < Duration::from_secs(30) {
+        match write_frame(&mut s, Kind::Stats as u16, sent + 2, &body) {
+            Ok(()) => sent += 1,
+            Err(_) => break, // our side is full (or closed): the Manager is blocked writing
+        }
+    }
+    assert!(sent > 0);
+    // The session thread is blocked in a reply write; it must give up at the frame
+    // deadline and end the session, freeing its connection place.
+    eventually("the non-reading session is dropped", || {
+        m.stats()["sessions_vanished_total"].as_u64() == Some(1)
+    });
+    assert_eq!(stat(&m, "connections"), 1, "only the stats connection remains");
+    still_serves(&m, 9);
+}

@@ -74,7 +74,7 @@ impl Drop for ManagerProc {
 /// Poll `f` until it returns true or 5 s pass.
 pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(5) {
+    while t0.elapsed() < Duration::from_secs(20) {
         if f() {
             return;
         }
