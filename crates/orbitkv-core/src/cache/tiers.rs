@@ -10,7 +10,7 @@
 //! Who deletes an SSD copy? Only the Manager, and only keys taken from
 //! [`CacheState::take_ssd_removals`] or granted by [`CacheState::ssd_droppable`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::entries::{Busy, Entry, SlotFree};
 use super::{CacheError, CacheState};
@@ -208,9 +208,13 @@ impl CacheState {
     /// mark them `Staging`; empty when every block is in DRAM. All or nothing:
     /// when DRAM cannot hold them all, nothing stays allocated.
     pub(super) fn stage_jobs(&mut self, keys: &[BlockKey]) -> Result<Vec<StageJob>, CacheError> {
+        // A lease may name a block twice (a client can repeat a hash): one
+        // read per block, or the second staging slot would replace the first
+        // and leak it.
+        let mut seen = HashSet::new();
         let need: Vec<BlockKey> = keys
             .iter()
-            .filter(|k| self.index.get(k).is_some_and(|e| e.slot.is_none()))
+            .filter(|k| self.index.get(k).is_some_and(|e| e.slot.is_none()) && seen.insert(**k))
             .copied()
             .collect();
         let mut jobs = Vec::with_capacity(need.len());
@@ -590,6 +594,36 @@ mod tests {
         let ok = c.ssd_droppable(&tks);
         assert_eq!(ok, vec![tks[1]], "the leased SSD-only block keeps its copy");
         assert!(c.is_visible(ns, &h(1)) && !c.is_visible(ns, &h(2)));
+        c.release(s, lease).expect("release");
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn a_lease_naming_an_ssd_only_block_twice_stages_it_once() {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, &[h(1)]);
+        for j in c.spill_candidates(8) {
+            c.spill_done(&j, true);
+        }
+        save(&mut c, s, ns, &[h(2), h(3), h(4), h(5)]); // demote h(1)
+        let lease = c
+            .lookup(s, ns, &[h(1), h(1)])
+            .expect("lookup")
+            .lease
+            .expect("hit");
+        let AcquireStep::Stage(jobs) = c.acquire(s, lease).expect("acquire") else {
+            panic!("stage expected")
+        };
+        assert_eq!(jobs.len(), 1, "one read per block, not per mention");
+        c.check_invariants().expect("invariants while staging");
+        for j in &jobs {
+            c.finish_stage(j, true);
+        }
+        let AcquireStep::Ready(slots) = c.acquire(s, lease).expect("ready") else {
+            panic!("ready expected")
+        };
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots[0], slots[1]);
         c.release(s, lease).expect("release");
         c.check_invariants().expect("invariants");
     }
