@@ -44,6 +44,15 @@ pub struct BlockKey {
     pub hash: BlockHash,
 }
 
+/// A block's identity outside this process (on disk): the namespace identity
+/// instead of the Manager-local [`NsId`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierKey {
+    pub ns: NamespaceKey,
+    pub generation: u64,
+    pub hash: BlockHash,
+}
+
 /// Where a block's bytes live in the shared DRAM arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Slot {

@@ -1,22 +1,22 @@
 //! OrbitKV core: the Manager's cache policy as a pure state machine.
 //!
 //! No sockets, files, threads or clocks. The Manager drives it; tests drive
-//! it directly (see `tests/model.rs` for a property test against a model).
+//! it directly (`tests/model.rs` and `tests/model_ssd.rs` are property tests
+//! against a model, `tests/scenarios.rs` runs the scripts under `testdata/`).
 #![forbid(unsafe_code)]
 
 pub mod arena;
-pub mod cache;
+mod cache;
 pub mod keys;
 mod map;
 pub mod policy;
-pub mod tier;
 
 pub use arena::{ALIGN, ArenaAllocator, aligned_len};
 pub use cache::{
-    CacheError, CacheState, Counters, Gauges, LeaseState, LookupResult, MAX_BLOCK_BYTES, SaveStatus,
-    SessionEnd,
+    AcquireStep, CacheError, CacheState, Counters, Gauges, LeaseState, LookupResult, MAX_BLOCK_BYTES,
+    SaveStatus, SessionEnd, SpillJob, SpillPolicy, StageJob,
 };
 pub use keys::{
     BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,
+    TierKey,
 };
-pub use tier::{AcquireStep, SpillJob, SpillPolicy, StageJob, TierKey};

@@ -86,11 +86,11 @@ impl Manager {
         };
         let sizes: Vec<u64> = segments.iter().map(|s| s.size()).collect();
         let mut cache = orbitkv_core::CacheState::new(&sizes);
-        let ssd = match &config.ssd {
-            Some(settings) => Some(tier::open(settings, &mut cache)?),
+        let below: Option<Box<dyn tier::Tier>> = match &config.ssd {
+            Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,
         };
-        let shared = Arc::new(Shared::new(config, segments, cache, ssd));
+        let shared = Arc::new(Shared::new(config, segments, cache, below));
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -113,7 +113,7 @@ impl Manager {
         )?);
         let sh = shared.clone();
         threads.push(spawn("orbitkv-reaper", Box::new(move || server::reaper(sh)))?);
-        if shared.ssd.is_some() {
+        if shared.tier.is_some() {
             let sh = shared.clone();
             threads.push(spawn("orbitkv-ssd", Box::new(move || tier::worker(sh)))?);
         }

@@ -497,22 +497,8 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
                 );
             }
             Ok(AcquireStep::Stage(jobs)) => {
-                drop(cache);
-                let Some(ssd) = shared.ssd.as_ref() else {
-                    // Unreachable by construction (SSD-only blocks need a tier); fail closed.
-                    let mut cache = shared.cache();
-                    for j in &jobs {
-                        cache.finish_stage(j, false);
-                    }
-                    continue;
-                };
-                let ok = crate::tier::stage(shared, ssd, &jobs);
-                let mut cache = shared.cache();
-                for (j, ok) in jobs.iter().zip(ok) {
-                    cache.finish_stage(j, ok);
-                }
-                drop(cache);
-                shared.staged.notify_all();
+                drop(cache); // the reads run outside the lock; the guard inside reports back
+                crate::tier::stage_for_lease(shared, jobs);
             }
             Err(e @ CacheError::NoStagingSpace { .. }) => {
                 let _ = cache.release(s, l);

@@ -10,6 +10,7 @@ use orbitkv_shm::Segment;
 use orbitkv_shm::peer::ProcessHandle;
 
 use crate::config::ManagerConfig;
+use crate::tier::Tier;
 
 /// Server-level counters (the cache's own counters live in `CacheState`).
 #[derive(Debug, Default)]
@@ -52,7 +53,8 @@ pub struct Shared {
     /// Signalled whenever staging reads finish (acquires waiting on a block
     /// another lease is staging wake up).
     pub staged: Condvar,
-    pub ssd: Option<orbitkv_ssd::SsdTier>,
+    /// The tier below DRAM (the SSD), when configured.
+    pub tier: Option<Box<dyn Tier>>,
     pub quarantine: Mutex<Vec<Quarantined>>,
     pub restore_faults: AtomicU32,
     pub commit_faults: AtomicU32,
@@ -72,14 +74,14 @@ impl Shared {
         config: ManagerConfig,
         segments: Vec<Segment>,
         cache: CacheState,
-        ssd: Option<orbitkv_ssd::SsdTier>,
+        tier: Option<Box<dyn Tier>>,
     ) -> Shared {
         Shared {
             config,
             segments,
             cache: Mutex::new(cache),
             staged: Condvar::new(),
-            ssd,
+            tier,
             quarantine: Mutex::new(Vec::new()),
             restore_faults: AtomicU32::new(0),
             commit_faults: AtomicU32::new(0),
@@ -112,7 +114,7 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("socket", &self.config.socket)
             .field("segments", &self.segments.len())
-            .field("ssd", &self.ssd.as_ref().map(|t| t.engine().kind))
+            .field("tier", &self.tier.as_ref().map(|t| t.status().engine))
             .finish_non_exhaustive()
     }
 }

@@ -17,7 +17,7 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
     let unprovable = q.iter().filter(|x| x.process.is_none()).count() as u64;
     drop(q);
     let sc = &shared.counters;
-    let ssd = shared.ssd.as_ref().map(|t| t.stats()).unwrap_or_default();
+    let ssd = shared.tier.as_ref().map(|t| t.status().stats).unwrap_or_default();
     let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     vec![
         ("lookups_total", "Lookup requests", "counter", c.lookups),
@@ -405,13 +405,13 @@ pub fn json(shared: &Shared) -> String {
     m.insert("version".into(), env!("CARGO_PKG_VERSION").into());
     m.insert(
         "ssd".into(),
-        match (&shared.config.ssd, &shared.ssd) {
+        match (&shared.config.ssd, shared.tier.as_ref().map(|t| t.status())) {
             (Some(cfg), Some(t)) => serde_json::json!({
                 "enabled": true,
                 "dir": cfg.dir.display().to_string(),
                 "mode": if cfg.mode == orbitkv_ssd::IoMode::Direct { "direct" } else { "kernel" },
-                "engine": t.engine().kind,
-                "fallback_reason": t.engine().fallback_reason,
+                "engine": t.engine,
+                "fallback_reason": t.fallback_reason,
                 "admit_hits": cfg.admit_hits,
                 "write_policy": if cfg.write_policy == orbitkv_core::SpillPolicy::Eager { "eager" } else { "evict" },
             }),

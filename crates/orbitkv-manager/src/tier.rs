@@ -1,7 +1,12 @@
-//! The SSD tier's I/O: opening and recovering the directory, the write-behind
-//! worker (spills and deletions) and staging reads for leases. Cache decisions
+//! Tiers below the DRAM arena: the [`Tier`] interface, the guards that end
+//! every stage and spill the cache started, the write-behind worker, and the
+//! SSD tier behind that interface (opening and recovering its directory,
+//! persisting generations, staging reads and spill writes). Cache decisions
 //! stay in `orbitkv_core` (`spill_candidates`, `acquire`, `ssd_droppable`,
 //! `take_ssd_removals`); this module only moves bytes and reports back.
+//!
+//! A new tier (peer Managers) is a new `impl Tier`; the session and worker
+//! code drive any tier the same way.
 //!
 //! The only `unsafe` of the Manager: borrowing arena slots as slices for the
 //! SSD engine, each under the cache-protocol right that freezes the slot.
@@ -13,10 +18,165 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orbitkv_core::{CacheState, Fingerprint, SpillJob, StageJob, TierKey};
-use orbitkv_ssd::{RecoveryPhase, SsdConfig, SsdError, SsdKey, SsdTier};
+use orbitkv_shm::Segment;
+use orbitkv_ssd::{RecoveryPhase, SsdConfig, SsdError, SsdKey, SsdStats, SsdTier};
 
 use crate::config::SsdSettings;
 use crate::shared::Shared;
+
+/// What became of one block handed to [`Tier::spill`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spilled {
+    /// The tier holds a durable copy.
+    Durable,
+    /// The tier had no room; the worker makes room and tries once more.
+    Full,
+    /// Any other failure (already logged by the tier).
+    Failed,
+}
+
+/// What `orbitkv status` and `/metrics` report about a tier.
+#[derive(Debug, Clone, Default)]
+pub struct TierStatus {
+    pub stats: SsdStats,
+    /// The I/O engine in use (`"io_uring"`, `"psync"`).
+    pub engine: &'static str,
+    /// Why the preferred engine was not used, if it was not.
+    pub fallback_reason: Option<String>,
+}
+
+/// A storage tier below the DRAM arena (the SSD today, peer Managers later).
+///
+/// The tier only moves bytes. Which blocks move, and when a slot may be
+/// read or written, is decided by `orbitkv_core::CacheState`: every job a tier
+/// sees comes from the cache, and its slot is frozen until the guard that
+/// carries the job reports back ([`StageGuard`], [`SpillGuard`]).
+pub trait Tier: Send + Sync {
+    /// Read each job's copy into its staging slot: per job, whether the slot
+    /// now holds the block, verified (checksum, key and length).
+    fn stage(&self, segments: &[Segment], jobs: &[StageJob]) -> Vec<bool>;
+    /// Copy each job's slot into the tier: one outcome per job.
+    fn spill(&self, segments: &[Segment], jobs: &[SpillJob]) -> Vec<Spilled>;
+    /// Delete copies (only keys the cache gave up: `take_ssd_removals`, `ssd_droppable`).
+    fn remove(&self, keys: &[TierKey]);
+    /// Up to `n` least recently used copies, proposed to the cache when full.
+    fn oldest(&self, n: usize) -> Vec<TierKey>;
+    fn status(&self) -> TierStatus;
+}
+
+/// Staging reads the cache started (`AcquireStep::Stage`). Ends them exactly
+/// once: with the reads' results through [`StageGuard::finish`], or, if it is
+/// dropped first (a panic between the two), as failed reads, so no block is
+/// left staging forever with other leases waiting on it.
+pub struct StageGuard<'a> {
+    shared: &'a Shared,
+    jobs: Vec<StageJob>,
+}
+
+impl<'a> StageGuard<'a> {
+    /// `jobs` must come from `AcquireStep::Stage`; the cache lock must not be
+    /// held by this thread while the guard lives (its drop takes it).
+    pub fn new(shared: &'a Shared, jobs: Vec<StageJob>) -> Self {
+        StageGuard { shared, jobs }
+    }
+
+    pub fn jobs(&self) -> &[StageJob] {
+        &self.jobs
+    }
+
+    /// Report the reads (`ok[i]` for `jobs()[i]`; missing results are failures)
+    /// and wake the acquires waiting on these blocks.
+    pub fn finish(mut self, ok: &[bool]) {
+        self.report(ok);
+    }
+
+    fn report(&mut self, ok: &[bool]) {
+        let jobs = std::mem::take(&mut self.jobs);
+        if jobs.is_empty() {
+            return;
+        }
+        let mut cache = self.shared.cache();
+        for (i, j) in jobs.iter().enumerate() {
+            cache.finish_stage(j, ok.get(i).copied().unwrap_or(false));
+        }
+        drop(cache);
+        self.shared.staged.notify_all();
+    }
+}
+
+impl Drop for StageGuard<'_> {
+    fn drop(&mut self) {
+        if !self.jobs.is_empty() {
+            log!(
+                Error,
+                "staging of {} block(s) ended without a result (a panic?); treated as failed reads",
+                self.jobs.len()
+            );
+            self.report(&[]);
+        }
+    }
+}
+
+/// Spills the cache started (`spill_candidates`). Ends them exactly once:
+/// through [`SpillGuard::finish`], or, if dropped first, as failed spills, so
+/// no slot stays frozen (`Busy::Spilling` cannot be evicted) forever.
+pub struct SpillGuard<'a> {
+    shared: &'a Shared,
+    jobs: Vec<SpillJob>,
+}
+
+impl<'a> SpillGuard<'a> {
+    /// `jobs` must come from `spill_candidates`; the cache lock must not be
+    /// held by this thread while the guard lives (its drop takes it).
+    pub fn new(shared: &'a Shared, jobs: Vec<SpillJob>) -> Self {
+        SpillGuard { shared, jobs }
+    }
+
+    pub fn jobs(&self) -> &[SpillJob] {
+        &self.jobs
+    }
+
+    /// Report the spills (`ok[i]` for `jobs()[i]`; missing results are failures).
+    pub fn finish(mut self, ok: &[bool]) {
+        self.report(ok);
+    }
+
+    fn report(&mut self, ok: &[bool]) {
+        let jobs = std::mem::take(&mut self.jobs);
+        if jobs.is_empty() {
+            return;
+        }
+        let mut cache = self.shared.cache();
+        for (i, j) in jobs.iter().enumerate() {
+            cache.spill_done(j, ok.get(i).copied().unwrap_or(false));
+        }
+    }
+}
+
+impl Drop for SpillGuard<'_> {
+    fn drop(&mut self) {
+        if !self.jobs.is_empty() {
+            log!(
+                Error,
+                "spill of {} block(s) ended without a result (a panic?); treated as failed",
+                self.jobs.len()
+            );
+            self.report(&[]);
+        }
+    }
+}
+
+/// Stage a lease's SSD-only blocks into DRAM (from `AcquireStep::Stage`) and
+/// report the results to the cache, whatever happens in between.
+pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
+    let staging = StageGuard::new(shared, jobs);
+    let ok = match shared.tier.as_deref() {
+        Some(tier) => tier.stage(&shared.segments, staging.jobs()),
+        // Unreachable by construction (SSD-only blocks need a tier); fail closed.
+        None => Vec::new(),
+    };
+    staging.finish(&ok);
+}
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.
 const SPILL_BATCH: usize = 64;
@@ -147,19 +307,49 @@ pub fn persist_generations(dir: &Path, table: &[(Fingerprint, u64)]) -> std::io:
     std::fs::File::open(dir)?.sync_all()
 }
 
+impl Tier for SsdTier {
+    fn stage(&self, segments: &[Segment], jobs: &[StageJob]) -> Vec<bool> {
+        ssd_stage(segments, self, jobs)
+    }
+
+    fn spill(&self, segments: &[Segment], jobs: &[SpillJob]) -> Vec<Spilled> {
+        ssd_spill(segments, self, jobs)
+    }
+
+    fn remove(&self, keys: &[TierKey]) {
+        for tk in keys {
+            SsdTier::remove(self, &ssd_key(tk));
+        }
+    }
+
+    fn oldest(&self, n: usize) -> Vec<TierKey> {
+        SsdTier::oldest(self, n).iter().map(tier_key).collect()
+    }
+
+    fn status(&self) -> TierStatus {
+        TierStatus {
+            stats: self.stats(),
+            engine: self.engine().kind,
+            fallback_reason: self.engine().fallback_reason.clone(),
+        }
+    }
+}
+
 /// Read SSD copies into staging slots. Returns per job whether the block is
 /// now in DRAM, verified (checksum, key and length).
-pub fn stage(shared: &Shared, ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool> {
+fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool> {
     let mut items: Vec<(SsdKey, &mut [u8])> = Vec::with_capacity(jobs.len());
     let mut usable = Vec::with_capacity(jobs.len());
     for j in jobs {
-        let Some(seg) = shared.segments.get(j.slot.segment as usize) else {
+        let Some(seg) = segments.get(j.slot.segment as usize) else {
             usable.push(false);
             continue;
         };
         // SAFETY: the slot was allocated for this job by `CacheState::acquire`
-        // (Busy::Staging): no client knows its location and nothing else can
-        // allocate it until `finish_stage`, so this is the only reference.
+        // (Busy::Staging) and the job is held by a `StageGuard` until
+        // `finish_stage`: no client knows its location and nothing else can
+        // allocate it meanwhile. Jobs are distinct slots (the cache stages each
+        // block once), so this is the only reference to these bytes.
         match unsafe { seg.mapping().slice_mut(j.slot.offset, j.slot.len as usize) } {
             Ok(buf) => {
                 items.push((ssd_key(&j.tier_key), buf));
@@ -207,12 +397,12 @@ fn short(tk: &TierKey) -> String {
 
 /// The write-behind worker: deletions first, then spills, until shutdown.
 pub fn worker(shared: Arc<Shared>) {
-    let Some(ssd) = shared.ssd.as_ref() else { return };
+    let Some(tier) = shared.tier.as_deref() else {
+        return;
+    };
     while !shared.is_shutting_down() {
         let removals = shared.cache().take_ssd_removals();
-        for tk in &removals {
-            ssd.remove(&ssd_key(tk));
-        }
+        tier.remove(&removals);
         let jobs = shared.cache().spill_candidates(SPILL_BATCH);
         if jobs.is_empty() {
             if removals.is_empty() {
@@ -220,56 +410,184 @@ pub fn worker(shared: Arc<Shared>) {
             }
             continue;
         }
-        let ok = spill(&shared, ssd, &jobs);
-        let mut cache = shared.cache();
-        for (j, ok) in jobs.iter().zip(ok) {
-            cache.spill_done(j, ok);
-        }
+        spill_batch(&shared, tier, jobs);
     }
 }
 
-fn spill(shared: &Shared, ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<bool> {
+/// Spill one batch from `spill_candidates` and report it, whatever happens in
+/// between. A full tier gets one chance to make room, then the rest fail.
+fn spill_batch(shared: &Shared, tier: &dyn Tier, jobs: Vec<SpillJob>) {
+    let spilling = SpillGuard::new(shared, jobs);
+    let jobs = spilling.jobs();
     let mut ok = vec![false; jobs.len()];
     let mut todo: Vec<usize> = (0..jobs.len()).collect();
     for attempt in 0..2 {
-        let mut items: Vec<(SsdKey, &[u8])> = Vec::with_capacity(todo.len());
-        let mut idx = Vec::with_capacity(todo.len());
-        for &i in &todo {
-            let j = &jobs[i];
-            let Some(seg) = shared.segments.get(j.slot.segment as usize) else {
-                continue;
-            };
-            // SAFETY: the block is visible (committed blocks are never written
-            // again) and Busy::Spilling keeps its slot from being freed or
-            // reallocated until `spill_done`.
-            if let Ok(buf) = unsafe { seg.mapping().slice(j.slot.offset, j.block_bytes as usize) } {
-                items.push((ssd_key(&j.tier_key), buf));
-                idx.push(i);
-            }
-        }
-        let results = ssd.write_batch(&items);
+        let batch: Vec<SpillJob> = todo.iter().map(|&i| jobs[i]).collect();
+        let results = tier.spill(&shared.segments, &batch);
         let mut full = Vec::new();
-        for (i, r) in idx.into_iter().zip(results) {
+        for (&i, r) in todo.iter().zip(results) {
             match r {
-                Ok(()) => ok[i] = true,
-                Err(SsdError::Full { .. }) => full.push(i),
-                Err(e) => log!(Warn, "SSD spill of {} failed: {e}", short(&jobs[i].tier_key)),
+                Spilled::Durable => ok[i] = true,
+                Spilled::Full => full.push(i),
+                Spilled::Failed => {}
             }
         }
         if full.is_empty() || attempt == 1 {
             break;
         }
-        make_room(shared, ssd, full.len() * 2);
+        make_room(shared, tier, full.len() * 2);
         todo = full;
     }
-    ok
+    spilling.finish(&ok);
 }
 
-/// The SSD is full: delete least recently used copies the cache can spare.
-fn make_room(shared: &Shared, ssd: &SsdTier, n: usize) {
-    let proposed: Vec<TierKey> = ssd.oldest(n.max(8)).iter().map(tier_key).collect();
+/// Write spill jobs to SSD: one outcome per job.
+fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spilled> {
+    let mut out = vec![Spilled::Failed; jobs.len()];
+    let mut items: Vec<(SsdKey, &[u8])> = Vec::with_capacity(jobs.len());
+    let mut idx = Vec::with_capacity(jobs.len());
+    for (i, j) in jobs.iter().enumerate() {
+        let Some(seg) = segments.get(j.slot.segment as usize) else {
+            continue;
+        };
+        // SAFETY: the block is visible (committed blocks are never written
+        // again) and Busy::Spilling, held by a `SpillGuard` until `spill_done`,
+        // keeps its slot from being freed or reallocated meanwhile.
+        if let Ok(buf) = unsafe { seg.mapping().slice(j.slot.offset, j.block_bytes as usize) } {
+            items.push((ssd_key(&j.tier_key), buf));
+            idx.push(i);
+        }
+    }
+    let results = ssd.write_batch(&items);
+    for (i, r) in idx.into_iter().zip(results) {
+        out[i] = match r {
+            Ok(()) => Spilled::Durable,
+            Err(SsdError::Full { .. }) => Spilled::Full,
+            Err(e) => {
+                log!(Warn, "SSD spill of {} failed: {e}", short(&jobs[i].tier_key));
+                Spilled::Failed
+            }
+        };
+    }
+    out
+}
+
+/// The tier is full: delete least recently used copies the cache can spare.
+fn make_room(shared: &Shared, tier: &dyn Tier, n: usize) {
+    let proposed = tier.oldest(n.max(8));
     let droppable = shared.cache().ssd_droppable(&proposed);
-    for tk in &droppable {
-        ssd.remove(&ssd_key(tk));
+    tier.remove(&droppable);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use orbitkv_core::{AcquireStep, BlockHash, NamespaceKey, NsId, SaveStatus, SessionId, SpillPolicy};
+    use orbitkv_shm::PageSize;
+
+    use super::*;
+    use crate::config::ManagerConfig;
+
+    /// A tier whose every operation panics: fault injection for the guards.
+    struct PanickingTier;
+
+    impl Tier for PanickingTier {
+        fn stage(&self, _: &[Segment], _: &[StageJob]) -> Vec<bool> {
+            panic!("injected: staging read panicked")
+        }
+        fn spill(&self, _: &[Segment], _: &[SpillJob]) -> Vec<Spilled> {
+            panic!("injected: spill write panicked")
+        }
+        fn remove(&self, _: &[TierKey]) {}
+        fn oldest(&self, _: usize) -> Vec<TierKey> {
+            Vec::new()
+        }
+        fn status(&self) -> TierStatus {
+            TierStatus::default()
+        }
+    }
+
+    const BLOCK: u64 = 4096;
+
+    fn h(i: u8) -> BlockHash {
+        [i; 32]
+    }
+
+    /// A Manager state with `slots` DRAM slots of one block, the SSD tier
+    /// bookkeeping on (every block spilled eagerly) and a panicking tier.
+    fn shared(slots: u64) -> (Shared, SessionId, NsId) {
+        let config =
+            ManagerConfig::from_argv(["x", "--socket", "/nonexistent/orbitkv-test.sock"]).expect("config");
+        let segment = Segment::create("orbitkv-tier-test", slots * BLOCK, PageSize::Base).expect("memfd");
+        let mut cache = CacheState::new(&[slots * BLOCK]);
+        cache.enable_ssd_with(0, SpillPolicy::Eager);
+        let s = cache.open_session();
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([9; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        let (ns, _) = cache.register_namespace(key, BLOCK).expect("namespace");
+        let shared = Shared::new(config, vec![segment], cache, Some(Box::new(PanickingTier)));
+        (shared, s, ns)
+    }
+
+    fn save(c: &mut CacheState, s: SessionId, ns: NsId, hs: &[BlockHash]) {
+        let (id, _) = c.begin_save(s, ns, hs).expect("begin");
+        c.commit_save(s, id).expect("commit");
+    }
+
+    #[test]
+    fn a_panic_while_staging_leaves_no_block_staging() {
+        let (shared, s, ns) = shared(2);
+        let lease = {
+            let mut c = shared.cache();
+            save(&mut c, s, ns, &[h(1)]);
+            for j in c.spill_candidates(8) {
+                c.spill_done(&j, true);
+            }
+            save(&mut c, s, ns, &[h(2), h(3)]); // demotes h(1) to SSD-only
+            c.lookup(s, ns, &[h(1)]).expect("lookup").lease.expect("hit")
+        };
+        let jobs = match shared.cache().acquire(s, lease).expect("acquire") {
+            AcquireStep::Stage(jobs) => jobs,
+            other => panic!("stage expected, got {other:?}"),
+        };
+        let r = catch_unwind(AssertUnwindSafe(|| stage_for_lease(&shared, jobs)));
+        assert!(r.is_err(), "the injected panic propagates");
+        let mut c = shared.cache();
+        // Not `Wait` (the block would be staging forever): the unfinished read
+        // counts as failed, the block is dropped and the lease retired.
+        assert!(
+            matches!(
+                c.acquire(s, lease).expect("acquire"),
+                AcquireStep::Lost { blocks: 1 }
+            ),
+            "a block whose staging did not finish must not stay staging"
+        );
+        assert!(!c.is_visible(ns, &h(1)));
+        assert_eq!(c.counters().stage_failures, 1);
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn a_panic_while_spilling_leaves_no_slot_frozen() {
+        let (shared, s, ns) = shared(1);
+        save(&mut shared.cache(), s, ns, &[h(1)]);
+        let jobs = shared.cache().spill_candidates(8);
+        assert_eq!(jobs.len(), 1);
+        let r = catch_unwind(AssertUnwindSafe(|| spill_batch(&shared, &PanickingTier, jobs)));
+        assert!(r.is_err(), "the injected panic propagates");
+        let mut c = shared.cache();
+        assert_eq!(c.counters().spill_failures, 1);
+        // A spilling slot cannot be evicted: the next save would be refused.
+        let (id, st) = c.begin_save(s, ns, &[h(2)]).expect("begin");
+        assert!(
+            matches!(st[..], [SaveStatus::Allocated(_)]),
+            "the slot of a spill that did not finish must be evictable again, got {st:?}"
+        );
+        c.commit_save(s, id).expect("commit");
+        c.check_invariants().expect("invariants");
     }
 }

@@ -1,25 +1,20 @@
-//! SSD-tier bookkeeping of [`CacheState`], still without I/O: which blocks to
-//! spill (write-behind), staging SSD-only blocks back into DRAM for a lease,
-//! adopting blocks recovered from disk at start, and an outbox of SSD copies
-//! the Manager must delete. The Manager's workers do the reads and writes and
-//! report back through `spill_done` / `finish_stage`.
+//! Tier moves of [`CacheState`], still without I/O: which blocks to spill
+//! (write-behind), staging SSD-only blocks back into DRAM for a lease,
+//! *doomed* blocks (corrupt or purged: invisible at once, reaped once unpinned
+//! and idle), adopting blocks recovered from disk at start, and an outbox of
+//! SSD copies the Manager must delete. The Manager's workers do the reads and
+//! writes and report back through `spill_done` / `finish_stage`. Calls down
+//! into `entries` and `registry` only; the lease that asked for a stage is
+//! `leases`' business.
 //!
 //! Who deletes an SSD copy? Only the Manager, and only keys taken from
 //! [`CacheState::take_ssd_removals`] or granted by [`CacheState::ssd_droppable`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::cache::{Busy, CacheError, CacheState, Entry, LeaseState};
-use crate::keys::{BlockHash, BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SessionId, Slot};
-
-/// A block's identity outside this process (on disk): namespace identity
-/// instead of the Manager-local `NsId`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TierKey {
-    pub ns: NamespaceKey,
-    pub generation: u64,
-    pub hash: BlockHash,
-}
+use super::entries::{Busy, Entry, SlotFree};
+use super::{CacheError, CacheState};
+use crate::keys::{BlockHash, BlockKey, NamespaceKey, NsId, Slot, TierKey};
 
 /// Copy `slot` (holding `block_bytes` of data) to SSD under `tier_key`.
 #[derive(Debug, Clone, Copy)]
@@ -67,7 +62,7 @@ pub enum SpillPolicy {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct TierState {
+pub(super) struct TierState {
     enabled: bool,
     policy: SpillPolicy,
     min_hits: u32,
@@ -79,7 +74,7 @@ pub(crate) struct TierState {
 }
 
 impl TierState {
-    pub(crate) fn dormant_len(&self) -> usize {
+    pub(super) fn dormant_len(&self) -> usize {
         self.dormant.values().map(Vec::len).sum()
     }
 }
@@ -101,19 +96,10 @@ impl CacheState {
         self.tier.enabled
     }
 
-    pub fn tier_key(&self, k: &BlockKey) -> Option<TierKey> {
-        let ns = self.namespaces.get(&k.ns)?;
-        Some(TierKey {
-            ns: ns.key,
-            generation: k.generation,
-            hash: k.hash,
-        })
-    }
-
     /// A block became visible. `readmitted`: DRAM evicted it recently and it is
     /// saved again — it was reused after all, which counts as one hit (so the
     /// hit-based admission also catches reuse distances longer than DRAM).
-    pub(crate) fn note_committed(&mut self, k: BlockKey, readmitted: bool) {
+    pub(super) fn note_committed(&mut self, k: BlockKey, readmitted: bool) {
         if !self.tier.enabled {
             return;
         }
@@ -126,7 +112,7 @@ impl CacheState {
         }
     }
 
-    pub(crate) fn note_hit(&mut self, k: BlockKey) {
+    pub(super) fn note_hit(&mut self, k: BlockKey) {
         if !self.tier.enabled || self.tier.min_hits == 0 || self.tier.policy != SpillPolicy::Eager {
             return;
         }
@@ -209,39 +195,28 @@ impl CacheState {
         }
     }
 
-    /// Hand out the source slots of a lease, staging SSD-only blocks first.
-    /// Once `Ready` is returned, copies may be in flight until `release`.
-    pub fn acquire(&mut self, s: SessionId, l: LeaseId) -> Result<AcquireStep, CacheError> {
-        self.check_owned_lease(s, l)?;
-        let keys = self.leases.get(&l).map(|x| x.keys.clone()).unwrap_or_default();
-        let lost = keys
-            .iter()
-            .filter(|k| self.index.get(k).is_none_or(|e| e.doomed))
-            .count();
-        if lost > 0 {
-            self.drop_lease(l);
-            return Ok(AcquireStep::Lost { blocks: lost });
-        }
-        if keys.iter().any(|k| {
+    /// Is another lease staging one of these blocks?
+    pub(super) fn any_staging(&self, keys: &[BlockKey]) -> bool {
+        keys.iter().any(|k| {
             self.index
                 .get(k)
                 .is_some_and(|e| matches!(e.busy, Busy::Staging(_)))
-        }) {
-            return Ok(AcquireStep::Wait);
-        }
+        })
+    }
+
+    /// Allocate staging slots for the blocks of `keys` that are SSD-only and
+    /// mark them `Staging`; empty when every block is in DRAM. All or nothing:
+    /// when DRAM cannot hold them all, nothing stays allocated.
+    pub(super) fn stage_jobs(&mut self, keys: &[BlockKey]) -> Result<Vec<StageJob>, CacheError> {
+        // A lease may name a block twice (a client can repeat a hash): one
+        // read per block, or the second staging slot would replace the first
+        // and leak it.
+        let mut seen = HashSet::new();
         let need: Vec<BlockKey> = keys
             .iter()
-            .filter(|k| self.index.get(k).is_some_and(|e| e.slot.is_none()))
+            .filter(|k| self.index.get(k).is_some_and(|e| e.slot.is_none()) && seen.insert(**k))
             .copied()
             .collect();
-        if need.is_empty() {
-            if let Some(lease) = self.leases.get_mut(&l) {
-                lease.state = LeaseState::Acquired;
-            }
-            return Ok(AcquireStep::Ready(
-                keys.iter().filter_map(|k| self.index.get(k)?.slot).collect(),
-            ));
-        }
         let mut jobs = Vec::with_capacity(need.len());
         for key in need {
             let block_bytes = self.index.get(&key).map_or(0, |e| e.block_bytes);
@@ -252,7 +227,7 @@ impl CacheState {
                 return Err(CacheError::NoStagingSpace { blocks: keys.len() });
             };
             let Some(tier_key) = self.tier_key(&key) else {
-                self.arena.free(slot);
+                self.free_slot(slot, SlotFree::StageAbandoned);
                 continue;
             };
             if let Some(e) = self.index.get_mut(&key) {
@@ -265,21 +240,21 @@ impl CacheState {
                 block_bytes,
             });
         }
-        Ok(AcquireStep::Stage(jobs))
+        Ok(jobs)
     }
 
     fn abandon_stage(&mut self, job: &StageJob) {
         if let Some(e) = self.index.get_mut(&job.key) {
             e.busy = Busy::Idle;
         }
-        self.arena.free(job.slot);
+        self.free_slot(job.slot, SlotFree::StageAbandoned);
     }
 
     /// A staging read finished. `ok == false` (checksum mismatch, missing or
     /// unreadable copy) dooms the block: invisible now, deleted once unpinned.
     pub fn finish_stage(&mut self, job: &StageJob, ok: bool) {
         let Some(e) = self.index.get_mut(&job.key) else {
-            self.arena.free(job.slot);
+            self.free_slot(job.slot, SlotFree::StageDiscarded);
             return;
         };
         e.busy = Busy::Idle;
@@ -288,7 +263,7 @@ impl CacheState {
             self.policy.insert(job.key, job.slot.len);
             self.counters.staged_blocks += 1;
         } else {
-            self.arena.free(job.slot);
+            self.free_slot(job.slot, SlotFree::StageDiscarded);
             if !ok {
                 self.counters.stage_failures += 1;
             }
@@ -297,7 +272,7 @@ impl CacheState {
     }
 
     /// Make a block invisible; it is deleted (slot and SSD copy) once unpinned and idle.
-    pub(crate) fn doom(&mut self, key: BlockKey) {
+    pub(super) fn doom(&mut self, key: BlockKey) {
         if let Some(e) = self.index.get_mut(&key) {
             if !e.doomed && e.slot.is_some() {
                 self.policy.remove(&key);
@@ -307,7 +282,7 @@ impl CacheState {
         self.reap_if_doomed(key);
     }
 
-    pub(crate) fn reap_if_doomed(&mut self, key: BlockKey) {
+    pub(super) fn reap_if_doomed(&mut self, key: BlockKey) {
         let reap = self
             .index
             .get(&key)
@@ -318,7 +293,7 @@ impl CacheState {
         let tier_key = self.tier_key(&key);
         if let Some(e) = self.index.remove(&key) {
             if let Some(slot) = e.slot {
-                self.arena.free(slot);
+                self.free_slot(slot, SlotFree::Reaped);
             }
             if let (true, Some(tk)) = (e.on_ssd, tier_key) {
                 self.tier.removals.push(tk);
@@ -333,7 +308,7 @@ impl CacheState {
     pub fn ssd_droppable(&mut self, proposed: &[TierKey]) -> Vec<TierKey> {
         let mut ok = Vec::new();
         for tk in proposed {
-            let Some(&ns) = self.ns_id(&tk.ns) else {
+            let Some(ns) = self.ns_id(&tk.ns) else {
                 self.forget_dormant(tk);
                 ok.push(*tk);
                 continue;
@@ -369,8 +344,7 @@ impl CacheState {
     /// registers; generations only move forward.
     pub fn adopt_recovered(&mut self, items: impl IntoIterator<Item = (TierKey, u64)>) {
         for (tk, len) in items {
-            let g = self.generations.entry(tk.ns.fingerprint).or_insert(0);
-            *g = (*g).max(tk.generation);
+            self.restore_generation(tk.ns.fingerprint, tk.generation);
             self.tier
                 .dormant
                 .entry(tk.ns)
@@ -383,21 +357,9 @@ impl CacheState {
         }
     }
 
-    /// Raise a fingerprint's generation (from persisted state at start).
-    pub fn restore_generation(&mut self, fp: Fingerprint, generation: u64) {
-        let g = self.generations.entry(fp).or_insert(0);
-        *g = (*g).max(generation);
-    }
-
-    pub fn generation_table(&self) -> Vec<(Fingerprint, u64)> {
-        let mut v: Vec<_> = self.generations.iter().map(|(f, g)| (*f, *g)).collect();
-        v.sort();
-        v
-    }
-
     /// Make dormant blocks of `ns` visible: only the current generation and
     /// the registered block size qualify; the rest is queued for deletion.
-    pub(crate) fn adopt_dormant(&mut self, ns: NsId) {
+    pub(super) fn adopt_dormant(&mut self, ns: NsId) {
         let Some(info) = self.namespaces.get(&ns).cloned() else {
             return;
         };
@@ -413,17 +375,7 @@ impl CacheState {
                 hash,
             };
             if generation == current && len == info.block_bytes && !self.index.contains_key(&key) {
-                let mut e = Entry::in_dram(
-                    Slot {
-                        segment: 0,
-                        offset: 0,
-                        len: 0,
-                    },
-                    len,
-                );
-                e.slot = None;
-                e.on_ssd = true;
-                self.index.insert(key, e);
+                self.index.insert(key, Entry::on_ssd_only(len));
                 self.counters.ssd_adopted_blocks += 1;
             } else {
                 self.tier.removals.push(tk);
@@ -442,7 +394,8 @@ impl CacheState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Fingerprint;
+    use crate::keys::{Fingerprint, NamespaceKey, SessionId};
+    use crate::{AcquireStep, CacheState};
 
     fn setup(min_hits: u32) -> (CacheState, SessionId, NsId) {
         // 4 slots of 4 KiB.
@@ -641,6 +594,36 @@ mod tests {
         let ok = c.ssd_droppable(&tks);
         assert_eq!(ok, vec![tks[1]], "the leased SSD-only block keeps its copy");
         assert!(c.is_visible(ns, &h(1)) && !c.is_visible(ns, &h(2)));
+        c.release(s, lease).expect("release");
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn a_lease_naming_an_ssd_only_block_twice_stages_it_once() {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, &[h(1)]);
+        for j in c.spill_candidates(8) {
+            c.spill_done(&j, true);
+        }
+        save(&mut c, s, ns, &[h(2), h(3), h(4), h(5)]); // demote h(1)
+        let lease = c
+            .lookup(s, ns, &[h(1), h(1)])
+            .expect("lookup")
+            .lease
+            .expect("hit");
+        let AcquireStep::Stage(jobs) = c.acquire(s, lease).expect("acquire") else {
+            panic!("stage expected")
+        };
+        assert_eq!(jobs.len(), 1, "one read per block, not per mention");
+        c.check_invariants().expect("invariants while staging");
+        for j in &jobs {
+            c.finish_stage(j, true);
+        }
+        let AcquireStep::Ready(slots) = c.acquire(s, lease).expect("ready") else {
+            panic!("ready expected")
+        };
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots[0], slots[1]);
         c.release(s, lease).expect("release");
         c.check_invariants().expect("invariants");
     }

@@ -1,0 +1,150 @@
+//! The index of visible blocks and their DRAM slots: allocation (evicting under
+//! pressure) and [`CacheState::free_slot`], the only place a slot goes back to
+//! the arena. Calls no other part of the cache.
+
+use super::CacheState;
+use crate::arena::aligned_len;
+use crate::keys::Slot;
+
+/// One visible (or doomed) block. Residency: DRAM (`slot`), SSD (`on_ssd`), or both.
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    /// DRAM residency; `None` while the block lives on SSD only.
+    pub(super) slot: Option<Slot>,
+    /// Block bytes as registered by the namespace (not rounded).
+    pub(super) block_bytes: u64,
+    pub(super) on_ssd: bool,
+    pub(super) pins: u32,
+    pub(super) hits: u32,
+    pub(super) busy: Busy,
+    /// Invisible to lookups; freed (DRAM slot and SSD copy) once unpinned and idle.
+    pub(super) doomed: bool,
+}
+
+impl Entry {
+    /// A block whose bytes are in `slot` (a committed save).
+    pub(super) fn in_dram(slot: Slot, block_bytes: u64) -> Entry {
+        Entry {
+            slot: Some(slot),
+            block_bytes,
+            on_ssd: false,
+            pins: 0,
+            hits: 0,
+            busy: Busy::Idle,
+            doomed: false,
+        }
+    }
+
+    /// A block whose only copy is on SSD (recovered at start).
+    pub(super) fn on_ssd_only(block_bytes: u64) -> Entry {
+        Entry {
+            slot: None,
+            on_ssd: true,
+            ..Entry::in_dram(
+                Slot {
+                    segment: 0,
+                    offset: 0,
+                    len: 0,
+                },
+                block_bytes,
+            )
+        }
+    }
+
+    /// May eviction take this entry's DRAM slot?
+    pub(super) fn evictable(&self) -> bool {
+        self.pins == 0 && self.busy == Busy::Idle && !self.doomed
+    }
+}
+
+/// Tier work in flight on an entry (the Manager's workers do the I/O).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Busy {
+    Idle,
+    /// A worker is copying the DRAM slot to SSD: the slot must not be freed.
+    Spilling,
+    /// A worker is reading the SSD copy into this newly allocated slot.
+    Staging(Slot),
+}
+
+/// Why a DRAM slot goes back to the arena: one variant per caller of
+/// [`CacheState::free_slot`], so this list answers "who frees a block's slot?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotFree {
+    /// `evict_one`: an unpinned, idle visible block left DRAM and the index.
+    Evicted,
+    /// `evict_one`: an unpinned, idle visible block left DRAM; its SSD copy
+    /// keeps it visible.
+    Demoted,
+    /// `commit_save`: another session committed the same block first.
+    DuplicateOnCommit,
+    /// `end_save`: a pending save was aborted, or its session ended.
+    SaveAborted,
+    /// `stage_jobs`: a staging slot allocated for a lease that then could not
+    /// get all its slots (nothing was read into it).
+    StageAbandoned,
+    /// `finish_stage`: the staging read failed or the block was doomed meanwhile.
+    StageDiscarded,
+    /// `reap_if_doomed`: a doomed block is unpinned and idle.
+    Reaped,
+}
+
+impl CacheState {
+    /// Allocate a slot of `bytes`, evicting unpinned idle blocks until one fits.
+    /// `None` when every DRAM-resident block is pinned or busy.
+    pub(super) fn alloc_or_evict(&mut self, bytes: u64) -> Option<Slot> {
+        loop {
+            if let Some(slot) = self.arena.alloc(bytes) {
+                return Some(slot);
+            }
+            if !self.evict_one(aligned_len(bytes)) {
+                return None;
+            }
+        }
+    }
+
+    /// Take one DRAM slot from an evictable block: the block stays visible on
+    /// SSD when it has a copy there (demotion), otherwise it is dropped.
+    /// `false` when every DRAM-resident block is pinned or busy.
+    fn evict_one(&mut self, _needed: u64) -> bool {
+        let index = &self.index;
+        let victim = self
+            .policy
+            .evict_one(|k| !index.get(k).is_some_and(Entry::evictable));
+        let Some(key) = victim else {
+            return false;
+        };
+        let Some(e) = self.index.get_mut(&key) else {
+            return true; // the policy only tracks indexed blocks; nothing to free
+        };
+        let Some(slot) = e.slot.take() else {
+            return true;
+        };
+        if e.on_ssd {
+            self.free_slot(slot, SlotFree::Demoted);
+        } else {
+            self.index.remove(&key);
+            self.free_slot(slot, SlotFree::Evicted);
+        }
+        true
+    }
+
+    /// The only place a DRAM slot returns to the arena; counts why.
+    pub(super) fn free_slot(&mut self, slot: Slot, why: SlotFree) {
+        self.arena.free(slot);
+        let c = &mut self.counters;
+        match why {
+            SlotFree::Evicted => {
+                c.evicted_bytes += slot.len;
+                c.evictions += 1;
+            }
+            SlotFree::Demoted => {
+                c.evicted_bytes += slot.len;
+                c.demotions += 1;
+            }
+            SlotFree::DuplicateOnCommit => c.blocks_duplicate_on_commit += 1,
+            SlotFree::SaveAborted => c.blocks_aborted += 1,
+            SlotFree::StageAbandoned | SlotFree::StageDiscarded | SlotFree::Reaped => {}
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! The Manager's cache state as a sans-I/O state machine.
+//!
+//! [`CacheState`] is the facade: one struct, one mutex in the Manager, every
+//! cache decision a method of it. Its methods are split by what they own, and
+//! calls only go down this list (a module never calls one above it):
+//!
+//! 1. `mod.rs` (this file): operations that span owners — ending a session
+//!    (its leases and saves), registering a namespace (adopting its dormant
+//!    SSD blocks), generation reset (dooming old blocks) — and observation
+//!    (`gauges`, `check_invariants`).
+//! 2. `leases.rs`: pins — `lookup`, `acquire`, `release` and [`CacheState::end_lease`],
+//!    the only place a lease ends.
+//! 3. `saves.rs`: allocated-but-invisible slots — `begin_save`, `commit_save`,
+//!    `abort_save` and `end_save`.
+//! 4. `tiers.rs`: moves between DRAM and SSD (spill, stage, SSD drop,
+//!    adoption) and *doomed* blocks, which are reaped once unpinned and idle.
+//! 5. `entries.rs`: the index of visible blocks and their DRAM slots —
+//!    allocation with eviction and [`CacheState::free_slot`], the only place a
+//!    slot returns to the arena.
+//! 6. `registry.rs`: the session and namespace tables (liveness checks,
+//!    generations, on-disk block identity).
+//!
+//! One owner per fact:
+//! - `index` owns visible blocks and their arena slots;
+//! - `saves` own allocated-but-invisible slots; commit moves a slot into `index`,
+//!   abort (or the end of the owning session) frees it;
+//! - `leases` own pins on visible blocks; a pinned block is never evicted;
+//! - `sessions` own their leases and saves. A session that vanished without a
+//!   clean close is *quarantined*: its acquired pins and its save slots stay
+//!   held until the Manager has proof that the peer process is gone (contract
+//!   L2: a vanished connection proves nothing about physical drain). Leases it
+//!   never acquired handed out no address, so they are released at once.
+
+mod entries;
+mod leases;
+mod registry;
+mod saves;
+mod tiers;
+
+use std::collections::HashMap;
+
+use crate::arena::ArenaAllocator;
+use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
+use crate::map::Map;
+use crate::policy::S3Fifo;
+
+use entries::{Busy, Entry};
+use leases::Lease;
+pub use leases::{LeaseState, LookupResult};
+use registry::{NsInfo, SessionInfo};
+use saves::PendingSave;
+pub use saves::SaveStatus;
+use tiers::TierState;
+pub use tiers::{AcquireStep, SpillJob, SpillPolicy, StageJob};
+
+/// Largest block the arena accepts (a single extent).
+pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum CacheError {
+    #[error("unknown session {0:?}")]
+    UnknownSession(SessionId),
+    #[error("session {0:?} is closed")]
+    SessionClosed(SessionId),
+    #[error("unknown namespace {0:?}")]
+    UnknownNamespace(NsId),
+    #[error(
+        "namespace already registered with block_bytes={existing}, not {requested}: the fingerprint does not bind the layout"
+    )]
+    BlockBytesMismatch { existing: u64, requested: u64 },
+    #[error("block_bytes must be between 1 and {MAX_BLOCK_BYTES}, got {0}")]
+    BadBlockBytes(u64),
+    #[error("unknown lease {0:?}")]
+    UnknownLease(LeaseId),
+    #[error("unknown pending save {0:?}")]
+    UnknownSave(SaveId),
+    #[error("{what} {id} belongs to another session")]
+    NotOwner { what: &'static str, id: u64 },
+    #[error(
+        "generation reset refused: {leases} lease(s) and {saves} pending save(s) still live on this fingerprint"
+    )]
+    Busy { leases: usize, saves: usize },
+    #[error("no DRAM space to stage {blocks} block(s) from SSD: every slot is pinned")]
+    NoStagingSpace { blocks: usize },
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The client said its copies drained, then closed.
+    Clean,
+    /// The peer process is proven gone (e.g. its pidfd became readable).
+    ProcessGone,
+    /// The connection dropped; the process may still be copying. Quarantine.
+    Vanished,
+}
+
+/// Monotonic counters, exported as metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub lookups: u64,
+    pub lookup_blocks: u64,
+    pub hit_blocks: u64,
+    pub leases_granted: u64,
+    pub leases_retired: u64,
+    pub saves_begun: u64,
+    pub blocks_committed: u64,
+    pub blocks_present: u64,
+    pub blocks_refused: u64,
+    pub blocks_aborted: u64,
+    pub blocks_duplicate_on_commit: u64,
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    pub generation_bumps: u64,
+    pub generation_purged_blocks: u64,
+    pub sessions_quarantined: u64,
+    pub sessions_released_from_quarantine: u64,
+    /// DRAM slots freed while an SSD copy keeps the block visible.
+    pub demotions: u64,
+    pub spilled_blocks: u64,
+    pub spill_failures: u64,
+    pub staged_blocks: u64,
+    pub stage_failures: u64,
+    pub ssd_dropped_blocks: u64,
+    pub ssd_adopted_blocks: u64,
+    pub ssd_rejected_blocks: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gauges {
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub visible_blocks: u64,
+    pub visible_bytes: u64,
+    pub pinned_blocks: u64,
+    pub pending_save_bytes: u64,
+    pub live_leases: u64,
+    pub live_saves: u64,
+    pub sessions: u64,
+    pub quarantined_sessions: u64,
+    pub quarantined_bytes: u64,
+    pub namespaces: u64,
+    pub ssd_only_blocks: u64,
+    pub ssd_resident_blocks: u64,
+    pub dormant_ssd_blocks: u64,
+}
+
+#[derive(Debug)]
+pub struct CacheState {
+    arena: ArenaAllocator,
+    policy: S3Fifo<BlockKey>,
+    index: Map<BlockKey, Entry>,
+    namespaces: HashMap<NsId, NsInfo>,
+    ns_by_key: HashMap<NamespaceKey, NsId>,
+    generations: HashMap<Fingerprint, u64>,
+    leases: Map<LeaseId, Lease>,
+    saves: Map<SaveId, PendingSave>,
+    sessions: Map<SessionId, SessionInfo>,
+    next_id: u64,
+    counters: Counters,
+    tier: TierState,
+}
+
+impl CacheState {
+    pub fn new(segment_sizes: &[u64]) -> Self {
+        let arena = ArenaAllocator::new(segment_sizes);
+        let policy = S3Fifo::new(arena.capacity());
+        CacheState {
+            arena,
+            policy,
+            index: Map::default(),
+            namespaces: HashMap::new(),
+            ns_by_key: HashMap::new(),
+            generations: HashMap::new(),
+            leases: Map::default(),
+            saves: Map::default(),
+            sessions: Map::default(),
+            next_id: 0,
+            counters: Counters::default(),
+            tier: TierState::default(),
+        }
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn segment_sizes(&self) -> &[u64] {
+        self.arena.segment_sizes()
+    }
+
+    // ---- session end: leases and saves ----------------------------------
+
+    /// End a session. `Clean` and `ProcessGone` release everything it owns.
+    /// `Vanished` releases at once the leases still `Granted` (no source
+    /// address was handed out, so no copy can be in flight) and quarantines
+    /// acquired leases and pending saves until [`Self::process_gone`].
+    pub fn end_session(&mut self, s: SessionId, how: SessionEnd) -> Result<(), CacheError> {
+        let info = self.sessions.get(&s).ok_or(CacheError::UnknownSession(s))?;
+        if how == SessionEnd::Vanished {
+            if info.quarantined {
+                return Ok(());
+            }
+            let granted: Vec<LeaseId> = info
+                .leases
+                .iter()
+                .copied()
+                .filter(|l| self.leases.get(l).is_some_and(|x| x.state == LeaseState::Granted))
+                .collect();
+            for l in granted {
+                self.end_lease(l);
+            }
+            let info = self.sessions.get_mut(&s).ok_or(CacheError::UnknownSession(s))?;
+            if !info.leases.is_empty() || !info.saves.is_empty() {
+                info.quarantined = true;
+                self.counters.sessions_quarantined += 1;
+                return Ok(());
+            }
+        }
+        let info = self.sessions.remove(&s).unwrap_or_default();
+        for l in info.leases {
+            self.end_lease(l);
+        }
+        for sv in info.saves {
+            self.end_save(sv);
+        }
+        if info.quarantined {
+            self.counters.sessions_released_from_quarantine += 1;
+        }
+        Ok(())
+    }
+
+    /// Proof that a quarantined session's process is gone: release its holds.
+    pub fn process_gone(&mut self, s: SessionId) -> Result<(), CacheError> {
+        self.end_session(s, SessionEnd::ProcessGone)
+    }
+
+    // ---- namespaces and generations -------------------------------------
+
+    pub fn register_namespace(
+        &mut self,
+        key: NamespaceKey,
+        block_bytes: u64,
+    ) -> Result<(NsId, u64), CacheError> {
+        if block_bytes == 0 || block_bytes > MAX_BLOCK_BYTES {
+            return Err(CacheError::BadBlockBytes(block_bytes));
+        }
+        let generation = *self.generations.entry(key.fingerprint).or_insert(0);
+        if let Some(&id) = self.ns_by_key.get(&key) {
+            let existing = self.ns(id)?.block_bytes;
+            if existing != block_bytes {
+                return Err(CacheError::BlockBytesMismatch {
+                    existing,
+                    requested: block_bytes,
+                });
+            }
+            return Ok((id, generation));
+        }
+        let id = NsId(u32::try_from(self.namespaces.len() + 1).unwrap_or(u32::MAX));
+        self.namespaces.insert(id, NsInfo { key, block_bytes });
+        self.ns_by_key.insert(key, id);
+        self.adopt_dormant(id);
+        Ok((id, generation))
+    }
+
+    /// Move every namespace of `ns`'s fingerprint to a fresh generation
+    /// (contract L5). Refused while any lease or pending save is live on the
+    /// fingerprint, quarantined ones included. Old-generation blocks are doomed
+    /// (invisible at once; nothing pins them, so they are freed at once too).
+    pub fn bump_generation(&mut self, ns: NsId) -> Result<u64, CacheError> {
+        let fp = self.ns(ns)?.key.fingerprint;
+        let on_fp = |n: &NsId| self.namespaces.get(n).is_some_and(|i| i.key.fingerprint == fp);
+        let leases = self.leases.values().filter(|l| on_fp(&l.ns)).count();
+        let saves = self.saves.values().filter(|s| on_fp(&s.ns)).count();
+        if leases > 0 || saves > 0 {
+            return Err(CacheError::Busy { leases, saves });
+        }
+        let g = self.generations.entry(fp).or_insert(0);
+        *g += 1;
+        let new_gen = *g;
+        self.counters.generation_bumps += 1;
+        self.purge_generation(fp, new_gen);
+        Ok(new_gen)
+    }
+
+    fn purge_generation(&mut self, fp: Fingerprint, current: u64) {
+        let stale: Vec<BlockKey> = self
+            .index
+            .iter()
+            .filter(|(k, e)| {
+                k.generation != current
+                    && !e.doomed
+                    && self
+                        .namespaces
+                        .get(&k.ns)
+                        .is_some_and(|i| i.key.fingerprint == fp)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            debug_assert_eq!(
+                self.index.get(&k).map(|e| e.pins),
+                Some(0),
+                "bump_generation checked for leases"
+            );
+            self.doom(k);
+            self.counters.generation_purged_blocks += 1;
+        }
+    }
+
+    // ---- observation ----------------------------------------------------
+
+    /// Is the block visible (committed, current generation)?
+    pub fn is_visible(&self, ns: NsId, hash: &crate::keys::BlockHash) -> bool {
+        let Ok(generation) = self.generation_of(ns) else {
+            return false;
+        };
+        self.index
+            .get(&BlockKey {
+                ns,
+                generation,
+                hash: *hash,
+            })
+            .is_some_and(|e| !e.doomed)
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        let quarantined: Vec<&SessionInfo> = self.sessions.values().filter(|i| i.quarantined).collect();
+        let mut quarantined_bytes = 0;
+        for info in &quarantined {
+            for sv in &info.saves {
+                if let Some(save) = self.saves.get(sv) {
+                    quarantined_bytes += save.bytes();
+                }
+            }
+        }
+        Gauges {
+            capacity_bytes: self.arena.capacity(),
+            free_bytes: self.arena.free_bytes(),
+            visible_blocks: self.index.values().filter(|e| !e.doomed).count() as u64,
+            visible_bytes: self.index.values().filter_map(|e| e.slot.map(|s| s.len)).sum(),
+            pinned_blocks: self.index.values().filter(|e| e.pins > 0).count() as u64,
+            pending_save_bytes: self.saves.values().map(PendingSave::bytes).sum(),
+            live_leases: self.leases.len() as u64,
+            live_saves: self.saves.len() as u64,
+            sessions: self.sessions.len() as u64,
+            quarantined_sessions: quarantined.len() as u64,
+            quarantined_bytes,
+            namespaces: self.namespaces.len() as u64,
+            ssd_only_blocks: self
+                .index
+                .values()
+                .filter(|e| e.slot.is_none() && !e.doomed)
+                .count() as u64,
+            ssd_resident_blocks: self.index.values().filter(|e| e.on_ssd && !e.doomed).count() as u64,
+            dormant_ssd_blocks: self.tier.dormant_len() as u64,
+        }
+    }
+
+    /// Cross-check every ownership invariant; used by tests and debug builds.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut pins: HashMap<BlockKey, u32> = HashMap::new();
+        for (id, l) in &self.leases {
+            let owner = self
+                .sessions
+                .get(&l.session)
+                .ok_or(format!("lease {id:?} without session"))?;
+            if !owner.leases.contains(id) {
+                return Err(format!("lease {id:?} not listed by its session"));
+            }
+            for k in &l.keys {
+                if !self.index.contains_key(k) {
+                    return Err(format!("lease {id:?} pins a block that is not visible"));
+                }
+                *pins.entry(*k).or_default() += 1;
+            }
+        }
+        for (id, sv) in &self.saves {
+            let owner = self
+                .sessions
+                .get(&sv.session)
+                .ok_or(format!("save {id:?} without session"))?;
+            if !owner.saves.contains(id) {
+                return Err(format!("save {id:?} not listed by its session"));
+            }
+        }
+        let mut tracked = 0;
+        for (k, e) in &self.index {
+            if e.pins != pins.get(k).copied().unwrap_or(0) {
+                return Err(format!("pin count mismatch on {k:?}"));
+            }
+            let should_track = e.slot.is_some() && !e.doomed;
+            if should_track != self.policy.contains(k) {
+                return Err(format!("policy tracking of {k:?} should be {should_track}"));
+            }
+            tracked += usize::from(should_track);
+            if e.slot.is_none() && !e.on_ssd && !matches!(e.busy, Busy::Staging(_)) && !e.doomed {
+                return Err(format!("{k:?} is visible with no copy anywhere"));
+            }
+            if e.doomed && e.pins == 0 && e.busy == Busy::Idle {
+                return Err(format!("{k:?} is doomed, unpinned and idle but was not reaped"));
+            }
+        }
+        if self.policy.len() != tracked {
+            return Err("policy tracks blocks that are not DRAM-resident".into());
+        }
+        let staging: u64 = self
+            .index
+            .values()
+            .filter_map(|e| match e.busy {
+                Busy::Staging(s) => Some(s.len),
+                _ => None,
+            })
+            .sum();
+        let used: u64 = self
+            .index
+            .values()
+            .filter_map(|e| e.slot.map(|s| s.len))
+            .sum::<u64>()
+            + staging
+            + self.saves.values().map(PendingSave::bytes).sum::<u64>();
+        if used + self.arena.free_bytes() != self.arena.capacity() {
+            return Err(format!(
+                "arena accounting: used {used} + free {} != capacity {}",
+                self.arena.free_bytes(),
+                self.arena.capacity()
+            ));
+        }
+        Ok(())
+    }
+}
