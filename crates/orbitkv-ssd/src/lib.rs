@@ -12,6 +12,7 @@
 
 mod alloc;
 mod config;
+mod dir;
 mod error;
 pub mod format;
 mod journal;
@@ -28,6 +29,8 @@ pub use error::{Result, SsdError};
 pub use key::{KEY_BYTES, SsdKey};
 pub use recovery::{RecoveryPhase, RecoveryProgress, RecoveryReport};
 pub use tier::{DATA_FILE, EngineInfo, SsdStats, SsdTier};
+
+pub use dir::{FILE_MODE, TEMP_SUFFIX};
 
 /// Name of the journal file inside the tier directory.
 pub const JOURNAL_FILE: &str = journal::JOURNAL_FILE;

@@ -5,11 +5,13 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::alloc::ExtentAllocator;
 use crate::config::{EnginePref, IoMode, RecoveryVerify, SsdConfig, check_direct_supported, free_space};
+use crate::dir::{self, FILE_MODE};
 use crate::error::{Result, SsdError};
 use crate::format::{BlockHeader, DecodeError, HEADER_SIZE, JournalRecord, SECTOR, extent_bytes};
 use crate::journal::{self, Journal};
@@ -64,6 +66,14 @@ pub struct RecoveryReport {
     pub out_of_capacity: u64,
     /// Wall time of `open`.
     pub elapsed: Duration,
+    /// Paths whose modes were tightened to 0700 (directory) or 0600 (files): left open
+    /// by an older version.
+    pub tightened: Vec<PathBuf>,
+    /// Stale temporary files (`*.tmp`) removed.
+    pub removed_temp: Vec<PathBuf>,
+    /// Why the journal rewrite at open was deferred (the filesystem is full); the tier
+    /// appends to the journal as it was and retries the rewrite later.
+    pub compaction_deferred: Option<String>,
 }
 
 type Progress<'a> = &'a mut dyn FnMut(RecoveryProgress);
@@ -74,9 +84,10 @@ impl SsdTier {
         let t0 = Instant::now();
         cfg.validate()?;
         let capacity = cfg.capacity_bytes / SECTOR * SECTOR;
-        std::fs::create_dir_all(&cfg.dir)
-            .map_err(|e| SsdError::io(format!("creating {}", cfg.dir.display()), e))?;
+        let mut tightened = dir::secure_dir(&cfg.dir)?;
         let lock = lock_dir(&cfg)?;
+        let tidied = dir::tidy_files(&cfg.dir)?;
+        tightened.extend(tidied.tightened);
         if cfg.mode == IoMode::Direct {
             check_direct_supported(&cfg.dir)?;
         }
@@ -102,6 +113,8 @@ impl SsdTier {
             rejected_version: rp.rejected_version,
             corrupt: rp.corrupt,
             torn: rp.torn,
+            tightened,
+            removed_temp: tidied.removed_temp,
             ..Default::default()
         };
         // 2. Place extents; 3. verify their headers; 4. size the data file.
@@ -120,8 +133,7 @@ impl SsdTier {
 
         // 5. Index, oldest first, and a fresh compacted journal.
         placed.sort_by_key(|r| r.seq);
-        let journal = Journal::create_compacted(&cfg.dir, placed.iter())
-            .map_err(|e| SsdError::io("rewriting journal", e))?;
+        let journal = open_journal(&cfg, &placed, &mut report)?;
         let st = build_state(alloc, rp.max_seq, journal, &placed, &mut report);
         progress(RecoveryProgress {
             phase: RecoveryPhase::Done,
@@ -150,6 +162,7 @@ fn lock_dir(cfg: &SsdConfig) -> Result<File> {
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(FILE_MODE)
         .open(cfg.dir.join(LOCK_FILE))
         .map_err(|e| SsdError::io("opening LOCK", e))?;
     rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(|e| {
@@ -181,7 +194,11 @@ fn check_space(cfg: &SsdConfig, capacity: u64) -> Result<()> {
 fn open_data_file(cfg: &SsdConfig) -> Result<File> {
     let path = cfg.dir.join(DATA_FILE);
     let mut oo = OpenOptions::new();
-    oo.read(true).write(true).create(true).truncate(false);
+    oo.read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE);
     if cfg.mode == IoMode::Direct {
         oo.custom_flags(libc::O_DIRECT);
     }
@@ -365,7 +382,27 @@ fn size_data_file(data: &File, orig_len: u64, capacity: u64) -> Result<()> {
     Ok(())
 }
 
-/// Step 5: the index of the surviving blocks, oldest first.
+/// Step 5a: rewrite the journal to hold exactly the surviving blocks. On a full
+/// filesystem (ENOSPC, EDQUOT) the rewrite is deferred: the journal is kept as it is
+/// (records of dropped blocks in it are dropped again at the next open) and appended to.
+fn open_journal(cfg: &SsdConfig, placed: &[JournalRecord], report: &mut RecoveryReport) -> Result<Journal> {
+    match Journal::create_compacted(&cfg.dir, placed.iter()) {
+        Ok(j) => Ok(j),
+        Err(e) if is_disk_full(&e) => {
+            let j = Journal::reuse(&cfg.dir).map_err(|e| SsdError::io("reopening journal", e))?;
+            report.compaction_deferred = Some(format!("rewriting journal: {e}"));
+            Ok(j)
+        }
+        Err(e) => Err(SsdError::io("rewriting journal", e)),
+    }
+}
+
+/// No space (or quota) left on the filesystem.
+pub(crate) fn is_disk_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Step 5b: the index of the surviving blocks, oldest first.
 fn build_state(
     alloc: ExtentAllocator,
     max_seq: u64,
