@@ -13,8 +13,10 @@
 #![allow(unsafe_code)]
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use orbitkv_core::{CacheState, Fingerprint, SpillJob, StageJob, TierKey};
@@ -182,6 +184,25 @@ pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
 const SPILL_BATCH: usize = 64;
 const GENERATIONS_FILE: &str = "generations.v1";
 
+/// Counts one kind of repeated warning and says when to log it: the 1st, 2nd, 4th,
+/// 8th … occurrence, so a failing disk cannot flood the log (as Busy refusals).
+pub struct RateLimitedWarn(AtomicU64);
+
+impl RateLimitedWarn {
+    pub const fn new() -> Self {
+        RateLimitedWarn(AtomicU64::new(0))
+    }
+
+    /// Count one occurrence; `Some(n)` when this, the n-th, should be logged.
+    pub fn hit(&self) -> Option<u64> {
+        let n = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+        n.is_power_of_two().then_some(n)
+    }
+}
+
+/// Per-block SSD write (spill) failures, e.g. a full disk.
+static SPILL_FAILURES: RateLimitedWarn = RateLimitedWarn::new();
+
 pub fn ssd_key(tk: &TierKey) -> SsdKey {
     SsdKey {
         fingerprint: tk.ns.fingerprint.0,
@@ -205,12 +226,9 @@ fn tier_key(k: &SsdKey) -> TierKey {
 }
 
 /// Open (and recover) the SSD directory, restore persisted generations and
-/// hand recovered blocks to the cache as dormant entries.
+/// hand recovered blocks to the cache as dormant entries. `SsdTier::open`
+/// creates the directory 0700 and refuses one that others can write.
 pub fn open(settings: &SsdSettings, cache: &mut CacheState) -> Result<SsdTier, SsdError> {
-    std::fs::create_dir_all(&settings.dir).map_err(|e| SsdError::Io {
-        context: format!("creating {}", settings.dir.display()),
-        source: e,
-    })?;
     let mut cfg = SsdConfig::new(&settings.dir, settings.capacity);
     cfg.mode = settings.mode;
     cfg.engine = settings.engine;
@@ -232,6 +250,7 @@ pub fn open(settings: &SsdSettings, cache: &mut CacheState) -> Result<SsdTier, S
         }
     };
     let (tier, report) = SsdTier::open(cfg, &mut progress)?;
+    warn_about_open(&report);
     for (fp, g) in load_generations(&settings.dir) {
         cache.restore_generation(fp, g);
     }
@@ -259,6 +278,26 @@ pub fn open(settings: &SsdSettings, cache: &mut CacheState) -> Result<SsdTier, S
     cache.enable_ssd_with(settings.admit_hits, settings.write_policy);
     cache.adopt_recovered(report.recovered.iter().map(|(k, len)| (tier_key(k), *len)));
     Ok(tier)
+}
+
+/// What recovery changed or put off, once at start-up.
+fn warn_about_open(report: &orbitkv_ssd::RecoveryReport) {
+    for p in &report.tightened {
+        log!(
+            Warn,
+            "{} was readable by other users (older version); permissions tightened to owner-only",
+            p.display()
+        );
+    }
+    for p in &report.removed_temp {
+        log!(Info, "removed stale temporary file {}", p.display());
+    }
+    if let Some(why) = &report.compaction_deferred {
+        log!(
+            Warn,
+            "SSD filesystem is full: journal compaction deferred ({why}); serving recovered blocks, new spills may fail until space is freed"
+        );
+    }
 }
 
 fn load_generations(dir: &Path) -> Vec<(Fingerprint, u64)> {
@@ -294,17 +333,28 @@ fn decode_hex32(s: &str) -> Option<[u8; 32]> {
 /// Persist every fingerprint's generation (atomic replace + fsync), so a
 /// restart never serves blocks of a generation that was reset.
 pub fn persist_generations(dir: &Path, table: &[(Fingerprint, u64)]) -> std::io::Result<()> {
-    let tmp: PathBuf = dir.join(format!("{GENERATIONS_FILE}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        for (fp, g) in table {
-            let hex: String = fp.0.iter().map(|b| format!("{b:02x}")).collect();
-            writeln!(f, "{hex} {g}")?;
-        }
-        f.sync_all()?;
+    let tmp: PathBuf = dir.join(format!("{GENERATIONS_FILE}{}", orbitkv_ssd::TEMP_SUFFIX));
+    let res = write_generations(&tmp, table).and_then(|()| std::fs::rename(&tmp, dir.join(GENERATIONS_FILE)));
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp); // e.g. a full disk: leave nothing behind
+        return Err(e);
     }
-    std::fs::rename(&tmp, dir.join(GENERATIONS_FILE))?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Write the table to a new owner-only file and fsync it.
+fn write_generations(tmp: &Path, table: &[(Fingerprint, u64)]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(orbitkv_ssd::FILE_MODE)
+        .open(tmp)?;
+    for (fp, g) in table {
+        let hex: String = fp.0.iter().map(|b| format!("{b:02x}")).collect();
+        writeln!(f, "{hex} {g}")?;
+    }
+    f.sync_all()
 }
 
 impl Tier for SsdTier {
@@ -464,7 +514,13 @@ fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spil
             Ok(()) => Spilled::Durable,
             Err(SsdError::Full { .. }) => Spilled::Full,
             Err(e) => {
-                log!(Warn, "SSD spill of {} failed: {e}", short(&jobs[i].tier_key));
+                if let Some(n) = SPILL_FAILURES.hit() {
+                    log!(
+                        Warn,
+                        "SSD spill of {} failed: {e} (spill failure {n}; logging the 1st, 2nd, 4th, 8th …)",
+                        short(&jobs[i].tier_key)
+                    );
+                }
                 Spilled::Failed
             }
         };
@@ -589,5 +645,35 @@ mod tests {
         );
         c.commit_save(s, id).expect("commit");
         c.check_invariants().expect("invariants");
+    }
+}
+
+#[cfg(test)]
+mod ssd_file_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn generations_file_is_private_and_leaves_no_temporary() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let table = [(Fingerprint([7; 32]), 3u64)];
+        persist_generations(d.path(), &table).expect("persist");
+        let md = std::fs::metadata(d.path().join(GENERATIONS_FILE)).expect("stat");
+        assert_eq!(md.mode() & 0o777, 0o600, "mode {:o}", md.mode() & 0o777);
+        assert_eq!(load_generations(d.path()), table.to_vec());
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .expect("list")
+            .map(|e| e.expect("e").file_name())
+            .collect();
+        assert_eq!(names, [GENERATIONS_FILE]);
+    }
+
+    #[test]
+    fn rate_limited_warning_fires_on_powers_of_two() {
+        let w = RateLimitedWarn::new();
+        let fired: Vec<u64> = (0..100).filter_map(|_| w.hit()).collect();
+        assert_eq!(fired, [1, 2, 4, 8, 16, 32, 64]);
     }
 }

@@ -41,6 +41,17 @@ pub enum SsdError {
         /// Space available to the tier (free space plus what its data file already occupies).
         available: u64,
     },
+    /// The directory (or a file in it) could be changed by another user: it is writable by
+    /// group or others, or owned by another uid. KV bytes reveal prompts, so the tier refuses it.
+    #[error("SSD tier path {path} is not private: {reason}; {fix}")]
+    InsecureDir {
+        /// The directory or file at fault.
+        path: PathBuf,
+        /// What is wrong (owner or mode).
+        reason: String,
+        /// The command or choice that fixes it.
+        fix: String,
+    },
     /// Another process (or another `SsdTier`) holds the directory.
     #[error("SSD tier directory {dir} is locked by another process or instance")]
     Locked {

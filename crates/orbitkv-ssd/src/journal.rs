@@ -4,10 +4,11 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::dir::FILE_MODE;
 use crate::format::{DecodeError, JOURNAL_RECORD_SIZE, JournalRecord, RecordKind};
 use crate::key::SsdKey;
 
@@ -80,41 +81,83 @@ pub(crate) fn replay(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> io::Resu
     Ok(out)
 }
 
+/// Write `recs` to a new private file at `tmp` and fsync it; returns it open for
+/// appending, and the record count.
+fn write_snapshot<'a>(tmp: &Path, recs: impl Iterator<Item = &'a JournalRecord>) -> io::Result<(File, u64)> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(tmp)?;
+    let mut w = BufWriter::with_capacity(1 << 20, f);
+    let mut buf = [0u8; JOURNAL_RECORD_SIZE];
+    let mut records = 0u64;
+    for r in recs {
+        r.encode(&mut buf);
+        w.write_all(&buf)?;
+        records += 1;
+    }
+    let f = w.into_inner().map_err(|e| e.into_error())?;
+    f.sync_all()?;
+    Ok((f, records))
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
 impl Journal {
-    /// Atomically replace the journal with one holding exactly `recs`.
+    /// Atomically replace the journal with one holding exactly `recs`. On failure the
+    /// temporary file is removed and the old journal is left as it was.
     pub(crate) fn create_compacted<'a>(
         dir: &Path,
         recs: impl Iterator<Item = &'a JournalRecord>,
     ) -> io::Result<Journal> {
         let tmp: PathBuf = dir.join(JOURNAL_TMP);
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
-        let mut buf = [0u8; JOURNAL_RECORD_SIZE];
-        let mut records = 0u64;
-        for r in recs {
-            r.encode(&mut buf);
-            w.write_all(&buf)?;
-            records += 1;
+        let (file, records) = match write_snapshot(&tmp, recs) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        if let Err(e) = std::fs::rename(&tmp, dir.join(JOURNAL_FILE)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        drop(f);
-        let path = dir.join(JOURNAL_FILE);
-        std::fs::rename(&tmp, &path)?;
-        sync_dir(dir)?;
-        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        // The renamed file is the journal now, whatever the directory fsync says: failing
+        // here would leave the caller appending to the replaced (unlinked) file. If the
+        // rename is lost in a crash, the old journal comes back; it is consistent, and the
+        // records appended since are lost like any unsynced tail (see README).
+        let _ = sync_dir(dir);
         Ok(Journal {
             file: Arc::new(file),
             len: records * JOURNAL_RECORD_SIZE as u64,
             records,
+        })
+    }
+
+    /// Keep appending to the journal as it is (compaction deferred, e.g. on a full disk).
+    /// A torn tail is cut back to a record boundary, which needs no new space.
+    pub(crate) fn reuse(dir: &Path) -> io::Result<Journal> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(FILE_MODE)
+            .open(dir.join(JOURNAL_FILE))?;
+        let size = file.metadata()?.len();
+        let len = size - size % JOURNAL_RECORD_SIZE as u64;
+        if len != size {
+            file.set_len(len)?;
+        }
+        Ok(Journal {
+            file: Arc::new(file),
+            len,
+            records: len / JOURNAL_RECORD_SIZE as u64,
         })
     }
 

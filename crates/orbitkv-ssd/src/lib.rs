@@ -13,17 +13,25 @@
 
 mod alloc;
 mod config;
+mod dir;
 mod error;
 pub mod format;
 mod journal;
 mod key;
+mod read;
+mod recovery;
+mod state;
 mod tier;
 mod uring;
+mod write;
 
 pub use config::{EnginePref, IoMode, RecoveryVerify, SsdConfig};
 pub use error::{Result, SsdError};
 pub use key::{KEY_BYTES, SsdKey};
-pub use tier::{DATA_FILE, EngineInfo, RecoveryPhase, RecoveryProgress, RecoveryReport, SsdStats, SsdTier};
+pub use recovery::{RecoveryPhase, RecoveryProgress, RecoveryReport};
+pub use tier::{DATA_FILE, EngineInfo, SsdStats, SsdTier};
+
+pub use dir::{FILE_MODE, TEMP_SUFFIX};
 
 /// Name of the journal file inside the tier directory.
 pub const JOURNAL_FILE: &str = journal::JOURNAL_FILE;

@@ -1,0 +1,132 @@
+//! In-memory index of the SSD tier: key -> extent, LRU order, read pins and the
+//! journal handle, all under the tier's one lock.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::alloc::ExtentAllocator;
+use crate::format::{FORMAT_VERSION, JournalRecord, RecordKind, SECTOR, extent_bytes};
+use crate::journal::Journal;
+use crate::key::SsdKey;
+
+/// One stored block.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    pub(crate) off: u64,
+    pub(crate) len: u64,
+    pub(crate) seq: u64,
+    pub(crate) sum: u64,
+    pub(crate) tick: u64,
+}
+
+impl Entry {
+    pub(crate) fn units(&self) -> u64 {
+        extent_bytes(self.len) / SECTOR
+    }
+    pub(crate) fn put_record(&self, key: SsdKey) -> JournalRecord {
+        JournalRecord {
+            version: FORMAT_VERSION as u16,
+            kind: RecordKind::Put,
+            seq: self.seq,
+            key,
+            file: 0,
+            offset: self.off,
+            len: self.len,
+            payload_sum: self.sum,
+        }
+    }
+}
+
+pub(crate) struct State {
+    pub(crate) index: HashMap<SsdKey, Entry>,
+    pub(crate) alloc: ExtentAllocator,
+    /// tick -> key, oldest first.
+    pub(crate) lru: BTreeMap<u64, SsdKey>,
+    pub(crate) tick: u64,
+    pub(crate) seq: u64,
+    /// extent start (bytes) -> readers in flight.
+    pub(crate) pins: HashMap<u64, u32>,
+    /// Extents freed while pinned: start -> units.
+    pub(crate) deferred: HashMap<u64, u64>,
+    pub(crate) used_bytes: u64,
+    pub(crate) journal: Journal,
+}
+
+impl State {
+    pub(crate) fn new(alloc: ExtentAllocator, seq: u64, journal: Journal, capacity: usize) -> State {
+        State {
+            index: HashMap::with_capacity(capacity),
+            alloc,
+            lru: BTreeMap::new(),
+            tick: 0,
+            seq,
+            pins: HashMap::new(),
+            deferred: HashMap::new(),
+            used_bytes: 0,
+            journal,
+        }
+    }
+
+    fn release(&mut self, off: u64, units: u64) {
+        if self.pins.contains_key(&off) {
+            self.deferred.insert(off, units);
+        } else {
+            self.alloc.free(off / SECTOR, units);
+        }
+    }
+
+    pub(crate) fn unpin(&mut self, off: u64) {
+        let left = match self.pins.get_mut(&off) {
+            Some(c) => {
+                *c -= 1;
+                *c
+            }
+            None => return,
+        };
+        if left == 0 {
+            self.pins.remove(&off);
+            if let Some(units) = self.deferred.remove(&off) {
+                self.alloc.free(off / SECTOR, units);
+            }
+        }
+    }
+
+    pub(crate) fn drop_entry(&mut self, key: &SsdKey) -> Option<Entry> {
+        let e = self.index.remove(key)?;
+        self.lru.remove(&e.tick);
+        self.used_bytes -= e.units() * SECTOR;
+        self.release(e.off, e.units());
+        Some(e)
+    }
+
+    pub(crate) fn insert_entry(&mut self, key: SsdKey, mut e: Entry) {
+        self.tick += 1;
+        e.tick = self.tick;
+        self.lru.insert(e.tick, key);
+        self.used_bytes += e.units() * SECTOR;
+        self.index.insert(key, e);
+    }
+
+    pub(crate) fn touch(&mut self, key: &SsdKey) {
+        self.tick += 1;
+        let t = self.tick;
+        if let Some(e) = self.index.get_mut(key) {
+            self.lru.remove(&e.tick);
+            e.tick = t;
+            self.lru.insert(t, *key);
+        }
+    }
+
+    pub(crate) fn remove_record(&mut self, key: SsdKey) -> JournalRecord {
+        self.seq += 1;
+        JournalRecord {
+            version: FORMAT_VERSION as u16,
+            kind: RecordKind::Remove,
+            seq: self.seq,
+            key,
+            file: 0,
+            offset: 0,
+            len: 0,
+            payload_sum: 0,
+        }
+    }
+}
