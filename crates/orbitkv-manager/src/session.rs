@@ -149,8 +149,8 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         }
     }
     let process = ProcessHandle::open(cred.pid).ok();
-    let session = shared.cache().open_session();
-    ServerCounters::inc(&shared.counters.sessions_opened);
+    let mut open = OpenSession::new(&shared, cred.pid, process);
+    let session = open.id;
     let hello = Response::HelloOk {
         session: session.0,
         segments: shared
@@ -176,8 +176,7 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     };
     if let Err(e) = send_with_fds(&stream, &frame, &fds) {
         log!(Warn, "session {}: sending arena fds failed: {e}", session.0);
-        end(&shared, session, cred.pid, process, SessionEnd::Vanished);
-        return;
+        return; // `open` ends the session as vanished
     }
     log!(
         Debug,
@@ -192,8 +191,55 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     // thread for good: a reply that cannot be written within the frame deadline
     // ends the session (as a vanished connection).
     let _ = stream.set_write_timeout(Some(shared.config.frame_timeout));
-    let how = request_loop(&shared, &stream, &mut reader, session, control, cred.pid);
-    end(&shared, session, cred.pid, process, how);
+    open.how = Some(request_loop(
+        &shared,
+        &stream,
+        &mut reader,
+        session,
+        control,
+        cred.pid,
+    ));
+}
+
+/// One open cache session, ended exactly once when this is dropped: as the
+/// request loop reported, or as `Vanished` on every other way out, including a
+/// panic unwinding the session thread (a panic proves nothing about drain, so
+/// acquired leases and save slots go to quarantine like any vanished client's).
+struct OpenSession<'a> {
+    shared: &'a Shared,
+    id: SessionId,
+    pid: i32,
+    process: Option<ProcessHandle>,
+    how: Option<SessionEnd>,
+}
+
+impl<'a> OpenSession<'a> {
+    fn new(shared: &'a Shared, pid: i32, process: Option<ProcessHandle>) -> OpenSession<'a> {
+        let id = shared.cache().open_session();
+        ServerCounters::inc(&shared.counters.sessions_opened);
+        OpenSession {
+            shared,
+            id,
+            pid,
+            process,
+            how: None,
+        }
+    }
+}
+
+impl Drop for OpenSession<'_> {
+    fn drop(&mut self) {
+        if self.how.is_none() && std::thread::panicking() {
+            log!(
+                Error,
+                "session {} (pid {}): its thread panicked; ending the session as vanished",
+                self.id.0,
+                self.pid
+            );
+        }
+        let how = self.how.unwrap_or(SessionEnd::Vanished);
+        end(self.shared, self.id, self.pid, self.process.take(), how);
+    }
 }
 
 fn frame_code(e: &FrameError) -> ErrorCode {
@@ -506,5 +552,70 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
             }
             Err(e) => return map(Err(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use orbitkv_core::{CacheState, NamespaceKey};
+    use orbitkv_shm::{PageSize, Segment};
+
+    use super::*;
+    use crate::config::ManagerConfig;
+
+    const BLOCK: u64 = 4096;
+
+    fn shared() -> Shared {
+        let config =
+            ManagerConfig::from_argv(["x", "--socket", "/nonexistent/orbitkv-test.sock"]).expect("config");
+        let segment = Segment::create("orbitkv-session-test", 4 * BLOCK, PageSize::Base).expect("memfd");
+        Shared::new(config, vec![segment], CacheState::new(&[4 * BLOCK]), None)
+    }
+
+    /// A session that acquired a lease (source addresses handed out), then its
+    /// thread panics: the session is ended and quarantined, not left open.
+    #[test]
+    fn a_panicking_session_thread_ends_its_session_as_vanished() {
+        let shared = shared();
+        let pid = std::process::id() as i32;
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            let open = OpenSession::new(&shared, pid, None);
+            let mut c = shared.cache();
+            let key = NamespaceKey {
+                fingerprint: Fingerprint([3; 32]),
+                shard: 0,
+                salt: [0; 32],
+            };
+            let (ns, _) = c.register_namespace(key, BLOCK).expect("namespace");
+            let h: [orbitkv_core::BlockHash; 1] = [[5; 32]];
+            let (id, _) = c.begin_save(open.id, ns, &h).expect("begin");
+            c.commit_save(open.id, id).expect("commit");
+            let lease = c.lookup(open.id, ns, &h).expect("lookup").lease.expect("hit");
+            assert!(matches!(c.acquire(open.id, lease), Ok(AcquireStep::Ready(_))));
+            drop(c);
+            panic!("injected: a request handler panicked");
+        }));
+        assert!(caught.is_err());
+        let q = shared.quarantine();
+        assert_eq!(q.len(), 1, "the session went to quarantine");
+        let s = q[0].session;
+        drop(q);
+        assert!(shared.cache().is_quarantined(s));
+        assert_eq!(shared.counters.sessions_vanished.load(Ordering::Relaxed), 1);
+    }
+
+    /// Leaving before the request loop (e.g. the fd hand-off failed) ends the
+    /// session too; it holds nothing, so nothing is quarantined.
+    #[test]
+    fn a_session_left_before_its_loop_is_ended() {
+        let shared = shared();
+        let id = OpenSession::new(&shared, std::process::id() as i32, None).id;
+        assert!(shared.quarantine().is_empty());
+        assert!(matches!(
+            shared.cache().lookup(id, NsId(1), &[]),
+            Err(CacheError::SessionClosed(_) | CacheError::UnknownSession(_))
+        ));
     }
 }
