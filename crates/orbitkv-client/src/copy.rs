@@ -76,7 +76,9 @@ impl PageLayout {
                 .shape
                 .iter()
                 .zip(&s.strides)
-                .try_fold(1u64, |a, (n, st)| (n - 1).checked_mul(*st).and_then(|x| a.checked_add(x)))
+                .try_fold(1u64, |a, (n, st)| {
+                    (n - 1).checked_mul(*st).and_then(|x| a.checked_add(x))
+                })
                 .ok_or_else(overflow)?;
             let end = u64::from(num_blocks - 1)
                 .checked_mul(s.block_stride)
@@ -108,7 +110,11 @@ impl PageLayout {
                 expected = expected.saturating_mul(n);
             }
             block_bytes = block_bytes.checked_add(bytes).ok_or_else(overflow)?;
-            pages.push(Page { spec: *s, dense, bytes });
+            pages.push(Page {
+                spec: *s,
+                dense,
+                bytes,
+            });
         }
         Ok(PageLayout {
             pages,
@@ -211,7 +217,11 @@ fn run_range(offset: u64, len: usize, size: usize) -> Result<std::ops::Range<usi
     usize::try_from(offset)
         .ok()
         .and_then(|o| o.checked_add(len).filter(|e| *e <= size).map(|e| o..e))
-        .ok_or_else(|| invalid(format!("run [{offset}, +{len}) outside the {size}-byte engine region")))
+        .ok_or_else(|| {
+            invalid(format!(
+                "run [{offset}, +{len}) outside the {size}-byte engine region"
+            ))
+        })
 }
 
 impl EngineMemory for [u8] {

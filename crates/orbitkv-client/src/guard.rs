@@ -72,7 +72,12 @@ impl<'c> Lease<'c> {
 
     /// Copy hit blocks `[start, start + dst.len())` into `dst` (acquiring
     /// first if needed); each destination is exactly one block.
-    pub fn copy_out(&mut self, block_bytes: u64, start: usize, dst: &mut [&mut [u8]]) -> Result<u64, ClientError> {
+    pub fn copy_out(
+        &mut self,
+        block_bytes: u64,
+        start: usize,
+        dst: &mut [&mut [u8]],
+    ) -> Result<u64, ClientError> {
         let client = self.client;
         let slots = self.acquire()?;
         client.copy_out(slots, block_bytes, start, dst)

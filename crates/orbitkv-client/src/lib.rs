@@ -308,7 +308,11 @@ impl Client {
                     slots.len()
                 ))
             })?;
-        if let Some((i, d)) = dst.iter().enumerate().find(|(_, d)| d.len() as u64 != block_bytes) {
+        if let Some((i, d)) = dst
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.len() as u64 != block_bytes)
+        {
             return Err(ClientError::Size {
                 what: format!("bytes of destination buffer {i} (one block)"),
                 expected: block_bytes,
@@ -392,7 +396,11 @@ impl Client {
                 actual: src.len() as u64,
             });
         }
-        if let Some((i, s)) = src.iter().enumerate().find(|(_, s)| s.len() as u64 != ns.block_bytes) {
+        if let Some((i, s)) = src
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.len() as u64 != ns.block_bytes)
+        {
             return Err(ClientError::Size {
                 what: format!("bytes of source buffer {i} (one block)"),
                 expected: ns.block_bytes,
@@ -445,6 +453,7 @@ impl Client {
         hashes: &[Hash],
         dst: &mut [&mut [u8]],
     ) -> Result<u32, ClientError> {
+        self.require_mapped()?;
         if dst.len() != hashes.len() {
             return Err(ClientError::Size {
                 what: "destination buffers (one per hash)".into(),
@@ -452,14 +461,17 @@ impl Client {
                 actual: dst.len() as u64,
             });
         }
-        if let Some((i, d)) = dst.iter().enumerate().find(|(_, d)| d.len() as u64 != ns.block_bytes) {
+        if let Some((i, d)) = dst
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.len() as u64 != ns.block_bytes)
+        {
             return Err(ClientError::Size {
                 what: format!("bytes of destination buffer {i} (one block)"),
                 expected: ns.block_bytes,
                 actual: d.len() as u64,
             });
         }
-        self.require_mapped()?;
         let mut lease = self.lease(ns, hashes)?;
         let n = lease.hit_blocks() as usize;
         if n == 0 {
