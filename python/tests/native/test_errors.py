@@ -21,9 +21,9 @@ def test_bad_arguments_are_value_errors(manager) -> None:  # type: ignore[no-unt
         c.register_namespace(b"\x01" * 32, 8192)
     with pytest.raises(ValueError, match="block hash must be exactly 32 bytes"):
         c.lookup(ns, [b"\x00" * 31])
-    with pytest.raises(ValueError, match="expected 4096 bytes .* got 100"):
+    with pytest.raises(ValueError, match=r"expected 4096 bytes .* got 100"):
         c.save(ns, [b"\x02" * 32], b"x" * 100)
-    with pytest.raises(ValueError, match="buffer 0 size mismatch: expected 4096 bytes .* got 100"):
+    with pytest.raises(ValueError, match=r"buffer 0 size mismatch: expected 4096 bytes .* got 100"):
         c.save(ns, [b"\x02" * 32], [b"x" * 100])
     c.save(ns, [b"\x02" * 32, b"\x03" * 32], bytes(2 * BB))
     lease = c.lookup(ns, [b"\x02" * 32, b"\x03" * 32])
