@@ -533,11 +533,17 @@ impl Client {
         let range = held.range();
         self.check_outside_arena(&[range], "KV region")?;
         let slots = acquire_slots(py, &self.inner, lease)?;
+        let Some(slots) = slots.get(start..start + block_ids.len()) else {
+            return Err(ProtocolError::new_err(format!(
+                "the Manager staged {} slots for a hit of {hit} blocks",
+                slots.len()
+            )));
+        };
         let c = self.inner.clone();
         let l = &layout.inner;
         let out = py.detach(|| {
             let mut region = buffers::HeldRegion::new(&held);
-            c.scatter(l, &slots[start..start + block_ids.len()], &mut region, &block_ids)
+            c.scatter(l, slots, &mut region, &block_ids)
         });
         drop(held);
         out.map_err(to_py)
