@@ -17,6 +17,7 @@ _NATIVE_NAMES = {
     "Lease",
     "SaveResult",
     "PendingSave",
+    "PageLayout",
     "OrbitKVError",
     "ManagerUnavailable",
     "AuthError",
@@ -27,6 +28,7 @@ _NATIVE_NAMES = {
     "HASH_BYTES",
     "PROTOCOL_VERSION",
     "default_socket_path",
+    "namespace_salt",
 }
 
 if TYPE_CHECKING:
@@ -40,12 +42,14 @@ if TYPE_CHECKING:
         ManagerUnavailable,
         Namespace,
         OrbitKVError,
+        PageLayout,
         PendingSave,
         ProtocolError,
         RestoreFailed,
         SaveFailed,
         SaveResult,
         default_socket_path,
+        namespace_salt,
     )
 
 

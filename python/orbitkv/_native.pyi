@@ -2,8 +2,12 @@
 
 Every call that talks to the Manager or copies bytes releases the GIL.
 Buffers: any object exporting the Python buffer protocol (bytes for sources,
-bytearray / memoryview / numpy arrays for destinations). Torch CPU tensors are
-accepted through `orbitkv.client.as_buffer` (a zero-copy numpy view).
+bytearray / memoryview / numpy arrays for destinations), or a contiguous CPU
+torch tensor. Sizes must match exactly: one buffer of exactly `n * block_bytes`
+bytes, or a sequence of exactly `n` buffers of `block_bytes` each; anything else
+(one byte more, one buffer more) is a `ValueError` naming expected and actual.
+A buffer must not overlap the client's arena mapping (`ValueError`), and must not
+be written by anyone else while a call copies into or out of it.
 """
 
 from collections.abc import Sequence
@@ -24,6 +28,7 @@ __all__ = [
     "ManagerUnavailable",
     "Namespace",
     "OrbitKVError",
+    "PageLayout",
     "PendingSave",
     "ProtocolError",
     "RestoreFailed",
@@ -31,6 +36,7 @@ __all__ = [
     "SaveResult",
     "__version__",
     "default_socket_path",
+    "namespace_salt",
     "serve",
 ]
 
@@ -78,7 +84,8 @@ class Namespace:
 @final
 class Lease:
     """Pins `hit_blocks` blocks (the longest contiguous prefix hit) until
-    released. Releasing twice is a no-op."""
+    released. Releasing twice is a no-op; `with client.lookup(...) as lease:`
+    releases on exit."""
 
     @property
     def id(self) -> int: ...
@@ -90,6 +97,9 @@ class Lease:
     def session(self) -> int: ...  # Client.session_id of the client that holds it
     @property
     def released(self) -> bool: ...
+    def __enter__(self) -> Lease: ...
+    def __exit__(self, exc_type: object, exc_value: object, traceback: object, /) -> None:
+        """Releases the lease (a no-op when already released)."""
 
 @final
 class SaveResult:
@@ -104,7 +114,8 @@ class SaveResult:
 
 @final
 class PendingSave:
-    """Slots allocated for a save; invisible until `Client.commit_save`."""
+    """Slots allocated for a save; invisible until `Client.commit_save`.
+    `with client.begin_save(...) as pending:` aborts it on exit unless committed."""
 
     @property
     def id(self) -> int: ...
@@ -112,6 +123,11 @@ class PendingSave:
     def slots(self) -> list[tuple[int, int] | None]: ...  # (segment, offset) or None when skipped
     @property
     def statuses(self) -> list[str]: ...  # "allocated" | "present" | "refused"
+    @property
+    def done(self) -> bool: ...  # committed or aborted
+    def __enter__(self) -> PendingSave: ...
+    def __exit__(self, exc_type: object, exc_value: object, traceback: object, /) -> None:
+        """Aborts the save unless it was committed (a no-op when done)."""
 
 @final
 class Client:
@@ -120,7 +136,7 @@ class Client:
         socket_path: str | None = None,
         *,
         token: str | None = None,
-        timeout_ms: int = 5000,
+        timeout_ms: int = 5000,  # must be > 0 (ValueError)
         map_arena: bool = True,  # False: control-only, no copies (e.g. an engine scheduler)
         server_uid: int | None = None,  # also trust a Manager of this uid (default: $ORBITKV_SERVER_UID)
     ) -> Client: ...
@@ -134,14 +150,15 @@ class Client:
     def segment_address(self, segment: int) -> tuple[int, int]:
         """(address, size) of a mapped arena segment in this process, for GPU
         registration and gather/scatter kernels. Copies made through it are the
-        caller's to drain (stream synchronise) before `release`/`commit_save`/`close`."""
+        caller's to drain (stream synchronise) before `release`/`commit_save`/`close`.
+        An unknown segment is a `ValueError`."""
     def register_namespace(
         self,
         fingerprint: bytes,
         block_bytes: int,
         *,
         shard: int = 0,
-        salt: bytes = ...,  # default b"": no salt
+        salt: bytes = ...,  # default b"": no salt; any length, encoded by `namespace_salt`
     ) -> Namespace: ...
     def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
     def acquire(self, lease: Lease) -> list[tuple[int, int]]: ...  # stage + (segment, offset) per hit block
@@ -166,6 +183,49 @@ class Client:
         to release every lease and pending save of the session. Idempotent."""
     def __enter__(self) -> Client: ...
     def __exit__(self, exc_type: object, exc_value: object, traceback: object, /) -> None: ...
+    def restore_pages(
+        self,
+        lease: Lease,
+        layout: PageLayout,
+        kv: Buffer,
+        block_ids: Sequence[int],
+        *,
+        start: int = 0,
+    ) -> int:
+        """Scatter hit blocks `[start, start + len(block_ids))` of `lease` (acquired
+        first if needed) into the engine pages of `block_ids` inside `kv`, a writable
+        buffer of exactly `layout.region_bytes`. Every page and arena range is
+        bounds-checked; the copy holds the client's copy lock, so `close` waits
+        for it. Returns the bytes copied."""
+    def save_pages(self, pending: PendingSave, layout: PageLayout, kv: Buffer, block_ids: Sequence[int]) -> int:
+        """Gather the engine pages of `block_ids` (exactly one per hash of `pending`)
+        from `kv` into the save's allocated slots; present/refused blocks are
+        skipped. Commit or abort afterwards. Returns the bytes copied."""
+
+@final
+class PageLayout:
+    """The block geometry of one engine KV region: per layer, block `b`'s page starts
+    at `base + b * block_stride` and has a 4-dim `shape` with byte `strides`
+    (innermost stride 1). A cached block is its pages concatenated in the given
+    order, each in physical byte order when dense, else in logical order. Every
+    page of every block is checked to lie inside `region_bytes`."""
+
+    def __new__(
+        cls,
+        pages: Sequence[tuple[int, int, tuple[int, int, int, int], tuple[int, int, int, int]]],
+        num_blocks: int,
+        region_bytes: int,
+    ) -> PageLayout: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def region_bytes(self) -> int: ...
+
+def namespace_salt(salt: bytes) -> bytes:
+    """The 32 bytes the Manager keys a tenant salt by: zeros for b"", else SHA-256 of
+    a domain tag and the salt. The one encoding every client (Rust or Python) uses."""
 
 def serve(argv: Sequence[str]) -> int: ...
 def default_socket_path() -> str: ...

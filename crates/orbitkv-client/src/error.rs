@@ -16,6 +16,18 @@ pub enum ClientError {
     Server { code: ErrorCode, message: String },
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A buffer or buffer list does not have the size its blocks need: an
+    /// argument error (no Manager state changed), never truncated or padded.
+    #[error("invalid argument: {what}: expected {expected}, got {actual}")]
+    Size {
+        what: String,
+        expected: u64,
+        actual: u64,
+    },
+    /// A segment id this client does not map (an argument error, not a
+    /// protocol failure: the session stays usable).
+    #[error("invalid argument: no arena segment {segment} (this client maps {known:?})")]
+    UnknownSegment { segment: u32, known: Vec<u32> },
     #[error("client is closed")]
     Closed,
     #[error("a copy thread panicked; the copy is incomplete")]
@@ -33,6 +45,8 @@ impl ClientError {
             ClientError::UntrustedServer(_) => "untrusted_server",
             ClientError::Protocol(_) => "protocol",
             ClientError::Invalid(_) => "invalid_argument",
+            ClientError::Size { .. } => "size_mismatch",
+            ClientError::UnknownSegment { .. } => "unknown_segment",
             ClientError::Closed => "closed",
             ClientError::Arena(_) => "arena",
             ClientError::CopyPanicked => "copy_panicked",

@@ -7,7 +7,9 @@
 #![forbid(unsafe_code)]
 
 mod conn;
+mod copy;
 mod error;
+mod guard;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +17,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub use conn::SERVER_UID_ENV;
+pub use copy::{EngineMemory, PageLayout, PageSpec, SlotCopier};
 pub use error::ClientError;
+pub use guard::{Lease, SaveGuard};
 use orbitkv_proto::{ErrorCode, HASH_BYTES, Request, Response, SaveItem};
 use orbitkv_shm::Mapping;
 
@@ -144,6 +148,11 @@ impl Client {
     /// socket must run as this process's uid or `opts.server_uid` (checked
     /// through `SO_PEERCRED` before the token is sent).
     pub fn connect_with(path: &Path, opts: &ConnectOptions<'_>) -> Result<Client, ClientError> {
+        if opts.timeout.is_zero() {
+            return Err(ClientError::Invalid(
+                "timeout must be positive (a zero timeout would fail every request)".into(),
+            ));
+        }
         let map_arena = opts.map_arena;
         let (conn, session, views) =
             conn::Conn::open(path, opts.token, opts.timeout, map_arena, opts.server_uid)?;
@@ -189,7 +198,32 @@ impl Client {
             .iter()
             .find(|(i, _)| *i == id)
             .map(|(_, m)| m.as_ref())
-            .ok_or_else(|| ClientError::Protocol(format!("Manager named unknown segment {id}")))
+            .ok_or_else(|| ClientError::UnknownSegment {
+                segment: id,
+                known: self.segments.iter().map(|(i, _)| *i).collect(),
+            })
+    }
+
+    /// The mapping holding the slot `[offset, offset + len)` of `segment`,
+    /// checked to lie inside it.
+    fn slot_mapping(&self, segment: u32, offset: u64, len: u64) -> Result<&Mapping, ClientError> {
+        let m = self.segment(segment)?;
+        if offset.checked_add(len).is_none_or(|e| e > m.len() as u64) {
+            return Err(ClientError::Invalid(format!(
+                "arena slot [{offset}, +{len}) outside segment {segment} ({} bytes)",
+                m.len()
+            )));
+        }
+        Ok(m)
+    }
+
+    /// `[start, end)` addresses of every arena mapping in this process, so a
+    /// binding can prove a foreign buffer does not overlap the arena.
+    pub fn arena_spans(&self) -> Vec<(usize, usize)> {
+        self.segments
+            .iter()
+            .map(|(_, m)| (m.as_ptr() as usize, m.as_ptr() as usize + m.len()))
+            .collect()
     }
 
     /// Refuse a copy on a control-only client before any Manager state changes.
@@ -230,17 +264,20 @@ impl Client {
         ClientError::Protocol(format!("unexpected reply {:?}", r.kind()))
     }
 
+    /// Register (or find) the namespace of `fingerprint`, `shard` and the
+    /// tenant `salt` (any bytes; empty = no salt), encoded by
+    /// [`namespace_salt`], the one encoding every caller goes through.
     pub fn register_namespace(
         &self,
         fingerprint: [u8; 32],
         block_bytes: u64,
         shard: u32,
-        salt: [u8; 32],
+        salt: impl AsRef<[u8]>,
     ) -> Result<Namespace, ClientError> {
         match self.call(&Request::RegisterNamespace {
             fingerprint,
             shard,
-            salt,
+            salt: namespace_salt(salt.as_ref()),
             block_bytes,
         })? {
             Response::Namespace { ns, generation } => Ok(Namespace {
@@ -314,11 +351,16 @@ impl Client {
                     slots.len()
                 ))
             })?;
-        if let Some(d) = dst.iter().find(|d| d.len() as u64 != block_bytes) {
-            return Err(ClientError::Invalid(format!(
-                "destination of {} bytes, block is {block_bytes}",
-                d.len()
-            )));
+        if let Some((i, d)) = dst
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.len() as u64 != block_bytes)
+        {
+            return Err(ClientError::Size {
+                what: format!("bytes of destination buffer {i} (one block)"),
+                expected: block_bytes,
+                actual: d.len() as u64,
+            });
         }
         let _copying = self.copy_guard()?;
         let src = &slots[start..end];
@@ -391,29 +433,33 @@ impl Client {
     /// becomes visible) and returns the error.
     pub fn save(&self, ns: &Namespace, hashes: &[Hash], src: &[&[u8]]) -> Result<SaveResult, ClientError> {
         if src.len() != hashes.len() {
-            return Err(ClientError::Invalid(format!(
-                "{} hashes but {} source blocks",
-                hashes.len(),
-                src.len()
-            )));
+            return Err(ClientError::Size {
+                what: "source buffers (one per hash)".into(),
+                expected: hashes.len() as u64,
+                actual: src.len() as u64,
+            });
         }
-        if let Some(s) = src.iter().find(|s| s.len() as u64 != ns.block_bytes) {
-            return Err(ClientError::Invalid(format!(
-                "source of {} bytes, block is {}",
-                s.len(),
-                ns.block_bytes
-            )));
+        if let Some((i, s)) = src
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.len() as u64 != ns.block_bytes)
+        {
+            return Err(ClientError::Size {
+                what: format!("bytes of source buffer {i} (one block)"),
+                expected: ns.block_bytes,
+                actual: s.len() as u64,
+            });
         }
         self.require_mapped()?;
-        let pending = self.begin_save(ns, hashes)?;
+        let save = self.start_save(ns, hashes)?;
         let mut res = SaveResult::default();
         let copied = (|| -> Result<(), ClientError> {
             let _copying = self.copy_guard()?;
             let mut work: Vec<(&Mapping, u64, &[u8])> = Vec::new();
-            for (st, s) in pending.items.iter().zip(src) {
+            for (st, s) in save.items().iter().zip(src) {
                 match st {
                     SlotStatus::Allocated { segment, offset } => {
-                        work.push((self.segment(*segment)?, *offset, s));
+                        work.push((self.slot_mapping(*segment, *offset, ns.block_bytes)?, *offset, s));
                         res.bytes_copied += s.len() as u64;
                     }
                     SlotStatus::Present => res.already_present += 1,
@@ -435,16 +481,15 @@ impl Client {
                 })
             })
         })();
-        if let Err(e) = copied {
-            let _ = self.abort_save(pending.id);
-            return Err(e);
-        }
-        res.stored = self.commit_save(pending.id)?;
+        // A copy error drops `save`, which aborts it: nothing becomes visible.
+        copied?;
+        res.stored = save.commit()?;
         Ok(res)
     }
 
     /// Lookup + acquire + copy + release in one call: restores the longest hit
-    /// prefix of `hashes` into the first `hit` buffers of `dst`.
+    /// prefix of `hashes` into the first `hit` buffers of `dst`, which holds
+    /// exactly one block-sized buffer per hash.
     pub fn restore(
         &self,
         ns: &Namespace,
@@ -452,31 +497,46 @@ impl Client {
         dst: &mut [&mut [u8]],
     ) -> Result<u32, ClientError> {
         self.require_mapped()?;
-        let hit = self.lookup(ns, hashes)?;
-        if hit.hit_blocks == 0 {
+        if dst.len() != hashes.len() {
+            return Err(ClientError::Size {
+                what: "destination buffers (one per hash)".into(),
+                expected: hashes.len() as u64,
+                actual: dst.len() as u64,
+            });
+        }
+        if let Some((i, d)) = dst
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.len() as u64 != ns.block_bytes)
+        {
+            return Err(ClientError::Size {
+                what: format!("bytes of destination buffer {i} (one block)"),
+                expected: ns.block_bytes,
+                actual: d.len() as u64,
+            });
+        }
+        let mut lease = self.lease(ns, hashes)?;
+        let n = lease.hit_blocks() as usize;
+        if n == 0 {
             return Ok(0);
         }
-        let n = (hit.hit_blocks as usize).min(dst.len());
-        let result = self
-            .acquire(hit.lease)
-            .and_then(|slots| self.copy_out(&slots, ns.block_bytes, 0, &mut dst[..n]));
-        match result {
-            Ok(_) => {
-                self.release(hit.lease)?;
-                Ok(n as u32)
-            }
-            Err(ClientError::Server {
-                code: ErrorCode::RestoreFailed,
-                message,
-            }) => Err(ClientError::Server {
-                code: ErrorCode::RestoreFailed,
-                message,
-            }),
-            Err(e) => {
-                let _ = self.release(hit.lease);
-                Err(e)
-            }
-        }
+        // On error `lease` drops and releases (unless the Manager retired it).
+        lease.copy_out(ns.block_bytes, 0, &mut dst[..n])?;
+        lease.release()?;
+        Ok(n as u32)
+    }
+
+    /// [`Client::lookup`] as a guard that releases the lease when dropped.
+    pub fn lease(&self, ns: &Namespace, hashes: &[Hash]) -> Result<Lease<'_>, ClientError> {
+        let hit = self.lookup(ns, hashes)?;
+        Ok(Lease::new(self, hit))
+    }
+
+    /// [`Client::begin_save`] as a guard that aborts the save when dropped
+    /// uncommitted.
+    pub fn start_save(&self, ns: &Namespace, hashes: &[Hash]) -> Result<SaveGuard<'_>, ClientError> {
+        let pending = self.begin_save(ns, hashes)?;
+        Ok(SaveGuard::new(self, pending))
     }
 
     pub fn reset_generation(&self, ns: &Namespace) -> Result<u64, ClientError> {
@@ -534,6 +594,26 @@ impl Drop for Client {
     fn drop(&mut self) {
         let _ = self.close();
     }
+}
+
+/// Domain of the tenant-salt hash; part of the namespace key, so changing it
+/// moves every salted namespace.
+const SALT_DOMAIN: &[u8] = b"orbitkv-namespace-salt-v1\0";
+
+/// The one encoding of a tenant salt (any length) into the 32 bytes the
+/// Manager keys namespaces by: all zeros for no salt, else SHA-256 over a
+/// domain tag and the salt. Collision resistant, so no tenant can pick a
+/// salt that lands in another tenant's namespace (contract K3). The Rust and
+/// Python clients both go through it.
+pub fn namespace_salt(salt: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    if salt.is_empty() {
+        return [0; 32];
+    }
+    let mut h = Sha256::new();
+    h.update(SALT_DOMAIN);
+    h.update(salt);
+    h.finalize().into()
 }
 
 fn check_count(n: usize) -> Result<(), ClientError> {

@@ -3,8 +3,15 @@
 //! The only `unsafe` of the bindings: turning a held `PyBuffer` into a Rust
 //! slice. The `PyBuffer` (an exported view) is kept alive for as long as the
 //! slice is used, which also stops the exporter (bytearray, numpy array) from
-//! resizing or freeing its memory.
+//! resizing or freeing its memory. What a held buffer cannot prove, the
+//! callers in `lib.rs` check before making slices: destinations writable and
+//! pairwise disjoint, and no range overlapping the client's arena mapping
+//! (the arena side of a copy is a second view of that memory). Concurrent
+//! *Python-side* writers of the same memory are outside what Rust can see:
+//! the binding documents that a buffer must not be written by anyone else
+//! while a call copies into or out of it.
 
+use orbitkv_client::{ClientError, EngineMemory};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -42,31 +49,100 @@ impl RawRange {
         (self.ptr, self.ptr + self.len)
     }
 
-    pub fn sub(&self, offset: usize, len: usize) -> RawRange {
-        debug_assert!(offset + len <= self.len);
-        RawRange {
+    /// `[offset, offset + len)` of this range; `None` when it reaches past it.
+    pub fn sub(&self, offset: usize, len: usize) -> Option<RawRange> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len).then_some(RawRange {
             ptr: self.ptr + offset,
             len,
             writable: self.writable,
-        }
+        })
     }
 
     /// # Safety
     /// The `HeldBuffer` this range came from must outlive the returned slice,
-    /// and no other Rust reference to the same memory may exist meanwhile.
+    /// and no Rust `&mut` to any of its bytes (including through the arena
+    /// mapping) may exist while it lives.
     pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
-        // SAFETY: ptr/len describe a live, C-contiguous exported buffer (held by
-        // the caller's `HeldBuffer`), so the range is valid for reads.
+        // SAFETY: ptr/len describe a sub-range of a live, C-contiguous exported
+        // buffer (the caller keeps its `HeldBuffer`), so it is valid for reads of
+        // `len` bytes; the caller guarantees no mutable alias.
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 
     /// # Safety
-    /// As [`RawRange::as_slice`], and the buffer must be writable (checked at
-    /// acquisition) and not aliased by another live Rust slice.
+    /// As [`RawRange::as_slice`], and no other Rust reference to any of its
+    /// bytes may exist while the slice lives. Writability is checked here.
     pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
-        debug_assert!(self.writable);
-        // SAFETY: as above; writability was checked when the buffer was taken.
+        assert!(self.writable, "a read-only buffer was used as a copy destination");
+        // SAFETY: valid for `len` bytes as in `as_slice`; the exporter declared
+        // the buffer writable (asserted above); exclusivity is the caller's.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+/// A held buffer as the engine memory of a page gather/scatter: lends out
+/// only the run being copied, so concurrent copies of other pages of the same
+/// region (another load, the engine's own kernels) never alias a Rust slice.
+pub struct HeldRegion<'a> {
+    _held: &'a HeldBuffer,
+    range: RawRange,
+}
+
+impl<'a> HeldRegion<'a> {
+    pub fn new(held: &'a HeldBuffer) -> HeldRegion<'a> {
+        HeldRegion {
+            _held: held,
+            range: held.range(),
+        }
+    }
+
+    fn run(&self, offset: u64, len: usize) -> Result<RawRange, ClientError> {
+        usize::try_from(offset)
+            .ok()
+            .and_then(|o| self.range.sub(o, len))
+            .ok_or_else(|| {
+                ClientError::Invalid(format!(
+                    "run [{offset}, +{len}) outside the {}-byte KV region",
+                    self.range.len
+                ))
+            })
+    }
+}
+
+impl EngineMemory for HeldRegion<'_> {
+    fn region_len(&self) -> u64 {
+        self.range.len as u64
+    }
+
+    fn with_run(
+        &self,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        let r = self.run(offset, len)?;
+        // SAFETY: `r` lies inside the buffer `_held` keeps alive for `'a`, which
+        // outlives this call; `lib.rs` proved the region does not overlap the
+        // arena mapping that `f` writes, and the slice dies before this returns.
+        f(unsafe { r.as_slice() })
+    }
+
+    fn with_run_mut(
+        &mut self,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(&mut [u8]) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        if !self.range.writable {
+            return Err(ClientError::Invalid("the KV region is read-only".into()));
+        }
+        let r = self.run(offset, len)?;
+        // SAFETY: as in `with_run`, and the region is writable (checked above);
+        // `&mut self` means no other run of this region is lent out meanwhile, and
+        // the page layout visits each byte of a block once, so this slice is the
+        // only Rust reference to these bytes until it dies at the end of `f`.
+        f(unsafe { r.as_mut_slice() })
     }
 }
 
@@ -133,9 +209,9 @@ pub fn hold_blocks(
     let is_seq = obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>();
     if is_seq {
         let n = obj.len()?;
-        if n < blocks {
+        if n != blocks {
             return Err(PyValueError::new_err(format!(
-                "{n} buffers given for {blocks} blocks"
+                "buffer count mismatch: expected {blocks} buffers (one per block), got {n} [size_mismatch]"
             )));
         }
         let mut held = Vec::with_capacity(blocks);
@@ -145,7 +221,7 @@ pub fn hold_blocks(
             let r = h.range();
             if r.len() != block_bytes {
                 return Err(PyValueError::new_err(format!(
-                    "buffer {i} has {} bytes, block_bytes is {block_bytes}",
+                    "buffer {i} size mismatch: expected {block_bytes} bytes (one block), got {} [size_mismatch]",
                     r.len()
                 )));
             }
@@ -159,13 +235,16 @@ pub fn hold_blocks(
         let need = block_bytes
             .checked_mul(blocks)
             .ok_or_else(|| PyValueError::new_err("size overflow"))?;
-        if r.len() < need {
+        if r.len() != need {
             return Err(PyValueError::new_err(format!(
-                "buffer has {} bytes, {blocks} block(s) of {block_bytes} need {need}",
+                "buffer size mismatch: expected {need} bytes ({blocks} block(s) of {block_bytes}), got {} [size_mismatch]",
                 r.len()
             )));
         }
-        let ranges = (0..blocks).map(|i| r.sub(i * block_bytes, block_bytes)).collect();
+        let ranges = (0..blocks)
+            .map(|i| r.sub(i * block_bytes, block_bytes))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| PyValueError::new_err("block range outside the buffer"))?;
         Ok((vec![h], ranges))
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use orbitkv_client::{ClientError, SlotStatus};
+use orbitkv_client::{ClientError, PageSpec, SlotCopier, SlotStatus};
 use orbitkv_proto::ErrorCode;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -67,7 +67,9 @@ fn to_py(e: ClientError) -> PyErr {
         ClientError::Unavailable(_) | ClientError::Closed => ManagerUnavailable::new_err(msg),
         ClientError::Auth(_) | ClientError::UntrustedServer(_) => AuthError::new_err(msg),
         ClientError::Protocol(_) => ProtocolError::new_err(msg),
-        ClientError::Invalid(_) => PyValueError::new_err(msg),
+        ClientError::Invalid(_) | ClientError::Size { .. } | ClientError::UnknownSegment { .. } => {
+            PyValueError::new_err(msg)
+        }
         ClientError::Server {
             code: ErrorCode::Busy,
             ..
@@ -144,6 +146,7 @@ struct LeaseState {
 
 #[pyclass(frozen, module = "orbitkv._native")]
 struct Lease {
+    client: Arc<orbitkv_client::Client>,
     id: u64,
     hit_blocks: u32,
     block_bytes: u64,
@@ -188,6 +191,23 @@ impl Lease {
             self.released()
         )
     }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving a `with` block releases the lease (a no-op when already released).
+    #[pyo3(signature = (exc_type, exc_value, traceback, /))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Py<PyAny>,
+        exc_value: Py<PyAny>,
+        traceback: Py<PyAny>,
+    ) -> PyResult<()> {
+        let _ = (exc_type, exc_value, traceback);
+        release_lease(py, &self.client, self)
+    }
 }
 
 #[pyclass(frozen, module = "orbitkv._native")]
@@ -214,6 +234,7 @@ impl SaveResult {
 
 #[pyclass(frozen, module = "orbitkv._native")]
 struct PendingSave {
+    client: Arc<orbitkv_client::Client>,
     #[pyo3(get)]
     id: u64,
     items: Vec<SlotStatus>,
@@ -244,6 +265,73 @@ impl PendingSave {
             })
             .collect()
     }
+
+    /// True once committed or aborted.
+    #[getter]
+    fn done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving a `with` block aborts the save unless it was committed.
+    #[pyo3(signature = (exc_type, exc_value, traceback, /))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Py<PyAny>,
+        exc_value: Py<PyAny>,
+        traceback: Py<PyAny>,
+    ) -> PyResult<()> {
+        let _ = (exc_type, exc_value, traceback);
+        abort_pending(py, &self.client, self)
+    }
+}
+
+/// The block geometry of one engine KV region (see `orbitkv_client::PageLayout`).
+#[pyclass(frozen, module = "orbitkv._native")]
+struct PageLayout {
+    inner: orbitkv_client::PageLayout,
+}
+
+#[pymethods]
+impl PageLayout {
+    #[new]
+    fn new(pages: Vec<(u64, u64, [u64; 4], [u64; 4])>, num_blocks: u32, region_bytes: u64) -> PyResult<Self> {
+        let specs: Vec<PageSpec> = pages
+            .into_iter()
+            .map(|(base, block_stride, shape, strides)| PageSpec {
+                base,
+                block_stride,
+                shape,
+                strides,
+            })
+            .collect();
+        let inner = orbitkv_client::PageLayout::new(&specs, num_blocks, region_bytes).map_err(to_py)?;
+        Ok(PageLayout { inner })
+    }
+    #[getter]
+    fn block_bytes(&self) -> u64 {
+        self.inner.block_bytes()
+    }
+    #[getter]
+    fn num_blocks(&self) -> u32 {
+        self.inner.num_blocks()
+    }
+    #[getter]
+    fn region_bytes(&self) -> u64 {
+        self.inner.region_bytes()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "PageLayout(num_blocks={}, block_bytes={}, region_bytes={})",
+            self.inner.num_blocks(),
+            self.inner.block_bytes(),
+            self.inner.region_bytes()
+        )
+    }
 }
 
 #[pyclass(frozen, module = "orbitkv._native")]
@@ -255,6 +343,28 @@ impl Client {
     fn check_lease(&self, lease: &Lease) -> PyResult<()> {
         if lease.session != self.inner.session_id() {
             return Err(PyValueError::new_err("lease belongs to another client"));
+        }
+        Ok(())
+    }
+
+    fn check_pending(&self, pending: &PendingSave) -> PyResult<()> {
+        if pending.session != self.inner.session_id() {
+            return Err(PyValueError::new_err("pending save belongs to another client"));
+        }
+        Ok(())
+    }
+
+    /// Refuse buffers that overlap this client's arena mapping: the copies
+    /// would alias the arena slices they read or write.
+    fn check_outside_arena(&self, ranges: &[buffers::RawRange], what: &str) -> PyResult<()> {
+        let arena = self.inner.arena_spans();
+        for r in ranges {
+            let (s, e) = r.bounds();
+            if arena.iter().any(|(a, b)| s < *b && *a < e) {
+                return Err(PyValueError::new_err(format!(
+                    "{what} [{s:#x}, {e:#x}) overlaps this client's arena mapping"
+                )));
+            }
         }
         Ok(())
     }
@@ -319,20 +429,10 @@ impl Client {
         salt: Vec<u8>,
     ) -> PyResult<Namespace> {
         let fp = hash32(&fingerprint, "fingerprint")?;
-        if salt.len() > 32 {
-            return Err(PyValueError::new_err(
-                "salt must be at most 32 bytes (hash longer salts first)",
-            ));
-        }
-        let mut salt32 = [0u8; 32];
-        salt32[..salt.len()].copy_from_slice(&salt);
-        if !salt.is_empty() {
-            // Length-tag the salt so b"a" and b"a\0" are different domains.
-            salt32[31] ^= 0x80 | salt.len() as u8;
-        }
         let c = self.inner.clone();
+        // The raw salt: the Rust client applies the one salt encoding.
         let ns = py
-            .detach(|| c.register_namespace(fp, block_bytes, shard, salt32))
+            .detach(|| c.register_namespace(fp, block_bytes, shard, &salt))
             .map_err(to_py)?;
         Ok(Namespace { inner: ns })
     }
@@ -343,6 +443,7 @@ impl Client {
         let nsi = ns.inner.clone();
         let hit = py.detach(|| c.lookup(&nsi, &hs)).map_err(to_py)?;
         Ok(Lease {
+            client: self.inner.clone(),
             id: hit.lease,
             hit_blocks: hit.hit_blocks,
             block_bytes: ns.inner.block_bytes,
@@ -381,32 +482,126 @@ impl Client {
         let slots = acquire_slots(py, &self.inner, lease)?;
         let (_held, ranges) = buffers::hold_blocks(py, dst, lease.block_bytes as usize, count, true)?;
         check_disjoint(&ranges)?;
+        self.check_outside_arena(&ranges, "destination buffer")?;
         let c = self.inner.clone();
         let bb = lease.block_bytes;
         py.detach(|| {
-            // SAFETY: `_held` keeps every exported buffer alive until after this
-            // closure; ranges were checked writable and pairwise disjoint.
-            let mut dsts: Vec<&mut [u8]> = ranges.iter().map(|r| unsafe { r.as_mut_slice() }).collect();
+            let mut dsts: Vec<&mut [u8]> = ranges
+                .iter()
+                // SAFETY: `_held` keeps every exported buffer alive (and unresizable)
+                // until after this closure; `hold_blocks` checked them writable,
+                // `check_disjoint` that no two overlap and `check_outside_arena`
+                // that none overlaps the arena mapping the copy reads, so these are
+                // the only Rust references to this memory while they live.
+                .map(|r| unsafe { r.as_mut_slice() })
+                .collect();
             c.copy_out(&slots, bb, start, &mut dsts)
         })
         .map_err(to_py)
     }
 
+    /// Scatter hit blocks `[start, start + len(block_ids))` of `lease` straight
+    /// into the engine pages of `block_ids` in `kv` (a writable buffer over the
+    /// whole region `layout` describes), acquiring the lease first if needed.
+    /// Every arena and page range is bounds-checked; the copy holds the
+    /// client's copy lock, so `close` waits for it.
+    #[pyo3(signature = (lease, layout, kv, block_ids, *, start=0))]
+    fn restore_pages(
+        &self,
+        py: Python<'_>,
+        lease: &Lease,
+        layout: &PageLayout,
+        kv: &Bound<'_, PyAny>,
+        block_ids: Vec<u32>,
+        start: usize,
+    ) -> PyResult<u64> {
+        self.check_lease(lease)?;
+        let hit = lease.hit_blocks as usize;
+        if start.checked_add(block_ids.len()).is_none_or(|e| e > hit) {
+            return Err(PyValueError::new_err(format!(
+                "blocks {start}..{} outside the {hit} hit",
+                start + block_ids.len()
+            )));
+        }
+        if layout.inner.block_bytes() != lease.block_bytes {
+            return Err(PyValueError::new_err(format!(
+                "page layout holds {} bytes per block, the lease's namespace {}",
+                layout.inner.block_bytes(),
+                lease.block_bytes
+            )));
+        }
+        if block_ids.is_empty() {
+            return Ok(0);
+        }
+        self.inner.require_mapped().map_err(to_py)?; // before the lease is acquired
+        let held = buffers::hold(py, kv, true)?;
+        let range = held.range();
+        self.check_outside_arena(&[range], "KV region")?;
+        let slots = acquire_slots(py, &self.inner, lease)?;
+        let Some(slots) = slots.get(start..start + block_ids.len()) else {
+            return Err(ProtocolError::new_err(format!(
+                "the Manager staged {} slots for a hit of {hit} blocks",
+                slots.len()
+            )));
+        };
+        let c = self.inner.clone();
+        let l = &layout.inner;
+        let out = py.detach(|| {
+            let mut region = buffers::HeldRegion::new(&held);
+            c.scatter(l, slots, &mut region, &block_ids)
+        });
+        drop(held);
+        out.map_err(to_py)
+    }
+
+    /// Gather the engine pages of `block_ids` (one per hash of `pending`) from
+    /// `kv` into the save's allocated slots; blocks already present or refused
+    /// are skipped. Commit or abort the save afterwards.
+    fn save_pages(
+        &self,
+        py: Python<'_>,
+        pending: &PendingSave,
+        layout: &PageLayout,
+        kv: &Bound<'_, PyAny>,
+        block_ids: Vec<u32>,
+    ) -> PyResult<u64> {
+        self.check_pending(pending)?;
+        if pending.done.load(Ordering::Acquire) {
+            return Err(PyValueError::new_err("pending save already committed or aborted"));
+        }
+        if block_ids.len() != pending.items.len() {
+            return Err(to_py(ClientError::Size {
+                what: "engine block ids (one per hash of the save)".into(),
+                expected: pending.items.len() as u64,
+                actual: block_ids.len() as u64,
+            }));
+        }
+        let mut blocks = Vec::new();
+        let mut slots = Vec::new();
+        for (b, st) in block_ids.iter().zip(&pending.items) {
+            if let SlotStatus::Allocated { segment, offset } = st {
+                blocks.push(*b);
+                slots.push((*segment, *offset));
+            }
+        }
+        if blocks.is_empty() {
+            return Ok(0);
+        }
+        let held = buffers::hold(py, kv, false)?;
+        self.check_outside_arena(&[held.range()], "KV region")?;
+        let c = self.inner.clone();
+        let l = &layout.inner;
+        let out = py.detach(|| {
+            let region = buffers::HeldRegion::new(&held);
+            c.gather(l, &region, &blocks, &slots)
+        });
+        drop(held);
+        out.map_err(to_py)
+    }
+
     fn release(&self, py: Python<'_>, lease: &Lease) -> PyResult<()> {
         self.check_lease(lease)?;
-        if lease.hit_blocks == 0 {
-            return Ok(());
-        }
-        {
-            let mut st = lease.state();
-            if st.released {
-                return Ok(());
-            }
-            st.released = true;
-        }
-        let c = self.inner.clone();
-        let id = lease.id;
-        py.detach(|| c.release(id)).map_err(to_py)
+        release_lease(py, &self.inner, lease)
     }
 
     fn save(
@@ -418,13 +613,19 @@ impl Client {
     ) -> PyResult<SaveResult> {
         let hs = hashes_of(hashes)?;
         let (_held, ranges) = buffers::hold_blocks(py, src, ns.inner.block_bytes as usize, hs.len(), false)?;
+        self.check_outside_arena(&ranges, "source buffer")?;
         let c = self.inner.clone();
         let nsi = ns.inner.clone();
         let r = py
             .detach(|| {
-                // SAFETY: `_held` keeps every source buffer alive for the closure;
-                // shared slices only.
-                let srcs: Vec<&[u8]> = ranges.iter().map(|r| unsafe { r.as_slice() }).collect();
+                let srcs: Vec<&[u8]> = ranges
+                    .iter()
+                    // SAFETY: `_held` keeps every source buffer alive (and
+                    // unresizable) for the closure; only shared slices are made,
+                    // and `check_outside_arena` proved none overlaps the arena
+                    // mapping the copy writes.
+                    .map(|r| unsafe { r.as_slice() })
+                    .collect();
                 c.save(&nsi, &hs, &srcs)
             })
             .map_err(to_py)?;
@@ -442,6 +643,7 @@ impl Client {
         let nsi = ns.inner.clone();
         let p = py.detach(|| c.begin_save(&nsi, &hs)).map_err(to_py)?;
         Ok(PendingSave {
+            client: self.inner.clone(),
             id: p.id,
             items: p.items,
             session: self.inner.session_id(),
@@ -450,9 +652,7 @@ impl Client {
     }
 
     fn commit_save(&self, py: Python<'_>, pending: &PendingSave) -> PyResult<u32> {
-        if pending.session != self.inner.session_id() {
-            return Err(PyValueError::new_err("pending save belongs to another client"));
-        }
+        self.check_pending(pending)?;
         if pending.done.swap(true, Ordering::AcqRel) {
             return Err(PyValueError::new_err("pending save already committed or aborted"));
         }
@@ -462,15 +662,8 @@ impl Client {
     }
 
     fn abort_save(&self, py: Python<'_>, pending: &PendingSave) -> PyResult<()> {
-        if pending.session != self.inner.session_id() {
-            return Err(PyValueError::new_err("pending save belongs to another client"));
-        }
-        if pending.done.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let c = self.inner.clone();
-        let id = pending.id;
-        py.detach(|| c.abort_save(id)).map_err(to_py)
+        self.check_pending(pending)?;
+        abort_pending(py, &self.inner, pending)
     }
 
     /// `(address, size)` of a mapped arena segment in this process, for GPU
@@ -520,6 +713,33 @@ impl Client {
         let _ = (exc_type, exc_value, traceback);
         self.close(py)
     }
+}
+
+/// Release `lease` once: later calls (explicit or a `with` exit) are no-ops.
+fn release_lease(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease) -> PyResult<()> {
+    if lease.hit_blocks == 0 {
+        return Ok(());
+    }
+    {
+        let mut st = lease.state();
+        if st.released {
+            return Ok(());
+        }
+        st.released = true;
+    }
+    let c = c.clone();
+    let id = lease.id;
+    py.detach(|| c.release(id)).map_err(to_py)
+}
+
+/// Abort `pending` unless it was committed or aborted already.
+fn abort_pending(py: Python<'_>, c: &Arc<orbitkv_client::Client>, pending: &PendingSave) -> PyResult<()> {
+    if pending.done.swap(true, Ordering::AcqRel) {
+        return Ok(());
+    }
+    let c = c.clone();
+    let id = pending.id;
+    py.detach(|| c.abort_save(id)).map_err(to_py)
 }
 
 fn acquire_slots(
@@ -598,6 +818,13 @@ fn serve(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
     }
 }
 
+/// The 32-byte namespace salt the Manager keys a tenant salt by (the one
+/// encoding, `orbitkv_client::namespace_salt`).
+#[pyfunction]
+fn namespace_salt<'py>(py: Python<'py>, salt: Vec<u8>) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, &orbitkv_client::namespace_salt(&salt))
+}
+
 #[pyfunction]
 fn default_socket_path() -> String {
     orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid())
@@ -623,6 +850,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Lease>()?;
     m.add_class::<SaveResult>()?;
     m.add_class::<PendingSave>()?;
+    m.add_class::<PageLayout>()?;
+    m.add_function(wrap_pyfunction!(namespace_salt, m)?)?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket_path, m)?)?;
     Ok(())

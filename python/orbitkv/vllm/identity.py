@@ -1,6 +1,7 @@
 """Namespace identity for the vLLM adapter (contracts K1, K2, K4).
 
-The namespace fingerprint is SHA-256 over a canonical JSON document (sorted keys, no
+The namespace fingerprint (`orbitkv.hashing.fingerprint`, the one definition) is
+SHA-256 over a domain tag and a canonical JSON document (sorted keys, no
 whitespace, ASCII) holding everything that makes two engines' KV bytes
 interchangeable: model identity, dtypes, KV layout and geometry, block size, parallel
 rank/size, attention backend and the static LoRA fingerprint. It depends on nothing
@@ -11,25 +12,26 @@ is given the same configuration computes the same 32 bytes. No vLLM import here.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
+
+# One definition of the fingerprint for every caller (re-exported here).
+from orbitkv.hashing import canonical_json, fingerprint
+
+__all__ = [
+    "adapter_digest",
+    "canonical_json",
+    "fingerprint",
+    "model_config_digest",
+    "sha256_file",
+    "static_lora_identity",
+]
 
 SCHEMA = "orbitkv.vllm.namespace/1"
 
 # Files of a local PEFT adapter that determine its computation.
 _ADAPTER_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".model")
-
-
-def canonical_json(doc: Mapping[str, Any]) -> bytes:
-    """Canonical encoding: sorted keys, compact separators, ASCII only."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def fingerprint(doc: Mapping[str, Any]) -> bytes:
-    """32-byte namespace fingerprint of an identity document."""
-    return hashlib.sha256(canonical_json(doc)).digest()
 
 
 def sha256_file(path: str, chunk: int = 1 << 20) -> str:

@@ -10,10 +10,11 @@ that layer's page for the block, each page in its physical byte order (logical
 [ratio, H, N, C] order when a page is not one dense run: LHBNC, BHLNC). For
 block-outermost layouts whose pages are contiguous (BLHNC, BLNHC) that concatenation
 is exactly the block's contiguous span in the backing buffer (`block_views`).
-`gather_to`/`scatter_from` copy between pages and block-sized raw addresses - in
-the worker, the Manager arena slots themselves, so every byte is copied once.
-The same `BlockGeometry` is what a GPU gather/scatter kernel would consume (base
-address, per-layer offsets, block stride), so the CPU path is its reference oracle.
+`gather_to`/`scatter_from` copy between pages and block-sized raw addresses (a
+staging buffer). The worker does not use them for arena slots: it hands the same
+`BlockGeometry` to the native client (`orbitkv.vllm.native.page_layout`), whose
+bounds-checked `save_pages`/`restore_pages` copy pages <-> slots once; a GPU
+gather/scatter kernel consumes the same geometry, and this CPU path is its oracle.
 """
 
 from __future__ import annotations

@@ -10,14 +10,14 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from orbitkv.vllm.config import OrbitKVSettings
 
 if TYPE_CHECKING:
-    from orbitkv._native import Client, Lease, Namespace
+    from orbitkv._native import Client, Lease, Namespace, PageLayout
+    from orbitkv.vllm.layout import BlockGeometry
 
 logger = logging.getLogger("orbitkv.vllm")
 
@@ -162,22 +162,18 @@ class ManagerSession:
         self.drop_client()
 
 
-def slot_addresses(client: Client, slots: Sequence[tuple[int, int]], nbytes: int) -> list[int]:
-    """Addresses, in this process, of the arena slots `(segment, offset)` that `client`'s
-    Manager handed out, each checked to hold `nbytes` inside its segment.
-
-    Resolved through that same client on every call, never cached across clients: after
-    a reconnect (perhaps to a restarted Manager with new segments) a slot of the old
-    session must never be translated through the new mapping.
-    """
-    spans: dict[int, tuple[int, int]] = {}
-    out = []
-    for segment, offset in slots:
-        span = spans.get(segment)
-        if span is None:
-            span = spans[segment] = client.segment_address(segment)
-        address, size = span
-        if offset < 0 or offset + nbytes > size:
-            raise ValueError(f"arena slot [{offset}, {offset + nbytes}) outside segment {segment} ({size} bytes)")
-        out.append(address + offset)
-    return out
+def page_layout(geometry: BlockGeometry, region_bytes: int) -> PageLayout:
+    """The native page layout of `geometry` over a KV region of `region_bytes`: the
+    client's page gather/scatter (`save_pages`/`restore_pages`) checks every page of
+    every block against the region and every arena slot against its mapping."""
+    pages = []
+    for p in geometry.pages:
+        if len(p.shape) != 4 or len(p.strides) != 4:
+            raise ValueError(f"layer {p.layer!r}: expected a 4-dim page, got shape {p.shape}")
+        pages.append((p.base, p.block_stride, (*p.shape,), (*p.strides,)))
+    layout: PageLayout = native().PageLayout(pages, geometry.num_blocks, region_bytes)
+    if layout.block_bytes != geometry.block_bytes:
+        raise ValueError(
+            f"native page layout holds {layout.block_bytes} bytes per block, the geometry {geometry.block_bytes}"
+        )
+    return layout

@@ -15,15 +15,20 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
-from orbitkv.vllm.native import ManagerSession, slot_addresses
+from orbitkv.vllm.native import ManagerSession, page_layout
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
+
+if TYPE_CHECKING:
+    from orbitkv._native import PageLayout
 
 logger = logging.getLogger("orbitkv.vllm")
 
@@ -42,6 +47,8 @@ class OrbitKVWorker:
         self.session = session
         self.num_blocks = num_blocks
         self.copier: HostCopier | None = None
+        self._kv: np.ndarray | None = None  # the whole KV backing buffer, as bytes
+        self._layout: PageLayout | None = None  # native geometry, built on first transfer (O4)
         self._pool: ThreadPoolExecutor | None = None
         self._loads: dict[str, Future[_LoadOutcome]] = {}
         self._load_errors: set[int] = set()
@@ -66,7 +73,17 @@ class OrbitKVWorker:
                 f"KV cache config implies {self.session.block_bytes}"
             )
         self.copier = HostCopier(geometry, flat)
+        self._kv = flat
+        self._layout = None
         return geometry
+
+    def _pages(self) -> tuple[PageLayout, np.ndarray]:
+        """The native page layout and the KV buffer it describes."""
+        copier = self._copier()
+        assert self._kv is not None
+        if self._layout is None:
+            self._layout = page_layout(copier.geometry, self._kv.nbytes)
+        return self._layout, self._kv
 
     def _copier(self) -> HostCopier:
         if self.copier is None:
@@ -116,14 +133,12 @@ class OrbitKVWorker:
                     # arena -> pages directly, GIL released.
                     out.bytes_copied = client.restore(lease, [v.data for v in views], start=0, count=n)
                 else:
-                    # Pages are scattered: stage the blocks in the arena (acquire) and
-                    # copy each slot straight into its pages - one copy, no staging
-                    # buffer; the same shape of work a GPU scatter kernel will do.
-                    slots = client.acquire(lease)[:n]
-                    bb = copier.geometry.block_bytes
-                    src = slot_addresses(client, slots, bb)
-                    copier.scatter_from(src, dst_ids)
-                    out.bytes_copied = n * bb
+                    # Pages are scattered: the client stages the blocks (acquire) and
+                    # scatters each arena slot straight into its pages - one copy, no
+                    # staging buffer, every range bounds-checked, under the client's
+                    # copy lock; the interface the GPU scatter kernel implements too.
+                    layout, kv = self._pages()
+                    out.bytes_copied = client.restore_pages(lease, layout, kv, dst_ids)
             out.failed_block_ids = list(spec.block_ids[n:])
             out.total_failure = n == 0
         except Exception:
@@ -178,7 +193,7 @@ class OrbitKVWorker:
             self.counters["save_batches"] += 1
 
     def _save_one(self, spec: SaveSpec) -> None:
-        copier = self._copier()
+        self._copier()  # KV caches unregistered is a bug, not a cache failure
         try:
             client = self.session.client()
             ns = self.session.namespace(spec.salt)
@@ -188,18 +203,13 @@ class OrbitKVWorker:
             # per-block `save` here, see docs/adapters.md). Blocks already present or
             # refused by admission get no slot. A failed or partial save is never
             # visible: it is aborted on any error (L4).
-            pending = client.begin_save(ns, list(spec.hashes))
-            try:
-                bb = copier.geometry.block_bytes
-                todo = [(slot, b) for slot, b in zip(pending.slots, ids, strict=True) if slot is not None]
-                dst = slot_addresses(client, [slot for slot, _ in todo], bb)
-                copier.gather_to(dst, [b for _, b in todo])
+            layout, kv = self._pages()
+            # Leaving the `with` block uncommitted (any error) aborts the save.
+            with client.begin_save(ns, list(spec.hashes)) as pending:
+                copied = client.save_pages(pending, layout, kv, ids)
                 self._stored += client.commit_save(pending)
-            except BaseException:
-                client.abort_save(pending)
-                raise
             self._refused += sum(1 for st in pending.statuses if st == "refused")
-            self.counters["bytes_saved"] += len(todo) * bb
+            self.counters["bytes_saved"] += copied
         except Exception:
             self._failed_saves += 1
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)

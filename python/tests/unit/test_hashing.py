@@ -23,10 +23,10 @@ def test_chain_covers_complete_blocks_and_is_prefix_stable() -> None:
     assert all(a != b for a, b in zip(h[2:], h2[2:], strict=True))
 
 
-def test_salt_fingerprint_and_extra_keys_separate_chains() -> None:
+def test_fingerprint_and_extra_keys_separate_chains() -> None:
+    # Tenant salts are bound by the namespace (Client.register_namespace), not the chain.
     toks = list(range(32))
     base = chain_hashes(toks, 16, chain_root(b"\x01" * 32))
-    assert chain_hashes(toks, 16, chain_root(b"\x01" * 32, salt=b"tenant-a")) != base
     assert chain_hashes(toks, 16, chain_root(b"\x02" * 32)) != base
     assert chain_hashes(toks, 16, chain_root(b"\x01" * 32), extra_keys=b"lora:x") != base
     with pytest.raises(ValueError):
@@ -36,8 +36,19 @@ def test_salt_fingerprint_and_extra_keys_separate_chains() -> None:
 
 
 def test_fingerprint_is_canonical() -> None:
-    assert fingerprint(a=1, b="x") == fingerprint(b="x", a=1)
+    assert fingerprint(a=1, b="x") == fingerprint(b="x", a=1) == fingerprint({"b": "x", "a": 1})
     assert fingerprint(a=1) != fingerprint(a=2)
+    with pytest.raises(TypeError):
+        fingerprint(a=object())  # never a silent str()
+
+
+def test_one_fingerprint_definition() -> None:
+    """The vLLM adapter's identity fingerprint is the package's one definition."""
+    from orbitkv import hashing
+    from orbitkv.vllm import identity
+
+    assert identity.fingerprint is hashing.fingerprint
+    assert identity.canonical_json is hashing.canonical_json
 
 
 def test_hashes_do_not_depend_on_pythonhashseed() -> None:

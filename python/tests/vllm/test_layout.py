@@ -92,3 +92,38 @@ def test_kernel_block_split_moves_whole_manager_blocks() -> None:
     copier.scatter(copier.gather([4]), [9])
     for b in range(NUM_BLOCKS):
         assert manager_block(b) == (before[4] if b == 9 else before[b])
+
+
+@pytest.mark.parametrize("layout", [layout.name for layout in KVCacheLayout])
+def test_native_page_copies_match_the_host_oracle(layout: str, orbit_manager) -> None:  # type: ignore[no-untyped-def]
+    """The worker's copy path (the client's bounds-checked `save_pages` /
+    `restore_pages` over the released pages) moves exactly what the `HostCopier`
+    oracle moves, through real arena slots, and touches no other block."""
+    from orbitkv import _native
+    from orbitkv.vllm.native import page_layout
+
+    kv, copier = _pages(layout)
+    g = copier.geometry
+    flat = copier._flat
+    native_layout = page_layout(g, flat.nbytes)
+    assert native_layout.block_bytes == g.block_bytes
+    blocks, dst = [3, 7, 1], [10, 0, 5]
+    oracle = copier.gather(blocks)
+    before = {b: _block_bytes(kv, b) for b in range(NUM_BLOCKS)}
+    hashes = [bytes([i]) * 32 for i in range(len(blocks))]
+    with _native.Client(str(orbit_manager.socket_path)) as c:
+        ns = c.register_namespace(b"\x5a" * 32, g.block_bytes)
+        with c.begin_save(ns, hashes) as pending:
+            assert c.save_pages(pending, native_layout, flat, blocks) == len(blocks) * g.block_bytes
+            c.commit_save(pending)
+        staged = bytearray(len(blocks) * g.block_bytes)
+        with c.lookup(ns, hashes) as lease:
+            c.restore(lease, staged)  # the cached bytes, block by block
+            assert bytes(staged) == oracle.tobytes(), f"{layout}: cached block format differs from the oracle"
+            assert c.restore_pages(lease, native_layout, flat, dst) == len(dst) * g.block_bytes
+    for b in range(NUM_BLOCKS):
+        after = _block_bytes(kv, b)
+        if b in dst:
+            assert after == before[blocks[dst.index(b)]], f"{layout}: block {b} not restored"
+        else:
+            assert after == before[b], f"{layout}: sentinel block {b} was touched"
