@@ -397,9 +397,15 @@ fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool
         };
         // SAFETY: the slot was allocated for this job by `CacheState::acquire`
         // (Busy::Staging) and the job is held by a `StageGuard` until
-        // `finish_stage`: no client knows its location and nothing else can
-        // allocate it meanwhile. Jobs are distinct slots (the cache stages each
-        // block once), so this is the only reference to these bytes.
+        // `finish_stage`: the Manager has handed its location to no client and
+        // allocates it to nothing else meanwhile, and jobs are distinct slots
+        // (the cache stages each block once), so within this process this is the
+        // only reference to these bytes. Every client maps the whole arena
+        // read-write, so a client of a trusted uid that writes outside the slots
+        // it was given can still race this read; it can only damage cache
+        // content (the bytes are checksummed against the SSD header before the
+        // block becomes visible), which the trust model (same or allowed uid)
+        // already grants it.
         match unsafe { seg.mapping().slice_mut(j.slot.offset, j.slot.len as usize) } {
             Ok(buf) => {
                 items.push((ssd_key(&j.tier_key), buf));
@@ -501,8 +507,12 @@ fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spil
             continue;
         };
         // SAFETY: the block is visible (committed blocks are never written
-        // again) and Busy::Spilling, held by a `SpillGuard` until `spill_done`,
-        // keeps its slot from being freed or reallocated meanwhile.
+        // again through the protocol) and Busy::Spilling, held by a `SpillGuard`
+        // until `spill_done`, keeps its slot from being freed or reallocated
+        // meanwhile. A client that breaks the protocol and writes a committed
+        // slot (every client maps the arena read-write) can race this read; the
+        // written checksum then fails on read-back, so the copy is dropped,
+        // never served.
         if let Ok(buf) = unsafe { seg.mapping().slice(j.slot.offset, j.block_bytes as usize) } {
             items.push((ssd_key(&j.tier_key), buf));
             idx.push(i);
