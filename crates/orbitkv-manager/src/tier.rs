@@ -510,9 +510,10 @@ fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spil
         // again through the protocol) and Busy::Spilling, held by a `SpillGuard`
         // until `spill_done`, keeps its slot from being freed or reallocated
         // meanwhile. A client that breaks the protocol and writes a committed
-        // slot (every client maps the arena read-write) can race this read; the
-        // written checksum then fails on read-back, so the copy is dropped,
-        // never served.
+        // slot (every client maps the arena read-write) can race this read: a
+        // copy torn by such a write fails its checksum on read-back and is
+        // dropped; bytes changed before the checksum was taken are the same
+        // bytes the DRAM copy already serves (damage the trust model grants).
         if let Ok(buf) = unsafe { seg.mapping().slice(j.slot.offset, j.block_bytes as usize) } {
             items.push((ssd_key(&j.tier_key), buf));
             idx.push(i);
