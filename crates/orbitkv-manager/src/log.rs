@@ -49,6 +49,22 @@ pub fn emit(l: Level, msg: std::fmt::Arguments<'_>) {
     eprintln!("{ts:.3} {name} orbitkv-manager: {msg}");
 }
 
+/// The running count of one kind of repeatable warning that no server counter
+/// counts (e.g. per-block SSD failures), for [`warn_sampled`].
+#[derive(Default)]
+pub struct Occurrences(std::sync::atomic::AtomicU64);
+
+impl Occurrences {
+    pub const fn new() -> Self {
+        Occurrences(std::sync::atomic::AtomicU64::new(0))
+    }
+
+    /// Count one occurrence; returns its 1-based number.
+    pub fn inc(&self) -> u64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+}
+
 /// Whether the `count`th occurrence of a repeatable warning is logged.
 fn sampled(count: u64) -> bool {
     count.is_power_of_two()
@@ -88,5 +104,8 @@ mod tests {
     fn repeated_warnings_are_logged_at_powers_of_two() {
         let logged: Vec<u64> = (0..=100).filter(|n| super::sampled(*n)).collect();
         assert_eq!(logged, vec![1, 2, 4, 8, 16, 32, 64]);
+        let o = super::Occurrences::new();
+        let counts: Vec<u64> = (0..3).map(|_| o.inc()).collect();
+        assert_eq!(counts, [1, 2, 3]);
     }
 }

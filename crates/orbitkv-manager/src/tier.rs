@@ -16,7 +16,6 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use orbitkv_core::{CacheState, Fingerprint, SpillJob, StageJob, TierKey};
@@ -24,6 +23,7 @@ use orbitkv_shm::Segment;
 use orbitkv_ssd::{RecoveryPhase, SsdConfig, SsdError, SsdKey, SsdStats, SsdTier};
 
 use crate::config::SsdSettings;
+use crate::log::Occurrences;
 use crate::shared::Shared;
 
 /// What became of one block handed to [`Tier::spill`].
@@ -184,24 +184,10 @@ pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
 const SPILL_BATCH: usize = 64;
 const GENERATIONS_FILE: &str = "generations.v1";
 
-/// Counts one kind of repeated warning and says when to log it: the 1st, 2nd, 4th,
-/// 8th … occurrence, so a failing disk cannot flood the log (as Busy refusals).
-pub struct RateLimitedWarn(AtomicU64);
-
-impl RateLimitedWarn {
-    pub const fn new() -> Self {
-        RateLimitedWarn(AtomicU64::new(0))
-    }
-
-    /// Count one occurrence; `Some(n)` when this, the n-th, should be logged.
-    pub fn hit(&self) -> Option<u64> {
-        let n = self.0.fetch_add(1, Ordering::Relaxed) + 1;
-        n.is_power_of_two().then_some(n)
-    }
-}
-
 /// Per-block SSD write (spill) failures, e.g. a full disk.
-static SPILL_FAILURES: RateLimitedWarn = RateLimitedWarn::new();
+static SPILL_FAILURES: Occurrences = Occurrences::new();
+/// Per-block SSD read failures while staging (corrupt or unreadable copies).
+static STAGE_FAILURES: Occurrences = Occurrences::new();
 
 pub fn ssd_key(tk: &TierKey) -> SsdKey {
     SsdKey {
@@ -425,8 +411,8 @@ fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool
             match results.next() {
                 Some(Ok(n)) if n as u64 == j.block_bytes => true,
                 Some(Ok(n)) => {
-                    log!(
-                        Warn,
+                    warn_sampled!(
+                        STAGE_FAILURES.inc(),
                         "SSD block {}: {n} bytes, expected {}; dropped",
                         short(&j.tier_key),
                         j.block_bytes
@@ -434,8 +420,8 @@ fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool
                     false
                 }
                 Some(Err(e)) => {
-                    log!(
-                        Warn,
+                    warn_sampled!(
+                        STAGE_FAILURES.inc(),
                         "SSD block {} not served: {e}; dropped (a miss from now on)",
                         short(&j.tier_key)
                     );
@@ -525,13 +511,11 @@ fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spil
             Ok(()) => Spilled::Durable,
             Err(SsdError::Full { .. }) => Spilled::Full,
             Err(e) => {
-                if let Some(n) = SPILL_FAILURES.hit() {
-                    log!(
-                        Warn,
-                        "SSD spill of {} failed: {e} (spill failure {n}; logging the 1st, 2nd, 4th, 8th …)",
-                        short(&jobs[i].tier_key)
-                    );
-                }
+                warn_sampled!(
+                    SPILL_FAILURES.inc(),
+                    "SSD spill of {} failed: {e}",
+                    short(&jobs[i].tier_key)
+                );
                 Spilled::Failed
             }
         };
@@ -679,12 +663,5 @@ mod ssd_file_tests {
             .map(|e| e.expect("e").file_name())
             .collect();
         assert_eq!(names, [GENERATIONS_FILE]);
-    }
-
-    #[test]
-    fn rate_limited_warning_fires_on_powers_of_two() {
-        let w = RateLimitedWarn::new();
-        let fired: Vec<u64> = (0..100).filter_map(|_| w.hit()).collect();
-        assert_eq!(fired, [1, 2, 4, 8, 16, 32, 64]);
     }
 }

@@ -200,10 +200,11 @@ fn spill_warning_counts(log: &str) -> Vec<u64> {
         .filter(|l| l.contains("SSD spill of"))
         .map(|l| {
             let rest = l
-                .split("(spill failure ")
-                .nth(1)
+                .rsplit(" [")
+                .next()
+                .filter(|r| r.contains(" so far;"))
                 .unwrap_or_else(|| panic!("no count: {l}"));
-            let n = rest.split(';').next().expect("count");
+            let n = rest.split(' ').next().expect("count");
             n.parse().unwrap_or_else(|_| panic!("bad count in: {l}"))
         })
         .collect()
