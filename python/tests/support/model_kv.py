@@ -153,6 +153,7 @@ class PagedKV:
                 shape=(2, BLOCK_SIZE, self.kv_heads, self.row),
                 strides=(self.num_blocks * self.half, self.kv_heads * self.row, self.row, 1),
                 page_bytes=2 * self.half,
+                num_blocks=self.num_blocks,
             )
             for i in range(self.layers)
         ]
