@@ -14,7 +14,8 @@ is exactly the block's contiguous span in the backing buffer (`block_views`).
 staging buffer). The worker does not use them for arena slots: it hands the same
 `BlockGeometry` to the native client (`orbitkv.vllm.native.page_layout`), whose
 bounds-checked `save_pages`/`restore_pages` copy pages <-> slots once; a GPU
-gather/scatter kernel consumes the same geometry, and this CPU path is its oracle.
+copy engine (`orbitkv.kvcopy`, geometry from `block_geometry`) consumes the same
+geometry on CUDA pages, and this CPU path is its oracle.
 """
 
 from __future__ import annotations
@@ -60,20 +61,29 @@ def _flat_bytes(t: torch.Tensor) -> np.ndarray:
 
 
 def describe(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> tuple[BlockGeometry, np.ndarray]:
-    """Derive the block geometry of the released per-layer views."""
+    """Derive the block geometry of the released per-layer CPU views, plus the flat
+    bytes the host copy path (`HostCopier`) works on."""
     if not kv_caches:
         raise LayoutError("register_kv_caches received no KV views")
     for name, t in kv_caches.items():
         if t.device.type != "cpu":
             raise LayoutError(
-                f"layer {name!r} lives on {t.device}; this build implements the host (CPU) "
-                "copy path only - the GPU gather/scatter copy engine is not built yet"
+                f"layer {name!r} lives on {t.device}; the host copy path (HostCopier) needs CPU "
+                "pages - copy CUDA pages with orbitkv.kvcopy.CopyEngine (geometry: block_geometry())"
             )
+    geometry = block_geometry(kv_caches, num_blocks)
+    return geometry, _flat_bytes(kv_caches[geometry.pages[0].layer])
+
+
+def block_geometry(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> BlockGeometry:
+    """Derive the block geometry of the released per-layer views on any device (CPU or
+    CUDA); only byte offsets and strides are read, no tensor data."""
+    if not kv_caches:
+        raise LayoutError("register_kv_caches received no KV views")
     storages = {t.untyped_storage().data_ptr() for t in kv_caches.values()}
     if len(storages) != 1:
         raise LayoutError(f"expected every layer to view one backing allocation, found {len(storages)}")
     pages: dict[int, PageGeometry] = {}
-    flat: np.ndarray | None = None
     for name, t in kv_caches.items():
         if t.dim() != 4:
             raise LayoutError(f"layer {name!r}: expected a [B, H, N, C] view, got shape {tuple(t.shape)}")
@@ -98,9 +108,6 @@ def describe(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> tuple[Bl
                 break
             expected *= sz
         pages[base] = PageGeometry(name, base, s_b * ratio, shape, strides, contiguous, ratio * h * n * c * item)
-        if flat is None:
-            flat = _flat_bytes(t)
-    assert flat is not None
     ordered = tuple(pages[k] for k in sorted(pages))
     block_stride = {p.block_stride for p in ordered}
     total = sum(p.page_bytes for p in ordered)
@@ -110,7 +117,7 @@ def describe(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> tuple[Bl
         and block_stride.pop() == total
         and all(ordered[i].base + ordered[i].page_bytes == ordered[i + 1].base for i in range(len(ordered) - 1))
     )
-    return BlockGeometry(ordered, num_blocks, total, span), flat
+    return BlockGeometry(ordered, num_blocks, total, span)
 
 
 class HostCopier:

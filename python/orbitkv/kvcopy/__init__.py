@@ -1,0 +1,49 @@
+"""The KV copy engine: cached blocks between Manager arena slots and KV pages.
+
+Importing this package imports neither torch, vLLM nor the native runtime, and never
+starts CUDA; the names below resolve on first attribute access (which imports torch).
+See docs/gpu.md for the ordering rules.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orbitkv.kvcopy.arena import ArenaView, pinned_segments
+    from orbitkv.kvcopy.engine import CopyEngine, LoadHandle, SaveHandle
+    from orbitkv.kvcopy.layout import LayerPages, layer_pages
+
+
+class CopyEngineError(RuntimeError):
+    """The copy engine cannot work here; the message names what is wrong and the fix."""
+
+
+__all__ = [
+    "ArenaView",
+    "CopyEngine",
+    "CopyEngineError",
+    "LayerPages",
+    "LoadHandle",
+    "SaveHandle",
+    "layer_pages",
+    "pinned_segments",
+]
+
+_LAZY = {
+    "ArenaView": "orbitkv.kvcopy.arena",
+    "pinned_segments": "orbitkv.kvcopy.arena",
+    "CopyEngine": "orbitkv.kvcopy.engine",
+    "LoadHandle": "orbitkv.kvcopy.engine",
+    "SaveHandle": "orbitkv.kvcopy.engine",
+    "LayerPages": "orbitkv.kvcopy.layout",
+    "layer_pages": "orbitkv.kvcopy.layout",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orbitkv.kvcopy' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,378 @@
+"""Batched copies between arena slots and KV pages, on dedicated CUDA streams.
+
+Every copy is a torch index op over a whole batch (`index_select` / `index_copy_`),
+never one copy per block: per layer and arena segment, the arena side is the
+segment viewed as rows of `unit` bytes, the page side is the layer's pages viewed
+as `[num_blocks, *shape]`. See docs/gpu.md for the ordering rules.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from orbitkv.kvcopy import CopyEngineError
+from orbitkv.kvcopy.arena import ArenaView
+from orbitkv.kvcopy.layout import LayerPages
+
+UNIT_CAP = 1 << 20  # arena rows never exceed 1 MiB
+_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+LOAD_PRIORITY = -1  # loads gate the next forward: the higher priority (lower number)
+SAVE_PRIORITY = 0
+
+
+def _lowbit(x: int) -> int:
+    return x & -x
+
+
+@dataclass(frozen=True)
+class _Layer:
+    pages: LayerPages
+    offset: int  # byte offset of this layer's page inside a cached block
+    elem: int  # widest element size the page side allows (alignment of base, strides, backing)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One (layer, segment) copy of a batch: index slices into the device index tensor."""
+
+    layer: int
+    seg: int
+    unit: int
+    elem: int
+    rows: slice  # arena row indices, slot-major
+    ids: slice  # block ids, one per slot of this segment
+    count: int
+
+
+class CopyEngine:
+    """Copies cached blocks between arena slots and the pages of `layers`.
+
+    A cached block is the concatenation, over `layers` in the given order, of that
+    layer's page bytes in logical (`shape`) order - the format of the CPU path
+    (`orbitkv.vllm.layout.HostCopier`). Not thread-safe: drive it from one thread.
+    """
+
+    def __init__(self, layers: Sequence[LayerPages], arena: ArenaView) -> None:
+        if not layers:
+            raise ValueError("expected at least one layer, got 0")
+        self.arena = arena
+        self.device = arena.device
+        self.num_layers = len(layers)
+        self.block_bytes = sum(p.page_bytes for p in layers)
+        self.num_blocks = min(p.blocks for p in layers)
+        self._layers: list[_Layer] = []
+        offset = 0
+        for i, p in enumerate(layers):
+            if p.backing.device != self.device:
+                raise ValueError(f"layer {i} pages live on {p.backing.device}, expected the arena's {self.device}")
+            self._layers.append(_Layer(p, offset, self._page_elem(p)))
+            offset += p.page_bytes
+        self._views: dict[tuple[int, int], torch.Tensor] = {}
+        self._cuda = self.device.type == "cuda"
+        self._lock = threading.Lock()
+        self._free_events: list[torch.cuda.Event] = []
+        self._inflight: deque[_Handle] = deque()
+        if self._cuda:
+            self.load_stream = torch.cuda.Stream(self.device, priority=LOAD_PRIORITY)
+            self.save_stream = torch.cuda.Stream(self.device, priority=SAVE_PRIORITY)
+            for p in layers:  # a KV buffer freed while a copy is in flight waits for these streams
+                p.backing.record_stream(self.load_stream)
+                p.backing.record_stream(self.save_stream)
+            # Every event a copy records exists before any graph capture: record each once here.
+            events = [torch.cuda.Event() for _ in range(2 * self.num_layers + 4)]
+            for e in events:
+                e.record(self.load_stream)
+            self._free_events.extend(events)
+
+    @staticmethod
+    def _page_form(p: LayerPages) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(shape, byte strides) of a page in cached byte order: one dense run, or logical."""
+        if p.contiguous:
+            return (p.page_bytes,), (1,)
+        return p.shape, p.strides
+
+    @staticmethod
+    def _page_elem(p: LayerPages) -> int:
+        shape, strides = CopyEngine._page_form(p)
+        if strides[-1] != 1:
+            return 1
+        for e in (8, 4, 2):
+            values = (p.base, p.block_stride, shape[-1], p.backing.data_ptr(), p.backing.numel(), *strides[:-1])
+            if all(v % e == 0 for v in values):
+                return e
+        return 1
+
+    def _page_view(self, layer: int, elem: int) -> torch.Tensor:
+        """The layer's pages as `[num_blocks, *page]` in elements of `elem` bytes, the page
+        dims in cached byte order."""
+        key = (layer, elem)
+        view = self._views.get(key)
+        if view is None:
+            p = self._layers[layer].pages
+            shape, strides = self._page_form(p)
+            flat = p.backing.view(_DTYPES[elem])
+            view = flat.as_strided(
+                (self.num_blocks, *shape[:-1], shape[-1] // elem),
+                (p.block_stride // elem, *(s // elem for s in strides[:-1]), 1),
+                flat.storage_offset() + p.base // elem,
+            )
+            self._views[key] = view
+        return view
+
+    def _rows(self, seg: int, unit: int, elem: int) -> torch.Tensor:
+        t = self.arena.segment(seg)
+        rows = t.numel() // unit
+        return t[: rows * unit].view(_DTYPES[elem]).view(rows, unit // elem)
+
+    # -- validation and index planning -------------------------------------------------
+
+    def _plan(
+        self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int], *, load: bool
+    ) -> tuple[list[_Part], np.ndarray]:
+        if len(slots) != len(block_ids):
+            raise ValueError(f"expected one slot per block id: {len(block_ids)} block ids, {len(slots)} slots")
+        sizes = self.arena.sizes
+        n = len(slots)
+        segs = np.empty(n, dtype=np.int64)
+        offs = np.empty(n, dtype=np.int64)
+        for i, slot in enumerate(slots):
+            if slot is None or len(slot) != 2:
+                raise ValueError(f"slot {i}: expected (segment, offset), got {slot!r}")
+            seg, off = int(slot[0]), int(slot[1])
+            size = sizes.get(seg)
+            if size is None:
+                raise ValueError(f"slot {i}: unknown arena segment {seg}; expected one of {sorted(sizes)}")
+            if off < 0 or off + self.block_bytes > size:
+                raise ValueError(
+                    f"slot {i}: offset {off} + block_bytes {self.block_bytes} lies outside segment {seg} "
+                    f"of {size} bytes"
+                )
+            segs[i], offs[i] = seg, off
+        ids = np.asarray([int(b) for b in block_ids], dtype=np.int64)
+        bad = np.flatnonzero((ids < 0) | (ids >= self.num_blocks))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"block id {int(ids[i])} (position {i}) outside the expected range [0, {self.num_blocks})")
+        if load:
+            uniq, counts = np.unique(ids, return_counts=True)
+            if (counts > 1).any():
+                raise ValueError(f"duplicate destination block ids {uniq[counts > 1].tolist()}; expected distinct ids")
+        else:
+            order = np.lexsort((offs, segs))
+            s, o = segs[order], offs[order]
+            clash = np.flatnonzero((s[1:] == s[:-1]) & (o[1:] < o[:-1] + self.block_bytes))
+            if clash.size:
+                a, b = int(order[clash[0]]), int(order[clash[0] + 1])
+                raise ValueError(
+                    f"destination slots {a} {tuple(slots[a])} and {b} {tuple(slots[b])} overlap; "
+                    f"expected disjoint {self.block_bytes}-byte slots"
+                )
+        parts: list[_Part] = []
+        chunks: list[np.ndarray] = []
+        cursor = 0
+
+        def put(a: np.ndarray) -> slice:
+            nonlocal cursor
+            chunks.append(a)
+            cursor += a.size
+            return slice(cursor - a.size, cursor)
+
+        groups = [(int(seg), np.flatnonzero(segs == seg)) for seg in np.unique(segs)]
+        id_slices = {seg: put(ids[pos]) for seg, pos in groups}
+        for li, layer in enumerate(self._layers):
+            page = layer.pages.page_bytes
+            for seg, pos in groups:
+                starts = offs[pos] + layer.offset
+                unit = _lowbit(int(np.bitwise_or.reduce(starts)) | page | UNIT_CAP)
+                elem = max(e for e in _DTYPES if unit % e == 0 and layer.elem % e == 0)
+                rows = (starts // unit)[:, None] + np.arange(page // unit, dtype=np.int64)[None, :]
+                parts.append(_Part(li, seg, unit, elem, put(rows.reshape(-1)), id_slices[seg], pos.size))
+        return parts, (np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64))
+
+    def _indices(self, host: np.ndarray) -> torch.Tensor:
+        """The batch's indices on the engine device (on CUDA: issued on the current stream,
+        from pinned memory, without a host synchronisation)."""
+        t = torch.from_numpy(host)
+        if not self._cuda:
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _check_not_capturing(self) -> None:
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise CopyEngineError(
+                "a copy was issued during CUDA graph capture; issue loads and saves outside capture "
+                "(nothing of the copy engine may be captured)"
+            )
+
+    # -- events ------------------------------------------------------------------------
+
+    def _take_events(self, n: int) -> list[torch.cuda.Event]:
+        with self._lock:
+            self._reap()
+            out = [self._free_events.pop() for _ in range(min(n, len(self._free_events)))]
+        out.extend(torch.cuda.Event() for _ in range(n - len(out)))
+        return out
+
+    def _give_back(self, events: list[torch.cuda.Event]) -> None:
+        with self._lock:
+            self._free_events.extend(events)
+
+    def _reap(self) -> None:
+        """Forget handles whose copies completed (their events return to the pool)."""
+        while self._inflight and self._inflight[0]._poll():
+            self._inflight.popleft()
+
+    # -- copies ------------------------------------------------------------------------
+
+    def load(self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int]) -> LoadHandle:
+        """Arena slots -> pages of `block_ids`, layer by layer on the load stream, an event
+        per layer. On CUDA the copy is ordered after the work already queued on the current
+        stream (which may still read the destination pages)."""
+        parts, host = self._plan(slots, block_ids, load=True)
+        self._check_not_capturing()
+        if not self._cuda:
+            idx = torch.from_numpy(host)
+            for part in parts:
+                self._load_part(part, idx)
+            return LoadHandle(self, None)
+        events = self._take_events(self.num_layers)
+        stream = self.load_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            idx = self._indices(host) if host.size else None
+            by_layer: list[list[_Part]] = [[] for _ in range(self.num_layers)]
+            for part in parts:
+                by_layer[part.layer].append(part)
+            for li in range(self.num_layers):
+                for part in by_layer[li]:
+                    assert idx is not None
+                    self._load_part(part, idx)
+                events[li].record(stream)
+        handle = LoadHandle(self, events)
+        with self._lock:
+            self._inflight.append(handle)
+        return handle
+
+    def _load_part(self, part: _Part, idx: torch.Tensor) -> None:
+        rows = self._rows(part.seg, part.unit, part.elem)
+        staging = torch.index_select(rows, 0, idx[part.rows])  # arena -> device, slot-major
+        pages = self._page_view(part.layer, part.elem)
+        pages.index_copy_(0, idx[part.ids], staging.view((part.count, *pages.shape[1:])))
+
+    def save(
+        self,
+        block_ids: Sequence[int],
+        slots: Sequence[tuple[int, int]],
+        *,
+        after: torch.cuda.Event | None = None,
+    ) -> SaveHandle:
+        """Pages of `block_ids` -> arena slots on the save stream, after `after` (an event the
+        caller recorded once the pages were written; None: the current stream's work so far).
+        The caller must not overwrite the pages, nor commit the slots, before the handle's
+        `query()` is True."""
+        parts, host = self._plan(slots, block_ids, load=False)
+        self._check_not_capturing()
+        if not self._cuda:
+            idx = torch.from_numpy(host)
+            for part in parts:
+                self._save_part(part, idx)
+            return SaveHandle(self, None)
+        events = self._take_events(2)
+        ready, done = events
+        stream = self.save_stream
+        if after is None:
+            ready.record(torch.cuda.current_stream(self.device))
+            stream.wait_event(ready)
+        else:
+            stream.wait_event(after)
+        with torch.cuda.stream(stream):
+            if host.size:
+                idx = self._indices(host)
+                for part in parts:
+                    self._save_part(part, idx)
+            done.record(stream)
+        handle = SaveHandle(self, events)
+        with self._lock:
+            self._inflight.append(handle)
+        return handle
+
+    def _save_part(self, part: _Part, idx: torch.Tensor) -> None:
+        pages = self._page_view(part.layer, part.elem)
+        staging = pages.index_select(0, idx[part.ids])  # pages -> contiguous staging, logical order
+        rows = self._rows(part.seg, part.unit, part.elem)
+        rows.index_copy_(0, idx[part.rows], staging.view(-1, rows.shape[1]))
+
+    def drain(self) -> None:
+        """Wait (host) for every copy this engine issued; the close/shutdown path."""
+        if not self._cuda:
+            return
+        self.load_stream.synchronize()
+        self.save_stream.synchronize()
+        with self._lock:
+            self._reap()
+
+
+class _Handle:
+    def __init__(self, engine: CopyEngine, events: list[torch.cuda.Event] | None) -> None:
+        self._engine = engine
+        self._events = events  # None once the copy is known complete (events back in the pool)
+
+    @property
+    def _last(self) -> torch.cuda.Event:
+        assert self._events is not None
+        return self._events[-1]
+
+    def _poll(self) -> bool:
+        """True once the copy completed; releases the events then (no lock taken)."""
+        if self._events is None:
+            return True
+        if not self._last.query():
+            return False
+        events, self._events = self._events, None
+        self._engine._free_events.extend(events)
+        return True
+
+    def query(self) -> bool:
+        """The copy has completed (no host wait)."""
+        with self._engine._lock:
+            return self._poll()
+
+    def synchronize(self) -> None:
+        """Wait (host) until the copy has completed."""
+        events = self._events
+        if events is not None:
+            events[-1].synchronize()
+        self.query()
+
+
+class LoadHandle(_Handle):
+    """A load in flight: one event per layer, recorded in layer order on the load stream."""
+
+    def wait_layer(self, i: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Make `stream` (default: the current stream) wait for layer i's copy - a device-side
+        wait, no host synchronisation. A no-op once the load is known complete, and on CPU."""
+        if not 0 <= i < self._engine.num_layers:
+            raise IndexError(f"layer {i} outside [0, {self._engine.num_layers})")
+        events = self._events
+        if events is None:
+            return
+        s = stream if stream is not None else torch.cuda.current_stream(self._engine.device)
+        s.wait_event(events[i])
+
+    def query(self) -> bool:
+        """Every layer's copy has completed (safe to release the lease)."""
+        return super().query()
+
+
+class SaveHandle(_Handle):
+    """A save in flight."""
+
+    def query(self) -> bool:
+        """The copy has completed (safe to commit, safe to let the engine reuse the pages)."""
+        return super().query()

@@ -1,0 +1,169 @@
+"""The copy engine (`orbitkv.kvcopy`) on CPU pages, against a real Manager: every vLLM
+0.31.0 KV layout, byte-exact round trips through arena slots, and the cached block
+format equal to the host copy path (`HostCopier`, the oracle). Runs where torch is
+installed (the cached vLLM venv in CI), skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+
+import kv_layouts  # noqa: E402
+from kv_layouts import LAYOUTS, Shape  # noqa: E402
+
+from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, layer_pages  # noqa: E402
+from orbitkv.vllm.layout import HostCopier, describe  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+SHAPES = {
+    "aligned": Shape(layers=3, blocks=24, heads=4, tokens=16, content=32),  # 4 KiB pages
+    "odd": Shape(layers=2, blocks=17, heads=3, tokens=5, content=6, dtype=torch.float16, pad=6),  # 180-byte pages
+}
+CASES = [(layout, shape) for layout in LAYOUTS for shape in SHAPES]
+CASES.append(("LBNHC", "split"))  # a kernel block size half the manager block size
+SHAPES["split"] = Shape(layers=2, blocks=12, heads=2, tokens=16, content=16, ratio=2)
+
+
+def _pages(layout: str, s: Shape, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[LayerPages]]:
+    raw = kv_layouts.random_backing(s, seed)
+    kv = kv_layouts.views(raw, layout, s)
+    return raw, kv, layer_pages(kv, s.blocks)
+
+
+def _expected_after_scatter(raw: torch.Tensor, layout: str, s: Shape, staged: bytes, ids: list[int]) -> torch.Tensor:
+    """The oracle: `raw` after HostCopier scatters `staged` into blocks `ids`."""
+    out = raw.clone()
+    geometry, flat = describe(kv_layouts.views(out, layout, s), s.blocks)
+    copier = HostCopier(geometry, flat)
+    import numpy as np
+
+    copier.scatter(np.frombuffer(staged, dtype=np.uint8), ids)
+    return out
+
+
+@pytest.mark.parametrize(("layout", "shape"), CASES)
+def test_round_trip_through_the_arena_matches_the_host_oracle(layout: str, shape: str, manager) -> None:  # type: ignore[no-untyped-def]
+    s = SHAPES[shape]
+    rng = random.Random(f"{layout}-{shape}")
+    src_raw, src_kv, src_layers = _pages(layout, s, seed=1)
+    dst_raw, _, dst_layers = _pages(layout, s, seed=2)
+    c = manager.client()
+    arena = ArenaView(c, "cpu")
+    try:
+        src = CopyEngine(src_layers, arena)
+        dst = CopyEngine(dst_layers, arena)
+        assert src.block_bytes == len(kv_layouts.page_bytes_of(src_kv, s, 0))
+        assert src.num_layers == s.layers and src.num_blocks == s.blocks
+        ns = c.register_namespace(bytes([len(layout)]) * 32, src.block_bytes)
+        n = 7
+        src_ids = rng.sample(range(s.blocks), n)
+        hashes = [rng.randbytes(32) for _ in range(n)]
+        geometry, flat = describe(src_kv, s.blocks)
+        oracle = HostCopier(geometry, flat).gather(src_ids).tobytes()
+        src_before = src_raw.clone()
+
+        with c.begin_save(ns, hashes) as pending:
+            slots = pending.slots
+            assert all(slot is not None for slot in slots)
+            handle = src.save(src_ids, slots)
+            assert handle.query()
+            handle.synchronize()
+            c.commit_save(pending)
+        assert torch.equal(src_raw, src_before), "a save wrote to its source pages"
+
+        staged = bytearray(n * src.block_bytes)
+        with c.lookup(ns, hashes) as lease:
+            assert lease.hit_blocks == n
+            c.restore(lease, staged)
+            assert bytes(staged) == oracle, f"{layout}/{shape}: engine slot bytes differ from HostCopier.gather_to"
+            got = c.acquire(lease)
+            # A partial destination: blocks 2.. of the lease into random distinct blocks.
+            dst_ids = rng.sample(range(s.blocks), n - 2)
+            expected = _expected_after_scatter(dst_raw, layout, s, oracle[2 * src.block_bytes :], dst_ids)
+            load = dst.load(got[2:], dst_ids)
+            assert load.query()
+            for i in range(s.layers):
+                load.wait_layer(i)
+        assert not torch.equal(dst_raw, expected.new_zeros(expected.shape))
+        assert torch.equal(dst_raw, expected), f"{layout}/{shape}: restored pages or sentinel bytes differ"
+        dst_kv = kv_layouts.views(dst_raw, layout, s)
+        for b, i in zip(dst_ids, range(2, n), strict=True):
+            assert kv_layouts.page_bytes_of(dst_kv, s, b) == kv_layouts.page_bytes_of(src_kv, s, src_ids[i])
+    finally:
+        arena.close()
+        c.close()
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_blocks_saved_by_the_host_path_load_through_the_engine(layout: str, manager) -> None:  # type: ignore[no-untyped-def]
+    s = SHAPES["aligned"]
+    _, src_kv, _ = _pages(layout, s, seed=3)
+    dst_raw, _, dst_layers = _pages(layout, s, seed=4)
+    geometry, flat = describe(src_kv, s.blocks)
+    ids = [5, 0, 23, 11]
+    staged = HostCopier(geometry, flat).gather(ids)
+    hashes = [bytes([9, i]) * 16 for i in range(len(ids))]
+    with manager.client() as c:
+        arena = ArenaView(c, "cpu")
+        engine = CopyEngine(dst_layers, arena)
+        ns = c.register_namespace(b"\x44" * 32, engine.block_bytes)
+        assert c.save(ns, hashes, staged).stored == len(ids)
+        dst_ids = [1, 2, 3, 4]
+        expected = _expected_after_scatter(dst_raw, layout, s, staged.tobytes(), dst_ids)
+        with c.lookup(ns, hashes) as lease:
+            engine.load(c.acquire(lease), dst_ids)
+        engine.drain()
+        arena.close()
+    assert torch.equal(dst_raw, expected)
+
+
+def test_validation_errors_name_expected_and_actual(manager) -> None:  # type: ignore[no-untyped-def]
+    s = SHAPES["aligned"]
+    _, _, layers = _pages("LBHNC", s, seed=5)
+    with manager.client() as c:
+        arena = ArenaView(c, "cpu")
+        engine = CopyEngine(layers, arena)
+        seg, size = next(iter(arena.sizes.items()))
+        bb = engine.block_bytes
+        ok = [(seg, 0), (seg, bb)]
+        with pytest.raises(ValueError, match=r"2 block ids, 1 slots"):
+            engine.load(ok[:1], [0, 1])
+        with pytest.raises(ValueError, match=r"1 block ids, 2 slots"):
+            engine.save([0], ok)
+        with pytest.raises(ValueError, match=rf"unknown arena segment 999; expected one of \[{seg}"):
+            engine.load([(999, 0)], [0])
+        with pytest.raises(ValueError, match=rf"offset {size - bb + 1} \+ block_bytes {bb} lies outside segment"):
+            engine.load([(seg, size - bb + 1)], [0])
+        with pytest.raises(ValueError, match="offset -1"):
+            engine.save([0], [(seg, -1)])
+        with pytest.raises(ValueError, match=rf"block id {s.blocks} \(position 1\) outside the expected range \[0, "):
+            engine.load(ok, [0, s.blocks])
+        with pytest.raises(ValueError, match=r"block id -1 .* outside"):
+            engine.save([-1], ok[:1])
+        with pytest.raises(ValueError, match=r"duplicate destination block ids \[3\]"):
+            engine.load(ok, [3, 3])
+        with pytest.raises(ValueError, match="overlap; expected disjoint"):
+            engine.save([0, 1], [(seg, 0), (seg, bb - 1)])
+        with pytest.raises(ValueError, match=r"expected \(segment, offset\), got None"):
+            engine.save([0], [None])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="unknown arena segment 999"):
+            arena.segment(999)
+        # A valid duplicate *source* is fine: one slot loaded into two blocks, one block saved twice.
+        engine.load([(seg, 0), (seg, 0)], [0, 1])
+        engine.save([2, 2], ok)
+        arena.close()
+
+
+def test_layer_pages_validate_their_geometry() -> None:
+    backing = torch.zeros(4096, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="page_bytes is 100, expected the product"):
+        LayerPages(backing, 0, 1024, (4, 64), (64, 1), 100)
+    with pytest.raises(ValueError, match="5 blocks reach past the 4096-byte backing"):
+        LayerPages(backing, 0, 1024, (4, 64), (64, 1), 256, num_blocks=5)
+    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
+        LayerPages(backing.view(torch.int32), 0, 1024, (4, 64), (64, 1), 256)
+    assert LayerPages(backing, 0, 1024, (4, 64), (64, 1), 256).blocks == 4
