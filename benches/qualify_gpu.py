@@ -242,7 +242,8 @@ def transfer_case(client: Any, arena: Any, host: dict[int, torch.Tensor], dev: D
     ids_t = torch.randperm(num_blocks, generator=gen)[:n]
     ids = ids_t.tolist()
     ids_dev = ids_t.to(dev.device)
-    backing.copy_(torch.randint(0, 256, (backing.numel(),), dtype=torch.uint8, generator=gen))
+    dgen = torch.Generator(device=dev.device).manual_seed(size)  # random bytes made where the pages live
+    torch.randint(0, 256, (backing.numel(),), dtype=torch.uint8, generator=dgen, device=dev.device, out=backing)
     row: dict[str, Any] = {"block_bytes": size, "blocks": n, "bytes": nbytes}
 
     # scatter: GPU pages -> arena slots (CopyEngine.save), verified on the host side of the arena
