@@ -58,6 +58,6 @@ VLLM_VENV="$(scripts/vllm-venv.sh 2>/dev/null | tail -n 1 || true)"
 if [[ -x "$VLLM_VENV/bin/python" ]]; then
     echo "== native tests that need torch (inside the vLLM venv)"
     "$VLLM_VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings python/tests/native/test_torch_buffers.py
-    echo "== torch tests without vLLM: the copy engine and the G4 model-KV plumbing on the CPU"
-    "$VLLM_VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings python/tests/torch
+    echo "== the copy engine on CPU pages (orbitkv.kvcopy; inside the vLLM venv, without importing vLLM)"
+    "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings python/tests/torch python/tests/gpu
 fi
