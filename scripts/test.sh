@@ -59,5 +59,5 @@ if [[ -x "$VLLM_VENV/bin/python" ]]; then
     echo "== native tests that need torch (inside the vLLM venv)"
     "$VLLM_VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings python/tests/native/test_torch_buffers.py
     echo "== the copy engine on CPU pages (orbitkv.kvcopy; inside the vLLM venv, without importing vLLM)"
-    "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings python/tests/torch python/tests/gpu
+    "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings python/tests/with_torch python/tests/gpu
 fi

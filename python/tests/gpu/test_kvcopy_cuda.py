@@ -238,7 +238,8 @@ def test_a_graph_captured_before_a_restore_reads_the_restored_bytes(manager_fact
             replay.synchronize()
             src_views = list(kv_layouts.views(src_raw, "BLHNC", s).values())
             want = torch.stack([v[torch.tensor(src_ids, device=DEV)] for v in src_views])
-            assert torch.equal(out, want), f"rep {rep}: the graph read stale pages"
+            # compare bytes: random bytes as bf16 include NaNs, which never compare equal
+            assert torch.equal(out.view(torch.int16), want.view(torch.int16)), f"rep {rep}: the graph read stale pages"
             c.abort_save(pending)
         dst.drain()
         src.drain()
