@@ -81,12 +81,21 @@ class CopyEngine:
         self._inflight: deque[_Handle] = deque()
         if self._cuda:
             self.load_stream = torch.cuda.Stream(self.device, priority=LOAD_PRIORITY)
+            # A load's PCIe gathers run on `load_stream`; the copies from the staging buffers
+            # into the pages (HBM) run on `place_stream`, so layer l is placed while layer l+1
+            # still crosses PCIe.
+            self.place_stream = torch.cuda.Stream(self.device, priority=LOAD_PRIORITY)
             self.save_stream = torch.cuda.Stream(self.device, priority=SAVE_PRIORITY)
+            # A save packs pages into staging (HBM) on `pack_stream` and writes the arena
+            # over PCIe on `save_stream`, layer by layer, so the two overlap.
+            self.pack_stream = torch.cuda.Stream(self.device, priority=SAVE_PRIORITY)
             for p in layers:  # a KV buffer freed while a copy is in flight waits for these streams
                 p.backing.record_stream(self.load_stream)
+                p.backing.record_stream(self.place_stream)
                 p.backing.record_stream(self.save_stream)
+                p.backing.record_stream(self.pack_stream)
             # Every event a copy records exists before any graph capture: record each once here.
-            events = [torch.cuda.Event() for _ in range(2 * self.num_layers + 4)]
+            events = [torch.cuda.Event() for _ in range(4 * self.num_layers + 4)]
             for e in events:
                 e.record(self.load_stream)
             self._free_events.extend(events)
@@ -262,27 +271,45 @@ class CopyEngine:
             for part in parts:
                 self._load_part(part, idx)
             return LoadHandle(self, None)
-        events = self._take_events(self.num_layers)
-        stream = self.load_stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        n = self.num_layers
+        events = self._take_events(2 * n)  # [gathered 0..n-1, ready 0..n-1]: ready last
+        gathered, ready = events[:n], events[n:]
+        load, place = self.load_stream, self.place_stream
+        place.wait_stream(torch.cuda.current_stream(self.device))  # the pages may still be read
+        by_layer: list[list[_Part]] = [[] for _ in range(n)]
+        for part in parts:
+            by_layer[part.layer].append(part)
+        with torch.cuda.stream(load):
             idx = self._indices(host) if host.size else None
-            by_layer: list[list[_Part]] = [[] for _ in range(self.num_layers)]
-            for part in parts:
-                by_layer[part.layer].append(part)
-            for li in range(self.num_layers):
+        if idx is not None:
+            idx.record_stream(place)
+        for li in range(n):
+            staged: list[tuple[_Part, torch.Tensor]] = []
+            with torch.cuda.stream(load):
                 for part in by_layer[li]:
                     assert idx is not None
-                    self._load_part(part, idx)
-                events[li].record(stream)
+                    staged.append((part, self._gather_part(part, idx)))
+                gathered[li].record(load)
+            place.wait_event(gathered[li])
+            with torch.cuda.stream(place):
+                for part, staging in staged:
+                    assert idx is not None
+                    staging.record_stream(place)  # not reused by the load stream before placed
+                    self._place_part(part, idx, staging)
+                ready[li].record(place)
         handle = LoadHandle(self, events)
         with self._lock:
             self._inflight.append(handle)
         return handle
 
     def _load_part(self, part: _Part, idx: torch.Tensor) -> None:
+        self._place_part(part, idx, self._gather_part(part, idx))
+
+    def _gather_part(self, part: _Part, idx: torch.Tensor) -> torch.Tensor:
         rows = self._rows(part.seg, part.unit, part.elem)
-        staging = torch.index_select(rows, 0, idx[part.rows])  # arena -> device, slot-major
+        return torch.index_select(rows, 0, idx[part.rows])  # arena -> device, slot-major
+
+    def _place_part(self, part: _Part, idx: torch.Tensor, staging: torch.Tensor) -> None:
         pages = self._page_view(part.layer, part.elem)
         pages.index_copy_(0, idx[part.ids], staging.view((part.count, *pages.shape[1:])))
 
@@ -304,28 +331,49 @@ class CopyEngine:
             for part in parts:
                 self._save_part(part, idx)
             return SaveHandle(self, None)
-        events = self._take_events(2)
-        ready, done = events
-        stream = self.save_stream
+        n = self.num_layers
+        events = self._take_events(n + 2)  # [ready, packed 0..n-1, done]: done last
+        ready, packed, done = events[0], events[1 : n + 1], events[n + 1]
+        pack, stream = self.pack_stream, self.save_stream
         if after is None:
             ready.record(torch.cuda.current_stream(self.device))
-            stream.wait_event(ready)
+            pack.wait_event(ready)
         else:
-            stream.wait_event(after)
-        with torch.cuda.stream(stream):
-            if host.size:
-                idx = self._indices(host)
-                for part in parts:
-                    self._save_part(part, idx)
-            done.record(stream)
+            pack.wait_event(after)
+        by_layer: list[list[_Part]] = [[] for _ in range(n)]
+        for part in parts:
+            by_layer[part.layer].append(part)
+        with torch.cuda.stream(pack):
+            idx = self._indices(host) if host.size else None
+        if idx is not None:
+            idx.record_stream(stream)
+        for li in range(n):
+            staged: list[tuple[_Part, torch.Tensor]] = []
+            with torch.cuda.stream(pack):
+                for part in by_layer[li]:
+                    assert idx is not None
+                    staged.append((part, self._pack_part(part, idx)))
+                packed[li].record(pack)
+            stream.wait_event(packed[li])
+            with torch.cuda.stream(stream):
+                for part, staging in staged:
+                    assert idx is not None
+                    staging.record_stream(stream)  # not reused by the pack stream before written
+                    self._write_part(part, idx, staging)
+        done.record(stream)
         handle = SaveHandle(self, events)
         with self._lock:
             self._inflight.append(handle)
         return handle
 
     def _save_part(self, part: _Part, idx: torch.Tensor) -> None:
+        self._write_part(part, idx, self._pack_part(part, idx))
+
+    def _pack_part(self, part: _Part, idx: torch.Tensor) -> torch.Tensor:
         pages = self._page_view(part.layer, part.elem)
-        staging = pages.index_select(0, idx[part.ids])  # pages -> contiguous staging, logical order
+        return pages.index_select(0, idx[part.ids])  # pages -> contiguous staging, logical order
+
+    def _write_part(self, part: _Part, idx: torch.Tensor, staging: torch.Tensor) -> None:
         rows = self._rows(part.seg, part.unit, part.elem)
         rows.index_copy_(0, idx[part.rows], staging.view(-1, rows.shape[1]))
 
@@ -333,8 +381,8 @@ class CopyEngine:
         """Wait (host) for every copy this engine issued; the close/shutdown path."""
         if not self._cuda:
             return
-        self.load_stream.synchronize()
-        self.save_stream.synchronize()
+        for stream in (self.load_stream, self.place_stream, self.pack_stream, self.save_stream):
+            stream.synchronize()
         with self._lock:
             self._reap()
 
@@ -373,7 +421,9 @@ class _Handle:
 
 
 class LoadHandle(_Handle):
-    """A load in flight: one event per layer, recorded in layer order on the load stream."""
+    """A load in flight: per layer a "gathered" event (load stream) and a "ready" event
+    (place stream, recorded once the layer's pages hold the bytes); the last ready event
+    is the handle's completion."""
 
     def wait_layer(self, i: int, stream: torch.cuda.Stream | None = None) -> None:
         """Make `stream` (default: the current stream) wait for layer i's copy - a device-side
@@ -384,7 +434,7 @@ class LoadHandle(_Handle):
         if events is None:
             return
         s = stream if stream is not None else torch.cuda.current_stream(self._engine.device)
-        s.wait_event(events[i])
+        s.wait_event(events[self._engine.num_layers + i])  # layer i's "ready" (placed) event
 
     def query(self) -> bool:
         """Every layer's copy has completed (safe to release the lease)."""
