@@ -48,10 +48,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from orbitkv import _native, hashing
-from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages
+from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, slots_array
 
 ROOT = Path(__file__).resolve().parents[1]
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -244,16 +245,19 @@ def transfer_case(client: Any, arena: Any, host: dict[int, torch.Tensor], dev: D
     ids_dev = ids_t.to(dev.device)
     dgen = torch.Generator(device=dev.device).manual_seed(size)  # random bytes made where the pages live
     torch.randint(0, 256, (backing.numel(),), dtype=torch.uint8, generator=dgen, device=dev.device, out=backing)
-    row: dict[str, Any] = {"block_bytes": size, "blocks": n, "bytes": nbytes}
+    row: dict[str, Any] = {"block_bytes": size, "blocks": n, "bytes": nbytes,
+                           "slots": "int64 arrays, as Client.acquire_packed / PendingSave.packed_slots give them"}
+    slots_np = np.asarray(slots, dtype=np.int64).reshape(-1, 2)
+    ids_np = ids_t.numpy()
 
     # scatter: GPU pages -> arena slots (CopyEngine.save), verified on the host side of the arena
-    row["scatter"] = summary(dev.timed(lambda: engine.save(ids, slots).synchronize(), reps), nbytes)
+    row["scatter"] = summary(dev.timed(lambda: engine.save(ids_np, slots_np).synchronize(), reps), nbytes)
     want = pages.index_select(0, ids_dev).cpu()
     row["scatter"]["bytes_exact"] = bool(torch.equal(arena_rows(host, slots, size), want))
 
     # gather: arena slots -> GPU pages (CopyEngine.load); sentinel everywhere else
     def gather() -> None:
-        engine.load(slots, ids).synchronize()
+        engine.load(slots_np, ids_np).synchronize()
 
     backing.fill_(0x5A)
     row["gather"] = summary(dev.timed(gather, reps), nbytes)
@@ -416,7 +420,7 @@ def restore_vs_recompute(client: Any, arena: Any, dev: Dev, model: Any, shape: d
         lease = client.lookup(ns, hashes)
         if lease.hit_blocks != nblk:
             raise SystemExit(f"lookup hit {lease.hit_blocks} of {nblk} blocks just saved (arena too small?)")
-        got = client.acquire(lease)
+        got = slots_array(client.acquire_packed(lease))
         t1 = time.perf_counter()
         engine.load(got, dst).synchronize()
         t2 = time.perf_counter()

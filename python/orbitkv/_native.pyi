@@ -122,6 +122,8 @@ class PendingSave:
     @property
     def slots(self) -> list[tuple[int, int] | None]: ...  # (segment, offset) or None when skipped
     @property
+    def packed_slots(self) -> bytes: ...  # little-endian int64 (segment, offset) pairs; (-1, -1) when skipped
+    @property
     def statuses(self) -> list[str]: ...  # "allocated" | "present" | "refused"
     @property
     def done(self) -> bool: ...  # committed or aborted
@@ -162,6 +164,7 @@ class Client:
     ) -> Namespace: ...
     def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
     def acquire(self, lease: Lease) -> list[tuple[int, int]]: ...  # stage + (segment, offset) per hit block
+    def acquire_packed(self, lease: Lease) -> bytes: ...  # acquire, as little-endian int64 (segment, offset) pairs
     def restore(
         self,
         lease: Lease,

@@ -254,6 +254,18 @@ impl PendingSave {
             })
             .collect()
     }
+    /// `slots` packed as little-endian int64 `(segment, offset)` pairs, 16 bytes a
+    /// block; a block that got no slot is `(-1, -1)`.
+    #[getter]
+    fn packed_slots<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(
+            py,
+            &pack_slots(self.items.iter().map(|s| match s {
+                SlotStatus::Allocated { segment, offset } => Some((*segment, *offset)),
+                _ => None,
+            })),
+        )
+    }
     #[getter]
     fn statuses(&self) -> Vec<&'static str> {
         self.items
@@ -455,6 +467,15 @@ impl Client {
     fn acquire(&self, py: Python<'_>, lease: &Lease) -> PyResult<Vec<(u32, u64)>> {
         self.check_lease(lease)?;
         acquire_slots(py, &self.inner, lease)
+    }
+
+    /// `acquire`, with the slots packed as little-endian int64 `(segment, offset)`
+    /// pairs (16 bytes a hit block): one bytes object instead of a tuple per block,
+    /// for copy engines that read them as an array.
+    fn acquire_packed<'py>(&self, py: Python<'py>, lease: &Lease) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_lease(lease)?;
+        let slots = acquire_slots(py, &self.inner, lease)?;
+        Ok(PyBytes::new(py, &pack_slots(slots.iter().map(|&(s, o)| Some((s, o))))))
     }
 
     #[pyo3(signature = (lease, dst, *, start=0, count=None))]
@@ -740,6 +761,17 @@ fn abort_pending(py: Python<'_>, c: &Arc<orbitkv_client::Client>, pending: &Pend
     let c = c.clone();
     let id = pending.id;
     py.detach(|| c.abort_save(id)).map_err(to_py)
+}
+
+/// `(segment, offset)` pairs as little-endian int64, `(-1, -1)` for `None`.
+fn pack_slots(slots: impl Iterator<Item = Option<(u32, u64)>>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(slots.size_hint().0 * 16);
+    for slot in slots {
+        let (s, o) = slot.map_or((-1i64, -1i64), |(s, o)| (i64::from(s), o as i64));
+        out.extend_from_slice(&s.to_le_bytes());
+        out.extend_from_slice(&o.to_le_bytes());
+    }
+    out
 }
 
 fn acquire_slots(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orbitkv.kvcopy.arena import ArenaView, pinned_segments
-    from orbitkv.kvcopy.engine import CopyEngine, LoadHandle, SaveHandle
+    from orbitkv.kvcopy.engine import CopyEngine, LoadHandle, SaveHandle, slots_array
     from orbitkv.kvcopy.layout import LayerPages, layer_pages
 
 
@@ -29,6 +29,7 @@ __all__ = [
     "SaveHandle",
     "layer_pages",
     "pinned_segments",
+    "slots_array",
 ]
 
 _LAZY = {
@@ -37,6 +38,7 @@ _LAZY = {
     "CopyEngine": "orbitkv.kvcopy.engine",
     "LoadHandle": "orbitkv.kvcopy.engine",
     "SaveHandle": "orbitkv.kvcopy.engine",
+    "slots_array": "orbitkv.kvcopy.engine",
     "LayerPages": "orbitkv.kvcopy.layout",
     "layer_pages": "orbitkv.kvcopy.layout",
 }

@@ -22,9 +22,20 @@ from orbitkv.kvcopy.arena import ArenaView
 from orbitkv.kvcopy.layout import LayerPages
 
 UNIT_CAP = 1 << 20  # arena rows never exceed 1 MiB
+CHUNK_BYTES = 64 << 20  # one index_select / index_copy_ pair moves at most this much
 _DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 LOAD_PRIORITY = -1  # loads gate the next forward: the higher priority (lower number)
 SAVE_PRIORITY = 0
+
+
+def slots_array(packed: bytes) -> np.ndarray:
+    """Slots packed by the native client (`Client.acquire_packed`,
+    `PendingSave.packed_slots`: little-endian int64 `(segment, offset)` pairs) as an
+    `[n, 2]` int64 array, zero copy. `load`/`save` take it in place of a list of tuples
+    and then check a batch without touching a Python object per block."""
+    if len(packed) % 16:
+        raise ValueError(f"packed slots must be 16 bytes each, got {len(packed)} bytes")
+    return np.frombuffer(packed, dtype="<i8").reshape(-1, 2)
 
 
 def _lowbit(x: int) -> int:
@@ -185,8 +196,25 @@ class CopyEngine:
                 starts = offs[pos] + layer.offset
                 unit = _lowbit(int(np.bitwise_or.reduce(starts)) | page | UNIT_CAP)
                 elem = max(e for e in _DTYPES if unit % e == 0 and layer.elem % e == 0)
-                rows = (starts // unit)[:, None] + np.arange(page // unit, dtype=np.int64)[None, :]
-                parts.append(_Part(li, seg, unit, elem, put(rows.reshape(-1)), id_slices[seg], pos.size))
+                per = page // unit  # arena rows per block
+                rows = put(((starts // unit)[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1))
+                ids_at = id_slices[seg]
+                # Chunks of at most CHUNK_BYTES, so one big layer still pipelines its
+                # PCIe and HBM halves (see load/save).
+                step = max(1, CHUNK_BYTES // page)
+                for j in range(0, pos.size, step):
+                    m = min(step, pos.size - j)
+                    parts.append(
+                        _Part(
+                            li,
+                            seg,
+                            unit,
+                            elem,
+                            slice(rows.start + j * per, rows.start + (j + m) * per),
+                            slice(ids_at.start + j, ids_at.start + j + m),
+                            m,
+                        )
+                    )
         return parts, (np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64))
 
     def _slot_arrays(self, slots: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -195,6 +223,10 @@ class CopyEngine:
         loop per slot)."""
         if len(slots) == 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if isinstance(slots, np.ndarray):
+            if slots.ndim != 2 or slots.shape[1] != 2 or not np.issubdtype(slots.dtype, np.integer):
+                raise ValueError(f"expected an [n, 2] integer array of slots, got {slots.dtype} {slots.shape}")
+            return self._check_slots(slots[:, 0].astype(np.int64), slots[:, 1].astype(np.int64))
         try:  # flattening with fromiter is twice as fast as asarray on a list of tuples
             flat = np.fromiter(itertools.chain.from_iterable(slots), dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
@@ -205,7 +237,9 @@ class CopyEngine:
                 if slot is None or len(slot) != 2:
                     raise ValueError(f"slot {i}: expected (segment, offset), got {slot!r}")
             raise ValueError("expected a sequence of (segment, offset) slots")
-        segs, offs = arr[:, 0], arr[:, 1]
+        return self._check_slots(arr[:, 0], arr[:, 1])
+
+    def _check_slots(self, segs: np.ndarray, offs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         sizes = self.arena.sizes
         table = np.full(max(sizes, default=-1) + 1, -1, dtype=np.int64)
         for seg, size in sizes.items():
@@ -272,8 +306,9 @@ class CopyEngine:
                 self._load_part(part, idx)
             return LoadHandle(self, None)
         n = self.num_layers
-        events = self._take_events(2 * n)  # [gathered 0..n-1, ready 0..n-1]: ready last
-        gathered, ready = events[:n], events[n:]
+        # [one "gathered" event per part, then one "ready" event per layer]: ready last
+        events = self._take_events(len(parts) + n)
+        gathered, ready = events[: len(parts)], events[len(parts) :]
         load, place = self.load_stream, self.place_stream
         place.wait_stream(torch.cuda.current_stream(self.device))  # the pages may still be read
         by_layer: list[list[_Part]] = [[] for _ in range(n)]
@@ -283,20 +318,20 @@ class CopyEngine:
             idx = self._indices(host) if host.size else None
         if idx is not None:
             idx.record_stream(place)
+        k = 0
         for li in range(n):
-            staged: list[tuple[_Part, torch.Tensor]] = []
-            with torch.cuda.stream(load):
-                for part in by_layer[li]:
-                    assert idx is not None
-                    staged.append((part, self._gather_part(part, idx)))
-                gathered[li].record(load)
-            place.wait_event(gathered[li])
-            with torch.cuda.stream(place):
-                for part, staging in staged:
-                    assert idx is not None
+            for part in by_layer[li]:
+                assert idx is not None
+                with torch.cuda.stream(load):
+                    staging = self._gather_part(part, idx)
+                    gathered[k].record(load)
+                place.wait_event(gathered[k])
+                k += 1
+                with torch.cuda.stream(place):
                     staging.record_stream(place)  # not reused by the load stream before placed
                     self._place_part(part, idx, staging)
-                ready[li].record(place)
+                del staging
+            ready[li].record(place)
         handle = LoadHandle(self, events)
         with self._lock:
             self._inflight.append(handle)
@@ -331,35 +366,29 @@ class CopyEngine:
             for part in parts:
                 self._save_part(part, idx)
             return SaveHandle(self, None)
-        n = self.num_layers
-        events = self._take_events(n + 2)  # [ready, packed 0..n-1, done]: done last
-        ready, packed, done = events[0], events[1 : n + 1], events[n + 1]
+        # [ready, one "packed" event per part, done]: done last
+        events = self._take_events(len(parts) + 2)
+        ready, packed, done = events[0], events[1:-1], events[-1]
         pack, stream = self.pack_stream, self.save_stream
         if after is None:
             ready.record(torch.cuda.current_stream(self.device))
             pack.wait_event(ready)
         else:
             pack.wait_event(after)
-        by_layer: list[list[_Part]] = [[] for _ in range(n)]
-        for part in parts:
-            by_layer[part.layer].append(part)
         with torch.cuda.stream(pack):
             idx = self._indices(host) if host.size else None
         if idx is not None:
             idx.record_stream(stream)
-        for li in range(n):
-            staged: list[tuple[_Part, torch.Tensor]] = []
+        for k, part in enumerate(parts):
+            assert idx is not None
             with torch.cuda.stream(pack):
-                for part in by_layer[li]:
-                    assert idx is not None
-                    staged.append((part, self._pack_part(part, idx)))
-                packed[li].record(pack)
-            stream.wait_event(packed[li])
+                staging = self._pack_part(part, idx)
+                packed[k].record(pack)
+            stream.wait_event(packed[k])
             with torch.cuda.stream(stream):
-                for part, staging in staged:
-                    assert idx is not None
-                    staging.record_stream(stream)  # not reused by the pack stream before written
-                    self._write_part(part, idx, staging)
+                staging.record_stream(stream)  # not reused by the pack stream before written
+                self._write_part(part, idx, staging)
+            del staging
         done.record(stream)
         handle = SaveHandle(self, events)
         with self._lock:
@@ -421,9 +450,9 @@ class _Handle:
 
 
 class LoadHandle(_Handle):
-    """A load in flight: per layer a "gathered" event (load stream) and a "ready" event
-    (place stream, recorded once the layer's pages hold the bytes); the last ready event
-    is the handle's completion."""
+    """A load in flight: a "gathered" event per chunk (load stream), then per layer a
+    "ready" event (place stream, recorded once the layer's pages hold the bytes); the last
+    ready event is the handle's completion."""
 
     def wait_layer(self, i: int, stream: torch.cuda.Stream | None = None) -> None:
         """Make `stream` (default: the current stream) wait for layer i's copy - a device-side
@@ -434,7 +463,7 @@ class LoadHandle(_Handle):
         if events is None:
             return
         s = stream if stream is not None else torch.cuda.current_stream(self._engine.device)
-        s.wait_event(events[self._engine.num_layers + i])  # layer i's "ready" (placed) event
+        s.wait_event(events[len(events) - self._engine.num_layers + i])  # layer i's "ready" event
 
     def query(self) -> bool:
         """Every layer's copy has completed (safe to release the lease)."""

@@ -12,9 +12,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
 
 import kv_layouts  # noqa: E402
+import numpy as np  # noqa: E402
 from kv_layouts import LAYOUTS, Shape  # noqa: E402
 
-from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, layer_pages  # noqa: E402
+from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, layer_pages, slots_array  # noqa: E402
 from orbitkv.vllm.layout import HostCopier, describe  # noqa: E402
 
 pytestmark = pytest.mark.native
@@ -155,6 +156,45 @@ def test_validation_errors_name_expected_and_actual(manager) -> None:  # type: i
         # A valid duplicate *source* is fine: one slot loaded into two blocks, one block saved twice.
         engine.load([(seg, 0), (seg, 0)], [0, 1])
         engine.save([2, 2], ok)
+        arena.close()
+
+
+def test_packed_slots_round_trip_like_the_tuple_lists(manager) -> None:  # type: ignore[no-untyped-def]
+    """`acquire_packed` / `packed_slots` carry the same slots as the tuple lists, and the
+    engine takes them as arrays with the same checks."""
+    s = SHAPES["aligned"]
+    raw, _, layers = _pages("LBHNC", s, seed=11)
+    with manager.client() as c:
+        arena = ArenaView(c, "cpu")
+        engine = CopyEngine(layers, arena)
+        ns = c.register_namespace(b"\x71" * 32, engine.block_bytes)
+        hashes = [bytes([i]) * 32 for i in range(4)]
+        with c.begin_save(ns, hashes[:2]) as first:
+            c.commit_save(first)
+        pending = c.begin_save(ns, hashes)  # the first two are present: no slot
+        packed = slots_array(pending.packed_slots)
+        assert packed.tolist() == [[-1, -1], [-1, -1]] + [list(x) for x in pending.slots[2:]]
+        engine.save([4, 5], packed[2:]).synchronize()
+        c.commit_save(pending)
+        lease = c.lookup(ns, hashes)
+        assert lease.hit_blocks == 4
+        got = slots_array(c.acquire_packed(lease))
+        assert got.tolist() == [list(x) for x in c.acquire(lease)]
+        _, dst_views, dst_layers = _pages("LBHNC", s, seed=12)
+        loader = CopyEngine(dst_layers, arena)
+        loader.load(got[2:], np.array([7, 9])).synchronize()
+        c.release(lease)
+        src_views = kv_layouts.views(raw, "LBHNC", s)
+        for name, v in src_views.items():
+            for src_b, dst_b in ((4, 7), (5, 9)):
+                want = v[src_b].contiguous().view(torch.uint8)
+                assert torch.equal(dst_views[name][dst_b].contiguous().view(torch.uint8), want), (name, src_b)
+        with pytest.raises(ValueError, match=r"expected an \[n, 2\] integer array"):
+            engine.load(np.zeros((2, 3), dtype=np.int64), [0, 1])
+        with pytest.raises(ValueError, match="unknown arena segment -1"):
+            engine.save([0, 1], packed[:2])
+        with pytest.raises(ValueError, match="16 bytes each"):
+            slots_array(b"\x00" * 15)
         arena.close()
 
 
