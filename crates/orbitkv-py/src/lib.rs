@@ -475,7 +475,10 @@ impl Client {
     fn acquire_packed<'py>(&self, py: Python<'py>, lease: &Lease) -> PyResult<Bound<'py, PyBytes>> {
         self.check_lease(lease)?;
         let slots = acquire_slots(py, &self.inner, lease)?;
-        Ok(PyBytes::new(py, &pack_slots(slots.iter().map(|&(s, o)| Some((s, o))))))
+        Ok(PyBytes::new(
+            py,
+            &pack_slots(slots.iter().map(|&(s, o)| Some((s, o)))),
+        ))
     }
 
     #[pyo3(signature = (lease, dst, *, start=0, count=None))]
