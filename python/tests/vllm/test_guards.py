@@ -105,10 +105,10 @@ def test_rejects_static_lora_without_enable_lora(model_dir: Path, tmp_path: Path
         _build(cfg)
 
 
-def test_rejects_gpu_pages_until_the_copy_engine_exists(model_dir: Path) -> None:
+def test_rejects_non_cpu_pages_until_the_worker_uses_the_copy_engine(model_dir: Path) -> None:
     conn = _build(make_vllm_config(model_dir, socket_path=NO_MANAGER), role=KVConnectorRole.WORKER)
     fake = {name: torch.empty((64, 2, 16, 16), dtype=torch.float16, device="meta") for name in LAYERS}
-    with pytest.raises(ValueError, match="host \\(CPU\\) copy path only"):
+    with pytest.raises(ValueError, match="lives on meta; the host copy path \\(HostCopier\\) needs CPU pages"):
         conn.register_kv_caches(fake)
 
 
