@@ -110,7 +110,7 @@ def test_native_copy_path_rejects_non_cpu_pages_naming_the_setting(model_dir: Pa
     conn = _build(make_vllm_config(model_dir, socket_path=NO_MANAGER), role=KVConnectorRole.WORKER)
     assert not conn.kvcopy
     fake = {name: torch.empty((64, 2, 16, 16), dtype=torch.float16, device="meta") for name in LAYERS}
-    with pytest.raises(ValueError, match="lives on meta.*orbitkv.copy_engine='torch'"):
+    with pytest.raises(ValueError, match=r"lives on meta.*orbitkv\.copy_engine='torch'"):
         conn.register_kv_caches(fake)
 
 
