@@ -31,6 +31,12 @@ class OrbitKVConfigError(ValueError):
 # Layout names accepted by vLLM 0.31.0 (`vllm.v1.kv_cache_layout.KVCacheLayout`).
 KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 
+# `orbitkv.copy_engine`: who copies between KV pages and arena slots in the workers.
+#   auto  - the native client (synchronous) for CPU pages, `orbitkv.kvcopy` (asynchronous,
+#           on CUDA streams) for CUDA pages;
+#   torch - `orbitkv.kvcopy` for CPU pages too (the asynchronous protocol on CPU).
+COPY_ENGINES = ("auto", "torch")
+
 
 @dataclass(frozen=True)
 class OrbitKVSettings:
@@ -47,10 +53,18 @@ class OrbitKVSettings:
     model_identity: str | None = None
     kv_cache_layout: str | None = None
     load_workers: int = 2
+    copy_engine: str = "auto"
 
     @property
     def loads(self) -> bool:
         return self.mode is Mode.READ_WRITE
+
+    def uses_kvcopy(self, device_type: str) -> bool:
+        """True when the workers copy through `orbitkv.kvcopy` (asynchronous loads and
+        saves) for KV pages on `device_type` ("cpu", "cuda", ...); False: the native
+        client's synchronous host copies. Both roles derive it from the same settings and
+        vLLM device config, so the scheduler knows whether saves complete asynchronously."""
+        return self.copy_engine == "torch" or device_type == "cuda"
 
 
 _KEYS = {
@@ -63,6 +77,7 @@ _KEYS = {
     "model_identity",
     "kv_cache_layout",
     "load_workers",
+    "copy_engine",
 }
 
 
@@ -142,4 +157,12 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
         if layout not in KV_CACHE_LAYOUTS:
             raise OrbitKVConfigError(f"{PREFIX}kv_cache_layout must be one of {list(KV_CACHE_LAYOUTS)}, got {layout!r}")
         kwargs["kv_cache_layout"] = layout
+    if "copy_engine" in raw:
+        engine = raw["copy_engine"]
+        if engine not in COPY_ENGINES:
+            raise OrbitKVConfigError(
+                f"{PREFIX}copy_engine must be one of {list(COPY_ENGINES)}, got {engine!r} "
+                "(auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always)"
+            )
+        kwargs["copy_engine"] = engine
     return OrbitKVSettings(**kwargs)

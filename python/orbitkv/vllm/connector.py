@@ -62,6 +62,9 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self.identity = identity_document(vllm_config, kv_cache_config, spec, self.settings)
         self.fingerprint = fingerprint(self.identity)
         self.block_bytes = block_bytes(kv_cache_config, spec)
+        # Both roles derive the copy path from the same settings and device config: the
+        # scheduler must know whether saves complete after the step (delayed frees).
+        self.kvcopy = self.settings.uses_kvcopy(vllm_config.device_config.device_type)
         # The scheduler never copies: its session is control-only (no arena mapping,
         # no page tables or prefault; the Manager drops its leases with its connection)
         # and its calls are bounded by the shorter scheduler timeout.
@@ -77,10 +80,12 @@ class OrbitKVConnector(KVConnectorBase_V1):
         self._worker: OrbitKVWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
             mod = importlib.import_module("orbitkv.vllm.scheduler")
-            self._scheduler = mod.OrbitKVScheduler(self.settings, session, vllm_config.cache_config.block_size)
+            self._scheduler = mod.OrbitKVScheduler(
+                self.settings, session, vllm_config.cache_config.block_size, async_saves=self.kvcopy
+            )
         else:
             mod = importlib.import_module("orbitkv.vllm.worker")
-            self._worker = mod.OrbitKVWorker(self.settings, session, kv_cache_config.num_blocks)
+            self._worker = mod.OrbitKVWorker(self.settings, session, kv_cache_config.num_blocks, kvcopy=self.kvcopy)
 
     # ---- role access ---------------------------------------------------------------
 
@@ -109,6 +114,14 @@ class OrbitKVConnector(KVConnectorBase_V1):
         extra = ktc.kv_connector_extra_config if ktc is not None else {}
         return parse_settings(extra).kv_cache_layout
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # FULL CUDA graphs are safe: the per-layer hooks (wait_for_layer_load,
+        # save_kv_layer) are no-ops that a replay may skip, and every copy is issued by
+        # start_load_kv / wait_for_save / handle_preemptions, which vLLM runs outside
+        # the graphs (the copy engine raises if asked to copy during a capture).
+        return False
+
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a best-effort cache: a dropped save is only a future miss
@@ -124,7 +137,11 @@ class OrbitKVConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Loads are asynchronous: a request runs only after its load was reported
         # complete, so no layer of a running request is ever still being restored.
-        return None
+        self.worker_side.wait_for_layer_load(layer_name)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        assert isinstance(kv_connector_metadata, OrbitKVConnectorMetadata)
+        self.worker_side.handle_preemptions(kv_connector_metadata)
 
     def save_kv_layer(
         self,

@@ -35,3 +35,6 @@ class OrbitKVConnectorMetadata(KVConnectorMetadata):
     epoch: int = 0
     # Id of this step's save batch (None without saves); reported back when drained.
     save_batch: int | None = None
+    # Requests preempted by this step's schedule (their blocks may be reused at once):
+    # `handle_preemptions` orders the step's writes after saves still reading them.
+    preempted: tuple[str, ...] = ()

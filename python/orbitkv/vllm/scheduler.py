@@ -11,7 +11,10 @@ Per request:
     at once when vLLM does not select the hit (`num_external_tokens == 0`), on
     preemption, and on finish/abort of a request that is not loading;
   * complete blocks the engine computes are saved by the workers after the step's
-    forward (L4: best effort).
+    forward (L4: best effort). With asynchronous saves (`orbitkv.kvcopy`: CUDA pages,
+    or `orbitkv.copy_engine = "torch"`) a finished request that had saves planned
+    since its last preemption keeps its blocks (`request_finished` returns True) until
+    every worker reports it in `finished_sending`, i.e. until those copies completed.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class _ReqState:
     finished: bool = False
     save_from: int = 0  # first block this request computes itself
     saved_upto: int = 0  # blocks [0, saved_upto) were planned for saving
+    # Saves were planned from this request's current blocks (since its last preemption)
+    # and complete asynchronously: its finish must wait for finished_sending.
+    saving: bool = False
 
 
 def bypass_reason(request: Request, settings: OrbitKVSettings) -> str | None:
@@ -76,11 +82,16 @@ def bypass_reason(request: Request, settings: OrbitKVSettings) -> str | None:
 class OrbitKVScheduler:
     """Scheduler-role state and decisions; owns no engine memory (O1)."""
 
-    def __init__(self, settings: OrbitKVSettings, session: ManagerSession, block_size: int) -> None:
+    def __init__(
+        self, settings: OrbitKVSettings, session: ManagerSession, block_size: int, *, async_saves: bool = False
+    ) -> None:
         self.settings = settings
         self.session = session
         self.block_size = block_size
+        # Workers complete saves after the step (orbitkv.kvcopy): finishing requests wait.
+        self.async_saves = async_saves
         self._reqs: dict[str, _ReqState] = {}
+        self._sending: set[str] = set()  # finished, blocks held until finished_sending
         self._pending_loads: list[LoadSpec] = []
         self._pending_save_batches: set[int] = set()
         self._next_batch = 0
@@ -102,6 +113,7 @@ class OrbitKVScheduler:
             "bypassed_requests": 0,
             "manager_errors": 0,
             "resets": 0,
+            "delayed_frees": 0,
         }
 
     # ---- helpers -------------------------------------------------------------------
@@ -227,10 +239,16 @@ class OrbitKVScheduler:
         self.counters["loads_started"] += 1
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OrbitKVConnectorMetadata:
-        meta = OrbitKVConnectorMetadata(loads=self._pending_loads, epoch=self._epoch)
+        preempted = tuple(sorted(scheduler_output.preempted_req_ids or ()))
+        meta = OrbitKVConnectorMetadata(loads=self._pending_loads, epoch=self._epoch, preempted=preempted)
         self._pending_loads = []
-        for req_id in scheduler_output.preempted_req_ids or ():
+        for req_id in preempted:
             st = self._reqs.get(req_id)
+            if st is not None:
+                # Its blocks were freed: saves still reading them are ordered before their
+                # reuse by the workers' handle_preemptions, and no longer hold its finish.
+                # (The worker drops the request from its own bookkeeping in the same order.)
+                st.saving = False
             if st is not None and not st.loading:
                 self._release(st)
                 st.lease_start = -1  # resumed requests look up again from their new hit
@@ -261,6 +279,7 @@ class OrbitKVScheduler:
                 )
             )
             st.saved_upto = complete
+            st.saving = self.async_saves
             self.counters["save_blocks_planned"] += complete - start
         if meta.saves:
             meta.save_batch = self._next_batch
@@ -292,6 +311,8 @@ class OrbitKVScheduler:
                 st.save_from = st.lease_start + valid
             if st.finished:
                 del self._reqs[req_id]
+        for req_id in connector_output.finished_sending or ():
+            self._sending.discard(req_id)  # its saves completed: vLLM frees the blocks now
         wm = connector_output.kv_connector_worker_meta
         if isinstance(wm, OrbitKVWorkerMetadata):
             self._pending_save_batches -= wm.saved_batches
@@ -310,6 +331,13 @@ class OrbitKVScheduler:
             return False, None
         self._release(st)
         del self._reqs[request.request_id]
+        if st.saving:
+            # Saves planned from these blocks may still be copying (asynchronous saves):
+            # vLLM frees them when every worker reports this id in finished_sending. The
+            # workers decide with the same rule (a SaveSpec since the last preemption).
+            self._sending.add(request.request_id)
+            self.counters["delayed_frees"] += 1
+            return True, None
         return False, None
 
     def reset_cache(self) -> bool:
@@ -319,6 +347,7 @@ class OrbitKVScheduler:
             "leases": sum(1 for s in self._reqs.values() if s.lease is not None),
             "loads": sum(1 for s in self._reqs.values() if s.loading),
             "saves": len(self._pending_save_batches),
+            "sending": len(self._sending),
         }
         if any(owners.values()):
             logger.warning("orbitkv: external reset refused, owners still tracked: %s", owners)
@@ -341,6 +370,11 @@ class OrbitKVScheduler:
     @property
     def tracked_requests(self) -> int:
         return len(self._reqs)
+
+    @property
+    def sending_requests(self) -> int:
+        """Finished requests whose blocks wait for finished_sending."""
+        return len(self._sending)
 
     def shutdown(self) -> None:
         for st in list(self._reqs.values()):

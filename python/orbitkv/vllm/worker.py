@@ -7,6 +7,17 @@ exactly once in `finished_recving` (and, if it failed, also in `failed_recving`,
 the failed destination blocks in `get_block_ids_with_load_errors` in the same pass).
 Saves run in `wait_for_save`, after the step's forward has written the pages; they
 finish before it returns, so no source block outlives the step (L4, best effort).
+
+With `orbitkv.kvcopy` (CUDA pages; CPU pages with `orbitkv.copy_engine = "torch"`) the
+worker is a thin caller of the copy engine and both directions are asynchronous:
+  * loads: the pool thread looks up and acquires (Manager round trips); the step thread
+    issues `CopyEngine.load` and reports the request in `finished_recving` only once the
+    handle's `query()` is True, releasing its load lease then (never before);
+  * saves: `wait_for_save` records an event after the forward and issues
+    `CopyEngine.save(after=event)` per SaveSpec without waiting; each step polls the
+    handles, commits completed copies (aborts failed ones: L4) and reports a finished
+    request in `finished_sending` once all its saves drained (the scheduler delayed the
+    free of every request with a SaveSpec since its last preemption; see scheduler.py).
 """
 
 from __future__ import annotations
@@ -22,15 +33,24 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from orbitkv.vllm.config import OrbitKVSettings
-from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, describe
+from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, page_layout
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
-    from orbitkv._native import PageLayout
+    from orbitkv._native import Lease, PageLayout, PendingSave
+    from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, LoadHandle, SaveHandle
 
 logger = logging.getLogger("orbitkv.vllm")
+
+
+def _is_engine_error(exc: BaseException) -> bool:
+    """The copy engine cannot work here (pinning, capture misuse): a configuration error
+    to raise, never a cache miss to log."""
+    from orbitkv.kvcopy import CopyEngineError
+
+    return isinstance(exc, CopyEngineError)
 
 
 @dataclass
@@ -41,11 +61,64 @@ class _LoadOutcome:
     bytes_copied: int = 0
 
 
+@dataclass
+class _Acquired:
+    """A kvcopy load after its Manager round trips: the lease pins the sources, `slots`
+    are the arena addresses of the `block_ids` to copy (empty: nothing to copy)."""
+
+    out: _LoadOutcome
+    lease: Lease | None = None
+    slots: list[tuple[int, int]] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _KvLoad:
+    """A kvcopy load in flight: acquiring (`future`), then copying (`handle`)."""
+
+    future: Future[_Acquired]
+    acquired: _Acquired | None = None
+    handle: LoadHandle | None = None
+
+
+@dataclass
+class _ReqSaves:
+    """Saves issued for one request since its last preemption."""
+
+    in_flight: int = 0
+
+
+@dataclass
+class _KvSave:
+    """One SaveSpec in flight: committed once `handle.query()` is True (None: no copy)."""
+
+    spec: SaveSpec
+    pending: PendingSave
+    handle: SaveHandle | None
+    req: _ReqSaves
+    batch: int | None
+    bytes: int
+
+
 class OrbitKVWorker:
-    def __init__(self, settings: OrbitKVSettings, session: ManagerSession, num_blocks: int) -> None:
+    def __init__(
+        self, settings: OrbitKVSettings, session: ManagerSession, num_blocks: int, *, kvcopy: bool = False
+    ) -> None:
         self.settings = settings
         self.session = session
         self.num_blocks = num_blocks
+        # Copies go through orbitkv.kvcopy (asynchronous) instead of the native client.
+        self.kvcopy = kvcopy
+        self.engine: CopyEngine | None = None
+        self._arena: ArenaView | None = None
+        self._layer_pages: list[LayerPages] | None = None
+        self._device: torch.device | None = None
+        self._engine_session = -1  # session id of the Client the arena view maps
+        self._kv_loads: dict[str, _KvLoad] = {}
+        self._kv_saves: list[_KvSave] = []
+        self._save_reqs: dict[str, _ReqSaves] = {}  # SaveSpec seen since the last preemption
+        self._finishing: set[str] = set()  # finished, reported once their saves drained
+        self._batch_saves: dict[int, int] = {}  # save batch -> saves still in flight
         self.copier: HostCopier | None = None
         self._kv: np.ndarray | None = None  # the whole KV backing buffer, as bytes
         self._layout: PageLayout | None = None  # native geometry, built on first transfer (O4)
@@ -66,6 +139,15 @@ class OrbitKVWorker:
     # ---- registration --------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> BlockGeometry:
+        if self.kvcopy:
+            return self._register_kvcopy(kv_caches)
+        for name, t in kv_caches.items():
+            if t.device.type != "cpu":
+                raise LayoutError(
+                    f"layer {name!r} lives on {t.device}, but this worker copies with the native client, "
+                    "which needs CPU pages (orbitkv.copy_engine='auto' and a vLLM device type other than "
+                    "cuda); run vLLM on CUDA, or set orbitkv.copy_engine='torch' to copy through orbitkv.kvcopy"
+                )
         geometry, flat = describe(kv_caches, self.num_blocks)
         if geometry.block_bytes != self.session.block_bytes:
             raise LayoutError(
@@ -76,6 +158,54 @@ class OrbitKVWorker:
         self._kv = flat
         self._layout = None
         return geometry
+
+    def _register_kvcopy(self, kv_caches: dict[str, torch.Tensor]) -> BlockGeometry:
+        from orbitkv.kvcopy import layer_pages
+
+        geometry = block_geometry(kv_caches, self.num_blocks)
+        if geometry.block_bytes != self.session.block_bytes:
+            raise LayoutError(
+                f"registered KV pages hold {geometry.block_bytes} bytes per block but the "
+                f"KV cache config implies {self.session.block_bytes}"
+            )
+        self._layer_pages = layer_pages(kv_caches, self.num_blocks)
+        self._device = self._layer_pages[0].backing.device
+        try:
+            self.session.client()
+        except Exception as exc:
+            # No Manager yet: the arena is pinned on the first transfer that reaches one.
+            logger.warning("orbitkv: Manager not reachable at KV registration (%s); pinning deferred", exc)
+            return geometry
+        self._kv_engine()  # pin now, before serving: a pinning failure is raised here
+        return geometry
+
+    def _kv_engine(self) -> CopyEngine:
+        """The copy engine over this worker's Client (connecting and pinning the arena
+        once). A pinning failure raises CopyEngineError: there is no CPU fallback."""
+        if self._layer_pages is None:
+            raise RuntimeError("orbitkv: KV caches were not registered before a transfer")
+        client = self.session.client()
+        if self.engine is not None:
+            if self._engine_session != client.session_id:
+                raise RuntimeError(
+                    "orbitkv: the worker's Manager session changed under its pinned arena view; "
+                    "the worker keeps one session for its lifetime"
+                )
+            return self.engine
+        from orbitkv.kvcopy import ArenaView, CopyEngine
+
+        assert self._device is not None
+        logger.info("orbitkv: mapping the Manager arena for KV pages on %s", self._device)
+        arena = ArenaView(client, self._device, progress=lambda line: logger.info("orbitkv: %s", line))
+        try:
+            self.engine = CopyEngine(self._layer_pages, arena)
+        except BaseException:
+            arena.close()
+            raise
+        self._arena = arena
+        self._engine_session = client.session_id
+        logger.info("orbitkv: copy engine ready on %s (%d layers)", self._device, len(self._layer_pages))
+        return self.engine
 
     def _pages(self) -> tuple[PageLayout, np.ndarray]:
         """The native page layout and the KV buffer it describes."""
@@ -104,10 +234,99 @@ class OrbitKVWorker:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.settings.load_workers, thread_name_prefix="orbitkv-load")
         for spec in meta.loads:
-            if spec.req_id in self._loads:
+            if spec.req_id in self._loads or spec.req_id in self._kv_loads:
                 raise AssertionError(f"orbitkv: a load for {spec.req_id} is already in flight")
-            self._loads[spec.req_id] = self._pool.submit(self._load, spec)
+            if self.kvcopy:
+                self._kv_loads[spec.req_id] = _KvLoad(self._pool.submit(self._acquire, spec))
+            else:
+                self._loads[spec.req_id] = self._pool.submit(self._load, spec)
             self.counters["loads"] += 1
+        self._issue_loads()
+
+    # ---- loads through orbitkv.kvcopy ---------------------------------------------
+
+    def _acquire(self, spec: LoadSpec) -> _Acquired:
+        """Pool thread: look the hashes up under this worker's session and stage them
+        (acquire). No copy here: the step thread issues it on the engine's load stream."""
+        acq = _Acquired(_LoadOutcome(spec.req_id))
+        try:
+            client = self.session.client()
+            ns = self.session.namespace(spec.salt)
+            acq.lease = client.lookup(ns, list(spec.hashes))
+            n = min(acq.lease.hit_blocks, len(spec.block_ids))
+            if n > 0:
+                acq.slots = list(client.acquire(acq.lease)[:n])
+                acq.block_ids = list(spec.block_ids[:n])
+            acq.out.failed_block_ids = list(spec.block_ids[n:])
+            acq.out.total_failure = n == 0
+        except Exception:
+            logger.warning("orbitkv: load lookup/acquire for %s failed", spec.req_id, exc_info=True)
+            acq.out.total_failure = True
+            acq.out.failed_block_ids = list(spec.block_ids)
+            acq.slots, acq.block_ids = [], []
+        return acq
+
+    def _issue_loads(self) -> None:
+        """Step thread: issue the copy of every load whose acquire returned."""
+        for ld in self._kv_loads.values():
+            if ld.acquired is not None or not ld.future.done():
+                continue
+            try:
+                ld.acquired = ld.future.result()
+            except Exception:
+                logger.exception("orbitkv: load job crashed")
+                ld.acquired = _Acquired(_LoadOutcome("?", total_failure=True))
+            acq = ld.acquired
+            if not acq.slots:
+                continue
+            try:
+                ld.handle = self._kv_engine().load(acq.slots, acq.block_ids)
+                acq.out.bytes_copied = len(acq.slots) * self.session.block_bytes
+            except Exception as exc:
+                logger.warning("orbitkv: issuing the restore for %s failed", acq.out.req_id, exc_info=True)
+                acq.out.total_failure = True
+                acq.out.failed_block_ids = list(acq.block_ids) + acq.out.failed_block_ids
+                if _is_engine_error(exc):
+                    raise
+
+    def _collect_loads(self) -> list[_LoadOutcome]:
+        """Loads whose copy completed (or that failed), lease released; no host sync."""
+        self._issue_loads()
+        done: list[_LoadOutcome] = []
+        for req_id, ld in list(self._kv_loads.items()):
+            acq = ld.acquired
+            if acq is None:
+                continue
+            if ld.handle is not None:
+                try:
+                    if not ld.handle.query():
+                        continue  # still copying: the lease keeps pinning the sources
+                except Exception:
+                    logger.warning("orbitkv: restore for %s failed", req_id, exc_info=True)
+                    acq.out.total_failure = True
+                    acq.out.failed_block_ids = list(acq.block_ids) + acq.out.failed_block_ids
+            del self._kv_loads[req_id]
+            self._release_load_lease(acq)
+            acq.out.req_id = req_id
+            done.append(acq.out)
+        return done
+
+    def _release_load_lease(self, acq: _Acquired) -> None:
+        lease, acq.lease = acq.lease, None
+        if lease is None:
+            return
+        try:
+            self.session.client().release(lease)
+        except Exception:
+            logger.debug("orbitkv: worker lease release failed", exc_info=True)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """A no-op, correctly: every OrbitKV load is asynchronous (the scheduler answers
+        load_async=True), so vLLM runs a request only after its load was reported in
+        finished_recving, i.e. after `LoadHandle.query()` was True - its pages are
+        complete before any forward reads them. A synchronous load would make the current
+        stream wait on the layer's event here (`LoadHandle.wait_layer`)."""
+        return None
 
     def _load(self, spec: LoadSpec) -> _LoadOutcome:
         out = _LoadOutcome(spec.req_id)
@@ -154,6 +373,17 @@ class OrbitKVWorker:
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         results = KVConnectorTransferResults()
+        if self.kvcopy:
+            for out in self._collect_loads():
+                self._report_load(results, out)
+            self._poll_saves()
+            self._finishing |= finished_req_ids & self._save_reqs.keys()
+            for req_id in sorted(self._finishing):
+                if self._save_reqs[req_id].in_flight == 0:
+                    results.finished_sending.add(req_id)  # its blocks may be freed now
+                    self._finishing.discard(req_id)
+                    del self._save_reqs[req_id]
+            return results
         for req_id, fut in list(self._loads.items()):
             if not fut.done():
                 continue
@@ -163,14 +393,18 @@ class OrbitKVWorker:
             except Exception:
                 logger.exception("orbitkv: load job for %s crashed", req_id)
                 out = _LoadOutcome(req_id, total_failure=True)
-            results.finished_recving.add(req_id)
-            self.counters["bytes_restored"] += out.bytes_copied
-            if out.failed_block_ids or out.total_failure:
-                self.counters["load_failures"] += 1
-                self._load_errors.update(out.failed_block_ids)
-            if out.total_failure:
-                results.failed_recving.add(req_id)
+            self._report_load(results, out)
         return results
+
+    def _report_load(self, results: KVConnectorTransferResults, out: _LoadOutcome) -> None:
+        results.finished_recving.add(out.req_id)
+        if not out.total_failure:
+            self.counters["bytes_restored"] += out.bytes_copied
+        if out.failed_block_ids or out.total_failure:
+            self.counters["load_failures"] += 1
+            self._load_errors.update(out.failed_block_ids)
+        if out.total_failure:
+            results.failed_recving.add(out.req_id)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -179,6 +413,8 @@ class OrbitKVWorker:
     def wait_for_loads(self, timeout: float | None = None) -> None:
         for fut in list(self._loads.values()):
             fut.exception(timeout=timeout)
+        for ld in list(self._kv_loads.values()):
+            ld.future.exception(timeout=timeout)
 
     # ---- saves ---------------------------------------------------------------------
 
@@ -186,11 +422,136 @@ class OrbitKVWorker:
         self._sync_epoch(meta)
         if not meta.saves:
             return
+        if self.kvcopy:
+            self._save_kvcopy(meta)
+            return
         for spec in meta.saves:
             self._save_one(spec)
         if meta.save_batch is not None:
             self._saved_batches.add(meta.save_batch)
             self.counters["save_batches"] += 1
+
+    # ---- saves through orbitkv.kvcopy ---------------------------------------------
+
+    def _save_kvcopy(self, meta: OrbitKVConnectorMetadata) -> None:
+        """Issue every SaveSpec of the step on the engine's save stream, ordered after the
+        forward by one event recorded here; nothing waits for the copies."""
+        if self._layer_pages is None:
+            raise RuntimeError("orbitkv: KV caches were not registered before a transfer")
+        batch = meta.save_batch
+        if batch is not None:
+            self._batch_saves[batch] = 0
+            self.counters["save_batches"] += 1
+        after = None
+        if self._device is not None and self._device.type == "cuda":
+            after = torch.cuda.Event()
+            after.record(torch.cuda.current_stream(self._device))
+        for spec in meta.saves:
+            # The scheduler delays this request's free from now on (same rule): record it
+            # before anything can fail, so its finish is always reported.
+            req = self._save_reqs.setdefault(spec.req_id, _ReqSaves())
+            rec = self._issue_save(spec, req, batch, after)
+            if rec is not None:
+                req.in_flight += 1
+                if batch is not None:
+                    self._batch_saves[batch] += 1
+                self._kv_saves.append(rec)
+        if batch is not None and self._batch_saves[batch] == 0:
+            del self._batch_saves[batch]
+            self._saved_batches.add(batch)
+
+    def _issue_save(
+        self, spec: SaveSpec, req: _ReqSaves, batch: int | None, after: torch.cuda.Event | None
+    ) -> _KvSave | None:
+        try:
+            engine = self._kv_engine()
+            client = self.session.client()
+            ns = self.session.namespace(spec.salt)
+            pending = client.begin_save(ns, list(spec.hashes))
+        except Exception as exc:
+            self._failed_saves += 1
+            logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
+            if _is_engine_error(exc):
+                raise
+            return None
+        try:
+            # Blocks already present or refused by admission get no slot and no copy.
+            pairs = [(b, s) for b, s in zip(spec.block_ids, pending.slots, strict=True) if s is not None]
+            handle = None
+            if pairs:
+                handle = engine.save([b for b, _ in pairs], [s for _, s in pairs], after=after)
+        except Exception as exc:
+            self._abort(pending, spec)
+            if _is_engine_error(exc):
+                raise
+            return None
+        return _KvSave(spec, pending, handle, req, batch, len(pairs) * self.session.block_bytes)
+
+    def _abort(self, pending: PendingSave, spec: SaveSpec) -> None:
+        """A failed or unproven copy is never visible (L4)."""
+        self._failed_saves += 1
+        logger.warning("orbitkv: save for %s failed; aborting it", spec.req_id, exc_info=True)
+        if pending.done:
+            return
+        try:
+            self.session.client().abort_save(pending)
+        except Exception:
+            logger.debug("orbitkv: abort_save failed (the Manager frees it with the session)", exc_info=True)
+
+    def _poll_saves(self, *, final: bool = False) -> None:
+        """Commit every save whose copy completed, abort failed ones (no host sync).
+        `final`: the engine was drained; a copy still not proven complete is aborted."""
+        still: list[_KvSave] = []
+        for rec in self._kv_saves:
+            try:
+                done = rec.handle is None or rec.handle.query()
+            except Exception:
+                self._abort(rec.pending, rec.spec)
+                self._save_done(rec)
+                continue
+            if not done:
+                if final:
+                    logger.warning("orbitkv: save for %s not complete at shutdown; aborting", rec.spec.req_id)
+                    self._abort(rec.pending, rec.spec)
+                    self._save_done(rec)
+                else:
+                    still.append(rec)
+                continue
+            try:
+                self._stored += self.session.client().commit_save(rec.pending)
+                self._refused += sum(1 for st in rec.pending.statuses if st == "refused")
+                self.counters["bytes_saved"] += rec.bytes
+            except Exception:
+                self._abort(rec.pending, rec.spec)
+            self._save_done(rec)
+        self._kv_saves = still
+
+    def _save_done(self, rec: _KvSave) -> None:
+        rec.req.in_flight -= 1
+        if rec.batch is not None:
+            left = self._batch_saves[rec.batch] - 1
+            if left:
+                self._batch_saves[rec.batch] = left
+            else:
+                del self._batch_saves[rec.batch]
+                self._saved_batches.add(rec.batch)
+
+    def handle_preemptions(self, meta: OrbitKVConnectorMetadata) -> None:
+        """Called before the step's metadata is bound: preempted requests' blocks may be
+        reused by this step. Saves still reading them are ordered before any later work:
+        the current stream waits for the save stream (a device-side wait, no host sync);
+        loads are issued after work already on the current stream. The requests stop
+        holding their finish on those saves (the scheduler drops them in the same order)."""
+        if not self.kvcopy or not meta.preempted:
+            return
+        reading = False
+        for req_id in meta.preempted:
+            req = self._save_reqs.pop(req_id, None)
+            self._finishing.discard(req_id)
+            reading |= req is not None and req.in_flight > 0
+        engine = self.engine
+        if reading and engine is not None and engine.device.type == "cuda":
+            torch.cuda.current_stream(engine.device).wait_stream(engine.save_stream)
 
     def _save_one(self, spec: SaveSpec) -> None:
         self._copier()  # KV caches unregistered is a bug, not a cache failure
@@ -228,8 +589,28 @@ class OrbitKVWorker:
         return wm
 
     def shutdown(self) -> None:
-        """Drain accepted loads before the session closes (L6)."""
+        """Drain accepted loads and in-flight copies before the session closes (L6):
+        acquires return, the engine's streams drain, completed saves commit (others
+        abort), load leases are released, the arena view is unpinned, then the Client
+        closes."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self.engine is not None:
+            self.engine.drain()
+        if self._kv_saves:
+            self._poll_saves(final=True)
+        for ld in self._kv_loads.values():
+            if ld.acquired is None and ld.future.done():
+                try:
+                    ld.acquired = ld.future.result()
+                except Exception:
+                    logger.debug("orbitkv: load job crashed", exc_info=True)
+            if ld.acquired is not None:
+                self._release_load_lease(ld.acquired)
+        self._kv_loads.clear()
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+        self.engine = None
         self.session.close()

@@ -70,12 +70,17 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
             "orbitkv.model_identity": "org/model@rev",
             "orbitkv.kv_cache_layout": "BLHNC",
             "orbitkv.load_workers": 4,
+            "orbitkv.copy_engine": "torch",
         }
     )
     assert s.mode is Mode.SAVE_ONLY and not s.loads
     assert s.static_lora_adapters == {"sql": str(adapter.resolve())}
     assert (s.timeout_ms, s.load_workers, s.kv_cache_layout) == (100, 4, "BLHNC")
     assert (s.scheduler_timeout_ms, default.scheduler_timeout_ms) == (40, 250)
+    # copy_engine: "torch" copies through orbitkv.kvcopy everywhere; "auto" only on CUDA.
+    assert (s.copy_engine, default.copy_engine) == ("torch", "auto")
+    assert s.uses_kvcopy("cpu") and s.uses_kvcopy("cuda")
+    assert not default.uses_kvcopy("cpu") and default.uses_kvcopy("cuda")
 
 
 @pytest.mark.parametrize(
@@ -86,6 +91,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
         ({"orbitkv.timeout_ms": 0}, "orbitkv.timeout_ms"),
         ({"orbitkv.scheduler_timeout_ms": True}, "orbitkv.scheduler_timeout_ms"),
         ({"orbitkv.kv_cache_layout": "NHD"}, "orbitkv.kv_cache_layout"),
+        ({"orbitkv.copy_engine": "cupy"}, "orbitkv.copy_engine must be one of ['auto', 'torch']"),
         ({"orbitkv.static_lora_adapters": {"x": "/nonexistent/adapter"}}, "not a local directory"),
         ({"orbitkv.static_lora_adapters": "x"}, "orbitkv.static_lora_adapters"),
     ],

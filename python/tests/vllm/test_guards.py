@@ -105,10 +105,12 @@ def test_rejects_static_lora_without_enable_lora(model_dir: Path, tmp_path: Path
         _build(cfg)
 
 
-def test_rejects_non_cpu_pages_until_the_worker_uses_the_copy_engine(model_dir: Path) -> None:
+def test_native_copy_path_rejects_non_cpu_pages_naming_the_setting(model_dir: Path) -> None:
+    # Device type cpu + orbitkv.copy_engine=auto: the native client copies, CPU pages only.
     conn = _build(make_vllm_config(model_dir, socket_path=NO_MANAGER), role=KVConnectorRole.WORKER)
+    assert not conn.kvcopy
     fake = {name: torch.empty((64, 2, 16, 16), dtype=torch.float16, device="meta") for name in LAYERS}
-    with pytest.raises(ValueError, match="lives on meta; the host copy path \\(HostCopier\\) needs CPU pages"):
+    with pytest.raises(ValueError, match=r"lives on meta.*orbitkv\.copy_engine='torch'"):
         conn.register_kv_caches(fake)
 
 

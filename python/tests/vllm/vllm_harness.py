@@ -383,7 +383,12 @@ class Engine:
         assert pool.free_block_queue.num_free_blocks == pool.num_gpu_blocks - 1
         assert all(b.ref_cnt == 0 for b in pool.blocks)
         side = self.connector.scheduler_side
-        assert side.tracked_requests == 0
+        assert side.tracked_requests == 0 and side.sending_requests == 0
+
+    def run_until_drained(self, max_steps: int = 200) -> list[StepResult]:
+        """Step until no request is left, finished ones whose blocks wait for
+        finished_sending (asynchronous saves) included."""
+        return self.run_until(lambda: not self.scheduler.requests, max_steps, "drain of every request")
 
     def shutdown(self) -> None:
         self.worker.shutdown()
