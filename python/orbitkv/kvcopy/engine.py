@@ -406,6 +406,16 @@ class CopyEngine:
         rows = self._rows(part.seg, part.unit, part.elem)
         rows.index_copy_(0, idx[part.rows], staging.view(-1, rows.shape[1]))
 
+    def wait_saves(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Make `stream` (default: the current stream) wait until every save issued so far
+        has read its pages - a device-side wait, no host synchronisation. For pages the
+        engine is about to reuse while saves may still read them (vLLM preemption). A
+        no-op on CPU, where saves complete inside `save()`."""
+        if not self._cuda:
+            return
+        s = stream if stream is not None else torch.cuda.current_stream(self.device)
+        s.wait_stream(self.pack_stream)  # pages are read only on the pack stream
+
     def drain(self) -> None:
         """Wait (host) for every copy this engine issued; the close/shutdown path."""
         if not self._cuda:

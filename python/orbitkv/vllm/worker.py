@@ -68,7 +68,7 @@ class _Acquired:
 
     out: _LoadOutcome
     lease: Lease | None = None
-    slots: list[tuple[int, int]] = field(default_factory=list)
+    slots: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
     block_ids: list[int] = field(default_factory=list)
 
 
@@ -255,7 +255,10 @@ class OrbitKVWorker:
             acq.lease = client.lookup(ns, list(spec.hashes))
             n = min(acq.lease.hit_blocks, len(spec.block_ids))
             if n > 0:
-                acq.slots = list(client.acquire(acq.lease)[:n])
+                from orbitkv.kvcopy import slots_array
+
+                # packed int64 (segment, offset) pairs: no Python object per block
+                acq.slots = slots_array(client.acquire_packed(acq.lease))[:n]
                 acq.block_ids = list(spec.block_ids[:n])
             acq.out.failed_block_ids = list(spec.block_ids[n:])
             acq.out.total_failure = n == 0
@@ -263,7 +266,7 @@ class OrbitKVWorker:
             logger.warning("orbitkv: load lookup/acquire for %s failed", spec.req_id, exc_info=True)
             acq.out.total_failure = True
             acq.out.failed_block_ids = list(spec.block_ids)
-            acq.slots, acq.block_ids = [], []
+            acq.slots, acq.block_ids = np.empty((0, 2), dtype=np.int64), []
         return acq
 
     def _issue_loads(self) -> None:
@@ -277,7 +280,7 @@ class OrbitKVWorker:
                 logger.exception("orbitkv: load job crashed")
                 ld.acquired = _Acquired(_LoadOutcome("?", total_failure=True))
             acq = ld.acquired
-            if not acq.slots:
+            if len(acq.slots) == 0:
                 continue
             try:
                 ld.handle = self._kv_engine().load(acq.slots, acq.block_ids)
@@ -476,16 +479,21 @@ class OrbitKVWorker:
             return None
         try:
             # Blocks already present or refused by admission get no slot and no copy.
-            pairs = [(b, s) for b, s in zip(spec.block_ids, pending.slots, strict=True) if s is not None]
+            from orbitkv.kvcopy import slots_array
+
+            slots = slots_array(pending.packed_slots)
+            allocated = slots[:, 0] >= 0
+            copied = int(allocated.sum())
             handle = None
-            if pairs:
-                handle = engine.save([b for b, _ in pairs], [s for _, s in pairs], after=after)
+            if copied:
+                ids = np.asarray(spec.block_ids, dtype=np.int64)[allocated]
+                handle = engine.save(ids, slots[allocated], after=after)
         except Exception as exc:
             self._abort(pending, spec)
             if _is_engine_error(exc):
                 raise
             return None
-        return _KvSave(spec, pending, handle, req, batch, len(pairs) * self.session.block_bytes)
+        return _KvSave(spec, pending, handle, req, batch, copied * self.session.block_bytes)
 
     def _abort(self, pending: PendingSave, spec: SaveSpec) -> None:
         """A failed or unproven copy is never visible (L4)."""
@@ -551,7 +559,7 @@ class OrbitKVWorker:
             reading |= req is not None and req.in_flight > 0
         engine = self.engine
         if reading and engine is not None and engine.device.type == "cuda":
-            torch.cuda.current_stream(engine.device).wait_stream(engine.save_stream)
+            engine.wait_saves()  # device-side: the next forward waits until the saves read
 
     def _save_one(self, spec: SaveSpec) -> None:
         self._copier()  # KV caches unregistered is a bug, not a cache failure

@@ -199,6 +199,48 @@ def test_saves_see_writes_before_their_event_and_not_writes_after_completion(man
         c.close()
 
 
+def test_wait_saves_orders_a_page_overwrite_after_the_saves_read(manager_factory) -> None:  # type: ignore[no-untyped-def]
+    """vLLM preemption: pages are reused at once while a save may still read them.
+    `wait_saves()` on the current stream must put the overwrite after the save's reads,
+    with no host synchronisation, even when the save itself waits on a slow event."""
+    busy = getattr(torch.cuda, "_sleep", None)
+    if busy is None:
+        pytest.skip("torch.cuda._sleep is not available: cannot hold a save back deterministically")
+    s = BIG
+    c, arena = _big(manager_factory)
+    try:
+        raw = torch.zeros(kv_layouts.total_bytes(s), dtype=torch.uint8, device=DEV)
+        engine = CopyEngine(layer_pages(kv_layouts.views(raw, "LBNHC", s), s.blocks), arena)
+        rng = random.Random(8)
+        ns = c.register_namespace(b"\x65" * 32, engine.block_bytes)
+        pending = c.begin_save(ns, [rng.randbytes(32) for _ in range(BIG_N)])
+        slots = pending.slots
+        slot_bytes = [arena.segment(seg)[off : off + engine.block_bytes] for seg, off in slots]
+        slow = torch.cuda.Stream()
+        for rep in range(10):
+            value = rep + 1
+            ids = rng.sample(range(s.blocks), BIG_N)
+            raw.fill_(value)
+            written = torch.cuda.Event()
+            slow.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(slow):
+                busy(50_000_000)  # the save's "after" event comes late
+                written.record(slow)
+            handle = engine.save(ids, slots, after=written)
+            engine.wait_saves()  # the page reuse below must wait for the save's reads
+            raw.fill_(value + 100)  # the "next forward" overwrites the pages at once
+            torch.cuda.synchronize()
+            assert handle.query()
+            ok = torch.stack([(t == value).all() for t in slot_bytes])
+            bad = (~ok).nonzero().flatten().tolist()
+            assert not bad, f"rep {rep}: slots {bad[:8]} read pages overwritten after wait_saves"
+        c.abort_save(pending)
+        engine.drain()
+    finally:
+        arena.close()
+        c.close()
+
+
 def test_a_graph_captured_before_a_restore_reads_the_restored_bytes(manager_factory) -> None:  # type: ignore[no-untyped-def]
     s = Shape(layers=4, blocks=64, heads=8, tokens=16, content=128, pad=0)
     c, arena = _big(manager_factory)
