@@ -66,28 +66,59 @@ pub trait Tier: Send + Sync {
     fn status(&self) -> TierStatus;
 }
 
-/// Staging reads the cache started (`AcquireStep::Stage`). Ends them exactly
-/// once: with the reads' results through [`StageGuard::finish`], or, if it is
-/// dropped first (a panic between the two), as failed reads, so no block is
-/// left staging forever with other leases waiting on it.
-pub struct StageGuard<'a> {
-    shared: &'a Shared,
-    jobs: Vec<StageJob>,
+/// A move between DRAM and a tier that the cache started and must hear the end
+/// of exactly once: a staging read (`AcquireStep::Stage`) or a spill
+/// (`spill_candidates`).
+pub trait TierMove {
+    /// For the log line of a move dropped without a result.
+    const WHAT: &'static str;
+    /// Report the move's outcome to the cache.
+    fn end(cache: &mut CacheState, job: &Self, ok: bool);
 }
 
-impl<'a> StageGuard<'a> {
-    /// `jobs` must come from `AcquireStep::Stage`; the cache lock must not be
-    /// held by this thread while the guard lives (its drop takes it).
-    pub fn new(shared: &'a Shared, jobs: Vec<StageJob>) -> Self {
-        StageGuard { shared, jobs }
+impl TierMove for StageJob {
+    const WHAT: &'static str = "staging";
+    fn end(cache: &mut CacheState, job: &Self, ok: bool) {
+        cache.finish_stage(job, ok);
+    }
+}
+
+impl TierMove for SpillJob {
+    const WHAT: &'static str = "spill";
+    fn end(cache: &mut CacheState, job: &Self, ok: bool) {
+        cache.spill_done(job, ok);
+    }
+}
+
+/// Moves the cache started, ended exactly once: with the I/O's results through
+/// [`MoveGuard::finish`], or, if the guard is dropped first (a panic between
+/// the two), as failures, so no block is left staging forever with other
+/// leases waiting on it and no slot stays frozen (`Busy::Spilling` cannot be
+/// evicted).
+pub struct MoveGuard<'a, J: TierMove> {
+    shared: &'a Shared,
+    jobs: Vec<J>,
+}
+
+/// Staging reads of a lease's SSD-only blocks.
+pub type StageGuard<'a> = MoveGuard<'a, StageJob>;
+/// Write-behind spills of one batch.
+pub type SpillGuard<'a> = MoveGuard<'a, SpillJob>;
+
+impl<'a, J: TierMove> MoveGuard<'a, J> {
+    /// `jobs` must come from the cache (`AcquireStep::Stage` / `spill_candidates`);
+    /// the cache lock must not be held by this thread while the guard lives (its
+    /// drop takes it).
+    pub fn new(shared: &'a Shared, jobs: Vec<J>) -> Self {
+        MoveGuard { shared, jobs }
     }
 
-    pub fn jobs(&self) -> &[StageJob] {
+    pub fn jobs(&self) -> &[J] {
         &self.jobs
     }
 
-    /// Report the reads (`ok[i]` for `jobs()[i]`; missing results are failures)
-    /// and wake the acquires waiting on these blocks.
+    /// Report the moves (`ok[i]` for `jobs()[i]`; missing results are failures)
+    /// and wake the acquires waiting on staged blocks.
     pub fn finish(mut self, ok: &[bool]) {
         self.report(ok);
     }
@@ -99,68 +130,20 @@ impl<'a> StageGuard<'a> {
         }
         let mut cache = self.shared.cache();
         for (i, j) in jobs.iter().enumerate() {
-            cache.finish_stage(j, ok.get(i).copied().unwrap_or(false));
+            J::end(&mut cache, j, ok.get(i).copied().unwrap_or(false));
         }
         drop(cache);
         self.shared.staged.notify_all();
     }
 }
 
-impl Drop for StageGuard<'_> {
+impl<J: TierMove> Drop for MoveGuard<'_, J> {
     fn drop(&mut self) {
         if !self.jobs.is_empty() {
             log!(
                 Error,
-                "staging of {} block(s) ended without a result (a panic?); treated as failed reads",
-                self.jobs.len()
-            );
-            self.report(&[]);
-        }
-    }
-}
-
-/// Spills the cache started (`spill_candidates`). Ends them exactly once:
-/// through [`SpillGuard::finish`], or, if dropped first, as failed spills, so
-/// no slot stays frozen (`Busy::Spilling` cannot be evicted) forever.
-pub struct SpillGuard<'a> {
-    shared: &'a Shared,
-    jobs: Vec<SpillJob>,
-}
-
-impl<'a> SpillGuard<'a> {
-    /// `jobs` must come from `spill_candidates`; the cache lock must not be
-    /// held by this thread while the guard lives (its drop takes it).
-    pub fn new(shared: &'a Shared, jobs: Vec<SpillJob>) -> Self {
-        SpillGuard { shared, jobs }
-    }
-
-    pub fn jobs(&self) -> &[SpillJob] {
-        &self.jobs
-    }
-
-    /// Report the spills (`ok[i]` for `jobs()[i]`; missing results are failures).
-    pub fn finish(mut self, ok: &[bool]) {
-        self.report(ok);
-    }
-
-    fn report(&mut self, ok: &[bool]) {
-        let jobs = std::mem::take(&mut self.jobs);
-        if jobs.is_empty() {
-            return;
-        }
-        let mut cache = self.shared.cache();
-        for (i, j) in jobs.iter().enumerate() {
-            cache.spill_done(j, ok.get(i).copied().unwrap_or(false));
-        }
-    }
-}
-
-impl Drop for SpillGuard<'_> {
-    fn drop(&mut self) {
-        if !self.jobs.is_empty() {
-            log!(
-                Error,
-                "spill of {} block(s) ended without a result (a panic?); treated as failed",
+                "{} of {} block(s) ended without a result (a panic?); treated as failed",
+                J::WHAT,
                 self.jobs.len()
             );
             self.report(&[]);
