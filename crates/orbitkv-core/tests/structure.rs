@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 /// its own file or in a file of a strictly higher layer number.
 const LAYERS: &[(&str, u32)] = &[
     ("mod.rs", 0),
-    ("leases.rs", 1),
-    ("saves.rs", 1),
-    ("tiers.rs", 2),
-    ("entries.rs", 3),
-    ("registry.rs", 3),
+    ("tp.rs", 1),
+    ("leases.rs", 2),
+    ("saves.rs", 2),
+    ("tiers.rs", 3),
+    ("entries.rs", 4),
+    ("registry.rs", 4),
 ];
 
 struct Source {

@@ -4,6 +4,7 @@
 //! ends. Calls down into `tiers` (staging, doomed blocks), `entries` and
 //! `registry`, never up.
 
+use super::tp::{TpPart, TpToken};
 use super::{AcquireStep, CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId};
 
@@ -31,6 +32,8 @@ pub(super) struct Lease {
     pub(super) ns: NsId,
     pub(super) keys: Vec<BlockKey>,
     pub(super) state: LeaseState,
+    /// The TP lease this is one shard's part of (see `tp.rs`).
+    pub(super) tp: Option<TpToken>,
 }
 
 impl CacheState {
@@ -53,18 +56,10 @@ impl CacheState {
                 generation,
                 hash: *h,
             };
-            match self.index.get_mut(&key) {
-                Some(e) if !e.doomed => {
-                    e.pins += 1;
-                    e.hits = e.hits.saturating_add(1);
-                    keys.push(key);
-                }
+            match self.index.get(&key) {
+                Some(e) if !e.doomed => keys.push(key),
                 _ => break,
             }
-        }
-        for k in &keys {
-            self.policy.touch(k);
-            self.note_hit(*k);
         }
         let hit_blocks = keys.len() as u32;
         self.counters.hit_blocks += u64::from(hit_blocks);
@@ -75,6 +70,32 @@ impl CacheState {
                 generation,
             });
         }
+        let id = self.grant_lease(s, ns, keys, None);
+        Ok(LookupResult {
+            lease: Some(id),
+            hit_blocks,
+            generation,
+        })
+    }
+
+    /// Pin `keys` (visible blocks) under a new `Granted` lease of session `s`.
+    pub(super) fn grant_lease(
+        &mut self,
+        s: SessionId,
+        ns: NsId,
+        keys: Vec<BlockKey>,
+        tp: Option<TpToken>,
+    ) -> LeaseId {
+        for k in &keys {
+            if let Some(e) = self.index.get_mut(k) {
+                e.pins += 1;
+                e.hits = e.hits.saturating_add(1);
+            }
+        }
+        for k in &keys {
+            self.policy.touch(k);
+            self.note_hit(*k);
+        }
         let id = LeaseId(self.next());
         self.leases.insert(
             id,
@@ -83,17 +104,14 @@ impl CacheState {
                 ns,
                 keys,
                 state: LeaseState::Granted,
+                tp,
             },
         );
         if let Some(info) = self.sessions.get_mut(&s) {
             info.leases.insert(id);
         }
         self.counters.leases_granted += 1;
-        Ok(LookupResult {
-            lease: Some(id),
-            hit_blocks,
-            generation,
-        })
+        id
     }
 
     /// The lease, if `s` is live and owns it.
@@ -164,5 +182,21 @@ impl CacheState {
             info.leases.remove(&l);
         }
         self.counters.leases_retired += 1;
+        // One shard's part of a TP lease: that rank is done (once: the part is
+        // found by its lease id, which ends only here). The TP lease ends with
+        // its last part.
+        if let Some(token) = lease.tp
+            && let Some(tp) = self.tp.get_mut(&token)
+        {
+            for part in &mut tp.parts {
+                if matches!(*part, TpPart::Pending(x) | TpPart::Redeemed(x) if x == l) {
+                    *part = TpPart::Done;
+                }
+            }
+            if tp.parts.iter().all(|p| *p == TpPart::Done) {
+                self.tp.remove(&token);
+                self.counters.tp_leases_completed += 1;
+            }
+        }
     }
 }

@@ -8,10 +8,11 @@
 //!    (its leases and saves), registering a namespace (adopting its dormant
 //!    SSD blocks), generation reset (dooming old blocks) — and observation
 //!    (`gauges`, `check_invariants`).
-//! 2. `leases.rs`: pins — `lookup`, `acquire`, `release` and [`CacheState::end_lease`],
-//!    the only place a lease ends.
-//! 3. `saves.rs`: allocated-but-invisible slots — `begin_save`, `commit_save`,
-//!    `abort_save` and `end_save`.
+//! 2. `tp.rs`: tensor-parallel leases — one lookup over every shard of a TP
+//!    group pins the common prefix under a token each rank's worker redeems.
+//! 3. `leases.rs`: pins — `lookup`, `acquire`, `release` and [`CacheState::end_lease`],
+//!    the only place a lease ends; and `saves.rs`: allocated-but-invisible
+//!    slots — `begin_save`, `commit_save`, `abort_save` and `end_save`.
 //! 4. `tiers.rs`: moves between DRAM and SSD (spill, stage, SSD drop,
 //!    adoption) and *doomed* blocks, which are reaped once unpinned and idle.
 //! 5. `entries.rs`: the index of visible blocks and their DRAM slots —
@@ -36,6 +37,7 @@ mod leases;
 mod registry;
 mod saves;
 mod tiers;
+mod tp;
 
 use std::collections::HashMap;
 
@@ -52,6 +54,8 @@ use saves::PendingSave;
 pub use saves::SaveStatus;
 use tiers::TierState;
 pub use tiers::{AcquireStep, SpillJob, SpillPolicy, StageJob};
+use tp::TpLease;
+pub use tp::{MAX_TP_SHARDS, TpLookupResult, TpPart, TpRedeemed, TpToken};
 
 /// Largest block the arena accepts (a single extent).
 pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
@@ -82,6 +86,10 @@ pub enum CacheError {
     Busy { leases: usize, saves: usize },
     #[error("no DRAM space to stage {blocks} block(s) from SSD: every slot is pinned")]
     NoStagingSpace { blocks: usize },
+    #[error("TP lookup refused: {0}")]
+    TpGroup(String),
+    #[error("unknown TP lease token (never granted, ended or expired)")]
+    UnknownTpLease,
 }
 
 /// How a session ended.
@@ -124,6 +132,16 @@ pub struct Counters {
     pub ssd_dropped_blocks: u64,
     pub ssd_adopted_blocks: u64,
     pub ssd_rejected_blocks: u64,
+    /// TP lookups (one per request over every shard; see `tp.rs`).
+    pub tp_lookups: u64,
+    pub tp_leases_granted: u64,
+    pub tp_parts_redeemed: u64,
+    /// TP leases ended because every rank reported done.
+    pub tp_leases_completed: u64,
+    /// TP leases ended by their owner (or with its session).
+    pub tp_leases_released: u64,
+    /// TP leases ended by their deadline with parts never redeemed.
+    pub tp_leases_expired: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +161,7 @@ pub struct Gauges {
     pub ssd_only_blocks: u64,
     pub ssd_resident_blocks: u64,
     pub dormant_ssd_blocks: u64,
+    pub live_tp_leases: u64,
 }
 
 #[derive(Debug)]
@@ -156,6 +175,7 @@ pub struct CacheState {
     leases: Map<LeaseId, Lease>,
     saves: Map<SaveId, PendingSave>,
     sessions: Map<SessionId, SessionInfo>,
+    tp: Map<TpToken, TpLease>,
     next_id: u64,
     counters: Counters,
     tier: TierState,
@@ -175,6 +195,7 @@ impl CacheState {
             leases: Map::default(),
             saves: Map::default(),
             sessions: Map::default(),
+            tp: Map::default(),
             next_id: 0,
             counters: Counters::default(),
             tier: TierState::default(),
@@ -196,6 +217,9 @@ impl CacheState {
     /// address was handed out, so no copy can be in flight) and quarantines
     /// acquired leases and pending saves until [`Self::process_gone`].
     pub fn end_session(&mut self, s: SessionId, how: SessionEnd) -> Result<(), CacheError> {
+        self.sessions.get(&s).ok_or(CacheError::UnknownSession(s))?;
+        // Its TP leases end (their unredeemed parts are granted leases of `s`).
+        self.end_tp_of_session(s);
         let info = self.sessions.get(&s).ok_or(CacheError::UnknownSession(s))?;
         if how == SessionEnd::Vanished {
             if info.quarantined {
@@ -354,6 +378,7 @@ impl CacheState {
                 .count() as u64,
             ssd_resident_blocks: self.index.values().filter(|e| e.on_ssd && !e.doomed).count() as u64,
             dormant_ssd_blocks: self.tier.dormant_len() as u64,
+            live_tp_leases: self.tp.len() as u64,
         }
     }
 
@@ -401,6 +426,7 @@ impl CacheState {
                 return Err(format!("{k:?} is doomed, unpinned and idle but was not reaped"));
             }
         }
+        self.check_tp_invariants()?;
         if self.policy.len() != tracked {
             return Err("policy tracks blocks that are not DRAM-resident".into());
         }
