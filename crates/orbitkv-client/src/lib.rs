@@ -20,7 +20,7 @@ pub use conn::SERVER_UID_ENV;
 pub use copy::{EngineMemory, PageLayout, PageSpec, SlotCopier};
 pub use error::ClientError;
 pub use guard::{Lease, SaveGuard};
-use orbitkv_proto::{ErrorCode, HASH_BYTES, Request, Response, SaveItem};
+use orbitkv_proto::{ErrorCode, HASH_BYTES, MAX_TP_SHARDS, Request, Response, SaveItem, TP_TOKEN_BYTES};
 use orbitkv_shm::Mapping;
 
 pub type Hash = [u8; HASH_BYTES];
@@ -40,6 +40,16 @@ pub struct Namespace {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LookupHit {
     pub lease: u64,
+    pub hit_blocks: u32,
+    pub generation: u64,
+}
+
+/// Result of a TP lookup (contract T1): the common prefix of every declared
+/// shard, pinned in each under one TP lease named by `token` (None when the
+/// common prefix is empty: nothing is pinned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TpHit {
+    pub token: Option<[u8; TP_TOKEN_BYTES]>,
     pub hit_blocks: u32,
     pub generation: u64,
 }
@@ -311,6 +321,69 @@ impl Client {
                     generation,
                 })
             }
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// One lookup over every shard of a TP group (`shards[i]` must be shard
+    /// `i` of one fingerprint and salt): the common prefix, pinned in every
+    /// shard under one TP lease. Needs a Manager with `--enable-query-control`.
+    pub fn lookup_tp(&self, shards: &[Namespace], hashes: &[Hash]) -> Result<TpHit, ClientError> {
+        check_count(hashes.len())?;
+        if shards.is_empty() || shards.len() > MAX_TP_SHARDS {
+            return Err(ClientError::Invalid(format!(
+                "a TP lookup declares 1 to {MAX_TP_SHARDS} shards, got {}",
+                shards.len()
+            )));
+        }
+        match self.call(&Request::LookupTp {
+            nss: shards.iter().map(|n| n.id).collect(),
+            hashes: hashes.to_vec(),
+        })? {
+            Response::TpLeaseOk {
+                token,
+                hit_blocks,
+                generation,
+            } => {
+                if hit_blocks as usize > hashes.len() {
+                    return Err(ClientError::Protocol("inconsistent TP lookup reply".into()));
+                }
+                Ok(TpHit {
+                    token: (hit_blocks > 0).then_some(token),
+                    hit_blocks,
+                    generation,
+                })
+            }
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// Take shard `ns`'s part of the TP lease `token` into this session: an
+    /// ordinary lease of this session from now on (acquire, copy, release).
+    pub fn redeem_tp(&self, token: [u8; TP_TOKEN_BYTES], ns: &Namespace) -> Result<LookupHit, ClientError> {
+        match self.call(&Request::RedeemTp { token, ns: ns.id })? {
+            Response::LookupOk {
+                lease,
+                hit_blocks,
+                generation,
+            } => {
+                if hit_blocks == 0 || lease == 0 {
+                    return Err(ClientError::Protocol("inconsistent redeem reply".into()));
+                }
+                Ok(LookupHit {
+                    lease,
+                    hit_blocks,
+                    generation,
+                })
+            }
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
+    /// The owner ends its TP lease: parts not redeemed are released.
+    pub fn release_tp(&self, token: [u8; TP_TOKEN_BYTES]) -> Result<(), ClientError> {
+        match self.call(&Request::ReleaseTp { token })? {
+            Response::Ok => Ok(()),
             r => Err(Self::unexpected(r)),
         }
     }

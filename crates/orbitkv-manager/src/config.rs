@@ -70,6 +70,14 @@ pub struct Args {
     /// Accept InjectFault requests (tests only)
     #[arg(long)]
     pub enable_fault_injection: bool,
+    /// Accept tensor-parallel query control: one TP lookup over every shard of a TP
+    /// group, its lease redeemed by each rank's worker (contract T1) [default: off]
+    #[arg(long)]
+    pub enable_query_control: bool,
+    /// A TP lease whose parts are not all redeemed within this many milliseconds
+    /// releases the rest (a rank died before loading) [default: 300000]
+    #[arg(long)]
+    pub tp_lease_ttl_ms: Option<u64>,
     /// Enable the SSD tier in this directory (must not be tmpfs in direct mode)
     #[arg(long, env = "ORBITKV_SSD_DIR")]
     pub ssd_dir: Option<PathBuf>,
@@ -113,6 +121,8 @@ struct FileConfig {
     allow_uid: Option<Vec<u32>>,
     socket_mode: Option<String>,
     enable_fault_injection: Option<bool>,
+    enable_query_control: Option<bool>,
+    tp_lease_ttl_ms: Option<u64>,
     max_connections: Option<usize>,
     max_buffered_bytes: Option<String>,
     hello_timeout_ms: Option<u64>,
@@ -160,6 +170,10 @@ pub struct ManagerConfig {
     pub allow_uids: Vec<u32>,
     pub socket_mode: u32,
     pub enable_fault_injection: bool,
+    /// TP lookups and lease redemption accepted (contract T1).
+    pub enable_query_control: bool,
+    /// Deadline of a TP lease's unredeemed parts.
+    pub tp_lease_ttl: std::time::Duration,
     pub max_connections: usize,
     /// Bytes of incomplete frame bodies buffered across connections (beyond each frame's first 64 KiB).
     pub max_buffered_bytes: usize,
@@ -358,6 +372,10 @@ impl ManagerConfig {
             "hello_timeout_ms",
             a.hello_timeout_ms.or(file.hello_timeout_ms).unwrap_or(5_000),
         )?;
+        let tp_lease_ttl = millis(
+            "tp_lease_ttl_ms",
+            a.tp_lease_ttl_ms.or(file.tp_lease_ttl_ms).unwrap_or(300_000),
+        )?;
         let frame_timeout = millis(
             "frame_timeout_ms",
             a.frame_timeout_ms.or(file.frame_timeout_ms).unwrap_or(10_000),
@@ -428,6 +446,8 @@ impl ManagerConfig {
             allow_uids,
             socket_mode,
             enable_fault_injection: a.enable_fault_injection || file.enable_fault_injection.unwrap_or(false),
+            enable_query_control: a.enable_query_control || file.enable_query_control.unwrap_or(false),
+            tp_lease_ttl,
             max_connections,
             max_buffered_bytes,
             hello_timeout,

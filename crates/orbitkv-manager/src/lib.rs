@@ -15,6 +15,7 @@ mod session;
 mod shared;
 mod stats;
 mod tier;
+mod tp;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;

@@ -181,7 +181,8 @@ pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
     }
 }
 
-/// Release quarantined holds once their process is proven gone.
+/// Release quarantined holds once their process is proven gone; end TP leases
+/// past their deadline.
 pub fn reaper(shared: Arc<Shared>) {
     while !shared.is_shutting_down() {
         std::thread::sleep(Duration::from_millis(50));
@@ -201,5 +202,6 @@ pub fn reaper(shared: Arc<Shared>) {
             let _ = shared.cache().process_gone(s);
             log!(Info, "session {} released from quarantine: pid {pid} exited", s.0);
         }
+        crate::tp::expire(&shared);
     }
 }

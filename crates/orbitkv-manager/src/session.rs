@@ -198,6 +198,7 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         session,
         control,
         cred.pid,
+        cred.uid,
     ));
 }
 
@@ -274,6 +275,7 @@ fn request_loop(
     session: SessionId,
     control: bool,
     pid: i32,
+    uid: u32,
 ) -> SessionEnd {
     loop {
         // The previous frame's body was dropped at the end of the last
@@ -325,7 +327,10 @@ fn request_loop(
             }
             Ok(req) => match control.then(|| refused_for_control(&req)).flatten() {
                 Some(refusal) => (refusal, false),
-                None => (handle(shared, session, req), false),
+                None => match crate::tp::handle(shared, session, uid, control, &req, map) {
+                    Some(r) => (r, false),
+                    None => (handle(shared, session, req), false),
+                },
             },
             Err(e) => {
                 ServerCounters::inc(&shared.counters.bad_frames);
@@ -375,6 +380,8 @@ fn cache_code(e: &CacheError) -> ErrorCode {
         CacheError::NotOwner { .. } => ErrorCode::NotOwner,
         CacheError::Busy { .. } => ErrorCode::Busy,
         CacheError::NoStagingSpace { .. } => ErrorCode::RestoreFailed,
+        CacheError::TpGroup(_) => ErrorCode::InvalidArgument,
+        CacheError::UnknownTpLease => ErrorCode::NotFound,
     }
 }
 
@@ -514,6 +521,9 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             Response::Ok
         }
         Request::Close => Response::Ok, // handled in the loop
+        Request::LookupTp { .. } | Request::RedeemTp { .. } | Request::ReleaseTp { .. } => {
+            Response::error(ErrorCode::Internal, "TP request reached the plain handler") // tp::handle answers these
+        }
     }
 }
 

@@ -234,6 +234,48 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
         ),
         ("live_leases", "Leases not yet retired", "gauge", g.live_leases),
         (
+            "live_tp_leases",
+            "TP leases not yet ended (some rank has not reported done)",
+            "gauge",
+            g.live_tp_leases,
+        ),
+        (
+            "tp_lookups_total",
+            "TP lookups (one per request over every shard)",
+            "counter",
+            c.tp_lookups,
+        ),
+        (
+            "tp_leases_granted_total",
+            "TP leases granted (common prefix pinned in every shard)",
+            "counter",
+            c.tp_leases_granted,
+        ),
+        (
+            "tp_parts_redeemed_total",
+            "TP lease parts redeemed by rank workers",
+            "counter",
+            c.tp_parts_redeemed,
+        ),
+        (
+            "tp_leases_completed_total",
+            "TP leases ended because every rank reported done",
+            "counter",
+            c.tp_leases_completed,
+        ),
+        (
+            "tp_leases_released_total",
+            "TP leases ended by their owner",
+            "counter",
+            c.tp_leases_released,
+        ),
+        (
+            "tp_leases_expired_total",
+            "TP leases ended by --tp-lease-ttl-ms with parts never redeemed",
+            "counter",
+            c.tp_leases_expired,
+        ),
+        (
             "live_saves",
             "Saves not yet committed or aborted",
             "gauge",

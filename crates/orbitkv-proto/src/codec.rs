@@ -61,6 +61,13 @@ impl<'a> Reader<'a> {
     pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array(field)?))
     }
+    pub(crate) fn tp_token(
+        &mut self,
+        field: &'static str,
+    ) -> Result<[u8; crate::TP_TOKEN_BYTES], DecodeError> {
+        self.array(field)
+    }
+
     pub(crate) fn hash(&mut self, field: &'static str) -> Result<[u8; HASH_BYTES], DecodeError> {
         self.array(field)
     }

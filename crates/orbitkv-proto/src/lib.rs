@@ -49,6 +49,10 @@ pub const MAX_TOKEN: usize = 1024;
 pub const MAX_HELLO_BODY: usize = 12 + MAX_TOKEN;
 /// Longest error or stats text.
 pub const MAX_TEXT: usize = 1 << 20;
+/// Bytes of a TP lease token (128 random bits drawn by the Manager).
+pub const TP_TOKEN_BYTES: usize = 16;
+/// Most shards one TP lookup may declare.
+pub const MAX_TP_SHARDS: usize = 64;
 
 /// Default Manager socket: `$ORBITKV_SOCKET`, else
 /// `$XDG_RUNTIME_DIR/orbitkv/manager.sock`, else `/tmp/orbitkv-<uid>/manager.sock`.

@@ -1,7 +1,7 @@
 //! Message types and their body encodings.
 
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT, MAX_TOKEN};
+use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT, MAX_TOKEN, MAX_TP_SHARDS, TP_TOKEN_BYTES};
 
 /// Message kinds. Requests are < 0x80, replies ≥ 0x80.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub enum Kind {
     Stats = 0x0a,
     InjectFault = 0x0b,
     Close = 0x0c,
+    LookupTp = 0x0d,
+    RedeemTp = 0x0e,
+    ReleaseTp = 0x0f,
     HelloOk = 0x81,
     Namespace = 0x82,
     LookupOk = 0x83,
@@ -28,6 +31,7 @@ pub enum Kind {
     Committed = 0x87,
     Generation = 0x88,
     StatsOk = 0x89,
+    TpLeaseOk = 0x8a,
     Error = 0xff,
 }
 
@@ -118,6 +122,22 @@ pub enum Request {
     },
     /// The client has drained every copy it started; release all its holds.
     Close,
+    /// One lookup over every shard of a TP group (`nss[i]` is shard `i`): the
+    /// common prefix, pinned in every shard under one TP lease (contract T1).
+    LookupTp {
+        nss: Vec<u32>,
+        hashes: Vec<[u8; HASH_BYTES]>,
+    },
+    /// Take shard `ns`'s part of the TP lease `token` into this session; the
+    /// reply is a `LookupOk` naming an ordinary lease of this session.
+    RedeemTp {
+        token: [u8; TP_TOKEN_BYTES],
+        ns: u32,
+    },
+    /// The owner ends its TP lease (parts no worker redeemed are released).
+    ReleaseTp {
+        token: [u8; TP_TOKEN_BYTES],
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +187,12 @@ pub enum Response {
     StatsOk {
         json: String,
     },
+    /// `token` is all zeros when `hit_blocks` is 0 (nothing pinned).
+    TpLeaseOk {
+        token: [u8; TP_TOKEN_BYTES],
+        hit_blocks: u32,
+        generation: u64,
+    },
     Error {
         code: u16,
         message: String,
@@ -206,6 +232,9 @@ impl Request {
             Request::Stats => Kind::Stats,
             Request::InjectFault { .. } => Kind::InjectFault,
             Request::Close => Kind::Close,
+            Request::LookupTp { .. } => Kind::LookupTp,
+            Request::RedeemTp { .. } => Kind::RedeemTp,
+            Request::ReleaseTp { .. } => Kind::ReleaseTp,
         }
     }
 
@@ -243,6 +272,19 @@ impl Request {
                 w.u32(*restore_failures).u32(*commit_failures);
             }
             Request::Stats | Request::Close => {}
+            Request::LookupTp { nss, hashes: hs } => {
+                w.count(nss.len());
+                for ns in nss {
+                    w.u32(*ns);
+                }
+                hashes(&mut w, hs);
+            }
+            Request::RedeemTp { token, ns } => {
+                w.raw(token).u32(*ns);
+            }
+            Request::ReleaseTp { token } => {
+                w.raw(token);
+            }
         }
         w.buf
     }
@@ -294,6 +336,24 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
             commit_failures: r.u32("commit_failures")?,
         },
         0x0c => Request::Close,
+        0x0d => {
+            let n = r.count("shards", MAX_TP_SHARDS, 4)?;
+            let mut nss = Vec::with_capacity(n);
+            for _ in 0..n {
+                nss.push(r.u32("ns")?);
+            }
+            Request::LookupTp {
+                nss,
+                hashes: read_hashes(&mut r)?,
+            }
+        }
+        0x0e => Request::RedeemTp {
+            token: r.tp_token("token")?,
+            ns: r.u32("ns")?,
+        },
+        0x0f => Request::ReleaseTp {
+            token: r.tp_token("token")?,
+        },
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -312,6 +372,7 @@ impl Response {
             Response::Committed { .. } => Kind::Committed,
             Response::Generation { .. } => Kind::Generation,
             Response::StatsOk { .. } => Kind::StatsOk,
+            Response::TpLeaseOk { .. } => Kind::TpLeaseOk,
             Response::Error { .. } => Kind::Error,
         }
     }
@@ -375,6 +436,13 @@ impl Response {
             }
             Response::StatsOk { json } => {
                 w.bytes(json.as_bytes());
+            }
+            Response::TpLeaseOk {
+                token,
+                hit_blocks,
+                generation,
+            } => {
+                w.raw(token).u32(*hit_blocks).u64(*generation);
             }
             Response::Error { code, message } => {
                 w.u16(*code).bytes(message.as_bytes());
@@ -456,6 +524,22 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
         0x89 => Response::StatsOk {
             json: r.text("stats", MAX_TEXT)?,
         },
+        0x8a => {
+            let token = r.tp_token("token")?;
+            let hit_blocks = r.u32("hit_blocks")?;
+            // One encoding per message: no token without a hit, no hit without one.
+            if (hit_blocks == 0) != (token == [0; TP_TOKEN_BYTES]) {
+                return Err(DecodeError::Invalid {
+                    field: "token (zero exactly when nothing was hit)",
+                    value: u64::from(hit_blocks),
+                });
+            }
+            Response::TpLeaseOk {
+                token,
+                hit_blocks,
+                generation: r.u64("generation")?,
+            }
+        }
         0xff => Response::Error {
             code: r.u16("code")?,
             message: r.text("message", MAX_TEXT)?,

@@ -46,6 +46,19 @@ fn every_request_round_trips() {
             commit_failures: 1,
         },
         Request::Close,
+        Request::LookupTp {
+            nss: vec![3, 4, 5, 6],
+            hashes: vec![h(1), h(2)],
+        },
+        Request::LookupTp {
+            nss: vec![],
+            hashes: vec![],
+        },
+        Request::RedeemTp {
+            token: [0xab; 16],
+            ns: 4,
+        },
+        Request::ReleaseTp { token: [0xcd; 16] },
     ];
     for r in reqs {
         let body = r.encode();
@@ -98,6 +111,16 @@ fn every_response_round_trips() {
         Response::Generation { generation: 4 },
         Response::StatsOk { json: "{}".into() },
         Response::error(ErrorCode::Busy, "busy"),
+        Response::TpLeaseOk {
+            token: [9; 16],
+            hit_blocks: 3,
+            generation: 2,
+        },
+        Response::TpLeaseOk {
+            token: [0; 16],
+            hit_blocks: 0,
+            generation: 2,
+        },
     ];
     for r in resps {
         let body = r.encode();
@@ -118,6 +141,37 @@ fn lying_count_is_rejected_without_allocating() {
     assert!(matches!(
         decode_request(Kind::Lookup as u16, &body),
         Err(DecodeError::TooMany { .. })
+    ));
+}
+
+#[test]
+fn tp_messages_are_bounded_and_canonical() {
+    // More shards than a TP lookup may declare: refused before allocating.
+    let body = ((MAX_TP_SHARDS + 1) as u32).to_le_bytes().to_vec();
+    assert!(matches!(
+        decode_request(Kind::LookupTp as u16, &body),
+        Err(DecodeError::TooMany { .. })
+    ));
+    // A shard count the body cannot hold is truncated, not allocated.
+    let body = (MAX_TP_SHARDS as u32).to_le_bytes().to_vec();
+    assert!(matches!(
+        decode_request(Kind::LookupTp as u16, &body),
+        Err(DecodeError::Truncated { .. })
+    ));
+    // A hit without a token, or a token without a hit, is not a valid reply.
+    for (token, hit) in [([0u8; 16], 2u32), ([1u8; 16], 0u32)] {
+        let mut body = token.to_vec();
+        body.extend_from_slice(&hit.to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes());
+        assert!(matches!(
+            decode_response(Kind::TpLeaseOk as u16, &body),
+            Err(DecodeError::Invalid { .. })
+        ));
+    }
+    // A short token is truncated.
+    assert!(matches!(
+        decode_request(Kind::ReleaseTp as u16, &[0u8; 15]),
+        Err(DecodeError::Truncated { .. })
     ));
 }
 

@@ -1,0 +1,120 @@
+//! Tensor-parallel query control (contracts T1–T3 on one host): `LookupTp`
+//! (one lookup over every shard of a TP group, the common prefix pinned under
+//! one TP lease), `RedeemTp` (a rank's worker takes its shard's part: an
+//! ordinary lease of its session) and `ReleaseTp` (the owner ends it).
+//!
+//! The lease's name is a token of 128 bits from the kernel's CSPRNG, bound to
+//! the owner's uid and to the declared shard namespaces: only a session of the
+//! same uid can redeem it, and only for one of those shards, once. T3: the
+//! Manager speaks only its Unix socket (0600, private directory), so every
+//! query-control endpoint is local; there is no network endpoint to configure.
+
+use std::io::Read;
+use std::time::Duration;
+
+use orbitkv_core::{CacheError, NsId, SessionId, TpToken};
+use orbitkv_proto::{ErrorCode, Request, Response, TP_TOKEN_BYTES};
+
+use crate::shared::Shared;
+
+/// A fresh token from the kernel's CSPRNG (never all zeros: zero means "no lease").
+fn draw_token() -> std::io::Result<TpToken> {
+    let mut t = [0u8; TP_TOKEN_BYTES];
+    let mut f = std::fs::File::open("/dev/urandom")?;
+    while t == [0u8; TP_TOKEN_BYTES] {
+        f.read_exact(&mut t)?;
+    }
+    Ok(TpToken(t))
+}
+
+/// Milliseconds on the Manager's monotonic clock (the TP leases' deadlines).
+pub fn now_ms(shared: &Shared) -> u64 {
+    u64::try_from(shared.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn deadline_ms(shared: &Shared, ttl: Duration) -> u64 {
+    now_ms(shared).saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Handle a TP request of session `s` (peer `uid`; `control`: control-only).
+/// `None` when `req` is not a TP request.
+pub fn handle(
+    shared: &Shared,
+    s: SessionId,
+    uid: u32,
+    control: bool,
+    req: &Request,
+    map: impl Fn(Result<Response, CacheError>) -> Response,
+) -> Option<Response> {
+    let what = match req {
+        Request::LookupTp { .. } => "LookupTp",
+        Request::RedeemTp { .. } => "RedeemTp",
+        Request::ReleaseTp { .. } => "ReleaseTp",
+        _ => return None,
+    };
+    if !shared.config.enable_query_control {
+        return Some(Response::error(
+            ErrorCode::InvalidArgument,
+            format!(
+                "{what}: tensor-parallel query control is off; start the Manager with --enable-query-control"
+            ),
+        ));
+    }
+    Some(match req {
+        Request::LookupTp { nss, hashes } => {
+            let token = match draw_token() {
+                Ok(t) => t,
+                Err(e) => {
+                    return Some(Response::error(
+                        ErrorCode::Internal,
+                        format!("drawing a TP token: {e}"),
+                    ));
+                }
+            };
+            let nss: Vec<NsId> = nss.iter().map(|&n| NsId(n)).collect();
+            let expires = deadline_ms(shared, shared.config.tp_lease_ttl);
+            map(shared
+                .cache()
+                .lookup_tp(s, uid, &nss, hashes, token, expires)
+                .map(|r| Response::TpLeaseOk {
+                    token: r.token.map_or([0; TP_TOKEN_BYTES], |t| t.0),
+                    hit_blocks: r.hit_blocks,
+                    generation: r.generation,
+                }))
+        }
+        Request::RedeemTp { token, ns } => {
+            if control {
+                // The redeemed lease is for copying: a session without the arena cannot.
+                return Some(Response::error(
+                    ErrorCode::InvalidArgument,
+                    "RedeemTp hands a lease over for copying; this session is control-only (connect with the arena mapped)",
+                ));
+            }
+            map(shared
+                .cache()
+                .redeem_tp(s, uid, TpToken(*token), NsId(*ns))
+                .map(|r| Response::LookupOk {
+                    lease: r.lease.0,
+                    hit_blocks: r.hit_blocks,
+                    generation: r.generation,
+                }))
+        }
+        Request::ReleaseTp { token } => map(shared
+            .cache()
+            .release_tp(s, TpToken(*token))
+            .map(|_| Response::Ok)),
+        _ => return None,
+    })
+}
+
+/// End TP leases past their deadline (called by the reaper thread).
+pub fn expire(shared: &Shared) {
+    let now = now_ms(shared);
+    let n = shared.cache().expire_tp(now);
+    if n > 0 {
+        log!(
+            Warn,
+            "{n} TP lease(s) expired with parts never redeemed (a rank did not load within --tp-lease-ttl-ms); released"
+        );
+    }
+}
