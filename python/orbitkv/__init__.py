@@ -15,6 +15,7 @@ _NATIVE_NAMES = {
     "Client",
     "Namespace",
     "Lease",
+    "TpLease",
     "SaveResult",
     "PendingSave",
     "PageLayout",
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         RestoreFailed,
         SaveFailed,
         SaveResult,
+        TpLease,
         default_socket_path,
         namespace_salt,
     )

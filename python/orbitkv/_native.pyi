@@ -102,6 +102,24 @@ class Lease:
         """Releases the lease (a no-op when already released)."""
 
 @final
+class TpLease:
+    """A TP lease (contract T1): the common prefix of every declared shard,
+    pinned in each until every rank's worker reported done (released its
+    redeemed part) or the owner calls `Client.release_tp`. `token` is the
+    capability the rank workers redeem with `Client.redeem_tp`."""
+
+    @property
+    def token(self) -> bytes: ...  # 16 bytes; all zeros when hit_blocks == 0
+    @property
+    def hit_blocks(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def session(self) -> int: ...  # Client.session_id of the owner
+    @property
+    def released(self) -> bool: ...
+
+@final
 class SaveResult:
     @property
     def stored(self) -> int: ...  # newly committed blocks
@@ -163,6 +181,9 @@ class Client:
         salt: bytes = ...,  # default b"": no salt; any length, encoded by `namespace_salt`
     ) -> Namespace: ...
     def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
+    def lookup_tp(self, namespaces: Sequence[Namespace], hashes: Sequence[bytes]) -> TpLease: ...
+    def redeem_tp(self, token: bytes, ns: Namespace) -> Lease: ...  # this shard's part, as a Lease of this client
+    def release_tp(self, lease: TpLease) -> None: ...  # owner only; a second call is a no-op
     def acquire(self, lease: Lease) -> list[tuple[int, int]]: ...  # stage + (segment, offset) per hit block
     def acquire_packed(self, lease: Lease) -> bytes: ...  # acquire, as little-endian int64 (segment, offset) pairs
     def restore(

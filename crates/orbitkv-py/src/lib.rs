@@ -210,6 +210,52 @@ impl Lease {
     }
 }
 
+/// A TP lease (contract T1): the common prefix of every declared shard, pinned
+/// in each until every rank's worker reported done or the owner releases it.
+/// `token` is what the workers redeem (`Client.redeem_tp`); it is a capability.
+#[pyclass(frozen, module = "orbitkv._native")]
+struct TpLease {
+    token: [u8; orbitkv_proto::TP_TOKEN_BYTES],
+    hit_blocks: u32,
+    generation: u64,
+    session: u64,
+    released: AtomicBool,
+}
+
+#[pymethods]
+impl TpLease {
+    #[getter]
+    fn token<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.token)
+    }
+    #[getter]
+    fn hit_blocks(&self) -> u32 {
+        self.hit_blocks
+    }
+    #[getter]
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// The session that owns it (`Client.session_id` of its client).
+    #[getter]
+    fn session(&self) -> u64 {
+        self.session
+    }
+    #[getter]
+    fn released(&self) -> bool {
+        self.hit_blocks == 0 || self.released.load(Ordering::Acquire)
+    }
+    fn __repr__(&self) -> String {
+        // Never the token itself: it is a capability.
+        format!(
+            "TpLease(hit_blocks={}, generation={}, released={})",
+            self.hit_blocks,
+            self.generation,
+            self.released()
+        )
+    }
+}
+
 #[pyclass(frozen, module = "orbitkv._native")]
 struct SaveResult {
     #[pyo3(get)]
@@ -462,6 +508,59 @@ impl Client {
             session: self.inner.session_id(),
             state: Mutex::new(LeaseState::default()),
         })
+    }
+
+    /// One lookup over every shard of a TP group (`namespaces[i]` is shard `i`):
+    /// the common prefix, pinned in every shard under one TP lease.
+    fn lookup_tp(&self, py: Python<'_>, namespaces: Vec<Py<Namespace>>, hashes: Vec<Vec<u8>>) -> PyResult<TpLease> {
+        let hs = hashes_of(hashes)?;
+        let nss: Vec<orbitkv_client::Namespace> = namespaces.iter().map(|n| n.get().inner.clone()).collect();
+        let c = self.inner.clone();
+        let hit = py.detach(|| c.lookup_tp(&nss, &hs)).map_err(to_py)?;
+        Ok(TpLease {
+            token: hit.token.unwrap_or([0; orbitkv_proto::TP_TOKEN_BYTES]),
+            hit_blocks: hit.hit_blocks,
+            generation: hit.generation,
+            session: self.inner.session_id(),
+            released: AtomicBool::new(false),
+        })
+    }
+
+    /// Take shard `ns`'s part of the TP lease named by `token` into this
+    /// session: an ordinary `Lease` of this client (acquire, restore, release).
+    fn redeem_tp(&self, py: Python<'_>, token: Vec<u8>, ns: &Namespace) -> PyResult<Lease> {
+        let token: [u8; orbitkv_proto::TP_TOKEN_BYTES] = token.as_slice().try_into().map_err(|_| {
+            PyValueError::new_err(format!(
+                "a TP token is exactly {} bytes, got {}",
+                orbitkv_proto::TP_TOKEN_BYTES,
+                token.len()
+            ))
+        })?;
+        let c = self.inner.clone();
+        let nsi = ns.inner.clone();
+        let hit = py.detach(|| c.redeem_tp(token, &nsi)).map_err(to_py)?;
+        Ok(Lease {
+            client: self.inner.clone(),
+            id: hit.lease,
+            hit_blocks: hit.hit_blocks,
+            block_bytes: ns.inner.block_bytes,
+            session: self.inner.session_id(),
+            state: Mutex::new(LeaseState::default()),
+        })
+    }
+
+    /// The owner ends its TP lease (once; later calls are no-ops): parts no
+    /// worker redeemed are released, redeemed ones stay with their workers.
+    fn release_tp(&self, py: Python<'_>, lease: &TpLease) -> PyResult<()> {
+        if lease.session != self.inner.session_id() {
+            return Err(PyValueError::new_err("TP lease belongs to another client"));
+        }
+        if lease.hit_blocks == 0 || lease.released.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let c = self.inner.clone();
+        let token = lease.token;
+        py.detach(|| c.release_tp(token)).map_err(to_py)
     }
 
     fn acquire(&self, py: Python<'_>, lease: &Lease) -> PyResult<Vec<(u32, u64)>> {
@@ -883,6 +982,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Namespace>()?;
     m.add_class::<Lease>()?;
+    m.add_class::<TpLease>()?;
     m.add_class::<SaveResult>()?;
     m.add_class::<PendingSave>()?;
     m.add_class::<PageLayout>()?;

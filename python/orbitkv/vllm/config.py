@@ -54,6 +54,10 @@ class OrbitKVSettings:
     kv_cache_layout: str | None = None
     load_workers: int = 2
     copy_engine: str = "auto"
+    # Tensor parallelism (contract T1): one TP lookup per request over every rank's
+    # shard, its lease handed to the workers by token. Needs --enable-query-control
+    # on the Manager; required for tensor_parallel_size > 1.
+    query_control: bool = False
 
     @property
     def loads(self) -> bool:
@@ -78,6 +82,7 @@ _KEYS = {
     "kv_cache_layout",
     "load_workers",
     "copy_engine",
+    "query_control",
 }
 
 
@@ -90,6 +95,12 @@ def _expect_str(key: str, value: Any) -> str:
 def _expect_int(key: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise OrbitKVConfigError(f"{PREFIX}{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _expect_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise OrbitKVConfigError(f"{PREFIX}{key} must be true or false, got {value!r}")
     return value
 
 
@@ -165,4 +176,6 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
                 "(auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always)"
             )
         kwargs["copy_engine"] = engine
+    if "query_control" in raw:
+        kwargs["query_control"] = _expect_bool("query_control", raw["query_control"])
     return OrbitKVSettings(**kwargs)

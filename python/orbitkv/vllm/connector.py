@@ -31,6 +31,7 @@ from orbitkv.vllm.identity import fingerprint
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
 from orbitkv.vllm.native import ManagerSession
 from orbitkv.vllm.profile import block_bytes, check_profile, identity_document
+from orbitkv.vllm.tp import worker_tp_rank
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -69,12 +70,16 @@ class OrbitKVConnector(KVConnectorBase_V1):
         # no page tables or prefault; the Manager drops its leases with its connection)
         # and its calls are bounded by the shorter scheduler timeout.
         scheduler = role == KVConnectorRole.SCHEDULER
+        # K1/T1: a worker's KV shard is its TP rank; the scheduler names every shard.
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
         session = ManagerSession(
             self.settings,
             self.fingerprint,
             self.block_bytes,
             map_arena=not scheduler,
             timeout_ms=self.settings.scheduler_timeout_ms if scheduler else self.settings.timeout_ms,
+            shard=0 if scheduler else worker_tp_rank(vllm_config.parallel_config),
+            shards=tp_size,
         )
         self._scheduler: OrbitKVScheduler | None = None
         self._worker: OrbitKVWorker | None = None

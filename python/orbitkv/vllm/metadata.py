@@ -15,6 +15,9 @@ class LoadSpec:
     salt: bytes
     hashes: tuple[bytes, ...]
     block_ids: tuple[int, ...]
+    # Query control (TP, contract T1): the scheduler's TP lease token; each worker
+    # redeems its own shard's part with it instead of looking up again.
+    token: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from orbitkv.vllm.config import OrbitKVSettings
 
 if TYPE_CHECKING:
-    from orbitkv._native import Client, Lease, Namespace, PageLayout
+    from orbitkv._native import Client, Lease, Namespace, PageLayout, TpLease
     from orbitkv.vllm.layout import BlockGeometry
 
 logger = logging.getLogger("orbitkv.vllm")
@@ -53,14 +53,21 @@ class ManagerSession:
         *,
         map_arena: bool = True,
         timeout_ms: int | None = None,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         self.settings = settings
         self.map_arena = map_arena
         self.timeout_ms = settings.timeout_ms if timeout_ms is None else timeout_ms
         self.fingerprint = fingerprint
         self.block_bytes = block_bytes
+        # This role's KV shard (a worker's TP rank) and the TP size: the scheduler
+        # names every shard in its TP lookups (see orbitkv.vllm.tp).
+        self.shard = shard
+        self.shards = shards
         self._client: Client | None = None
         self._namespaces: dict[bytes, Namespace] = {}
+        self._shard_namespaces: dict[bytes, list[Namespace]] = {}
         self._lock = threading.Lock()
         # After a broken or refused connection, calls fail fast until this time, so an
         # unreachable Manager costs one connect attempt per back-off, not one per step.
@@ -107,9 +114,22 @@ class ManagerSession:
         with self._lock:
             ns = self._namespaces.get(salt)
             if ns is None:
-                ns = client.register_namespace(self.fingerprint, self.block_bytes, shard=0, salt=salt)
+                ns = client.register_namespace(self.fingerprint, self.block_bytes, shard=self.shard, salt=salt)
                 self._namespaces[salt] = ns
             return ns
+
+    def shard_namespaces(self, salt: bytes) -> list[Namespace]:
+        """The namespaces of shards 0..shards-1 for `salt` (a TP lookup's targets)."""
+        client = self.client()
+        with self._lock:
+            nss = self._shard_namespaces.get(salt)
+            if nss is None:
+                nss = [
+                    client.register_namespace(self.fingerprint, self.block_bytes, shard=r, salt=salt)
+                    for r in range(self.shards)
+                ]
+                self._shard_namespaces[salt] = nss
+            return nss
 
     def reset_generation(self) -> int:
         """Move this fingerprint (every salt) to a fresh generation.
@@ -134,8 +154,9 @@ class ManagerSession:
         """Drop cached handles so the next use re-registers (after a generation reset)."""
         with self._lock:
             self._namespaces.clear()
+            self._shard_namespaces.clear()
 
-    def release(self, lease: Lease) -> bool:
+    def release(self, lease: Lease | TpLease) -> bool:
         """Release `lease` through the client that holds it. False when that client's
         session is gone (dropped connection): the Manager already released the lease
         with it (a never-acquired lease is not quarantined), so there is nothing to do
@@ -144,7 +165,10 @@ class ManagerSession:
             client = self._client
         if client is None or lease.session != client.session_id:
             return False
-        client.release(lease)
+        if isinstance(lease, native().TpLease):
+            client.release_tp(lease)  # parts no rank redeemed are released
+        else:
+            client.release(lease)
         return True
 
     def drop_client(self) -> None:
@@ -152,6 +176,7 @@ class ManagerSession:
         with self._lock:
             client, self._client = self._client, None
             self._namespaces.clear()
+            self._shard_namespaces.clear()
         if client is not None:
             try:
                 client.close()

@@ -21,6 +21,7 @@ from vllm.v1.kv_cache_interface import (
 
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.identity import SCHEMA, model_config_digest, static_lora_identity
+from orbitkv.vllm.tp import parallel_rejection
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -76,20 +77,9 @@ def check_profile(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, setti
             "steps defer connector finalization (wait_for_save after the draft forward) "
             "and add unverified tokens; this ordering is not qualified"
         )
-    par = vllm_config.parallel_config
-    sizes = {
-        "tensor_parallel_size": par.tensor_parallel_size,
-        "pipeline_parallel_size": par.pipeline_parallel_size,
-        "decode_context_parallel_size": par.decode_context_parallel_size,
-        "prefill_context_parallel_size": par.prefill_context_parallel_size,
-    }
-    multi = {k: v for k, v in sizes.items() if v != 1}
-    if multi:
-        raise UnsupportedProfileError(
-            "OrbitKVConnector in this build serves one KV shard per engine: "
-            + ", ".join(f"{k}={v}" for k, v in multi.items())
-            + " needs Manager query control (contract T1), which is not delivered yet"
-        )
+    rejection = parallel_rejection(vllm_config.parallel_config, settings)
+    if rejection is not None:
+        raise UnsupportedProfileError(rejection)
     if settings.static_lora_adapters and vllm_config.lora_config is None:
         raise UnsupportedProfileError("orbitkv.static_lora_adapters is set but LoRA is not enabled (--enable-lora)")
     return spec
@@ -139,11 +129,10 @@ def identity_document(
     kv_cache_config: KVCacheConfig,
     spec: AttentionSpec,
     settings: OrbitKVSettings,
-    *,
-    tp_rank: int = 0,
-    pp_rank: int = 0,
 ) -> dict[str, Any]:
-    """Everything the namespace fingerprint binds (see docs/adapters.md)."""
+    """Everything the namespace fingerprint binds (see docs/adapters.md). The TP rank
+    is not here: it is the namespace's shard (K1), so one fingerprint names every rank's
+    shard and the scheduler can look all of them up at once (T1)."""
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     par = vllm_config.parallel_config
@@ -172,9 +161,7 @@ def identity_document(
         "block_bytes": block_bytes(kv_cache_config, spec),
         "parallel": {
             "tp_size": par.tensor_parallel_size,
-            "tp_rank": tp_rank,
             "pp_size": par.pipeline_parallel_size,
-            "pp_rank": pp_rank,
             "dcp_size": par.decode_context_parallel_size,
         },
         "attention_backend": backend.name if backend is not None else "auto",

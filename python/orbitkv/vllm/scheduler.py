@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, is_error
+from orbitkv.vllm.tp import token_of
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-    from orbitkv._native import Lease
+    from orbitkv._native import Lease, TpLease
 
 logger = logging.getLogger("orbitkv.vllm")
 
@@ -46,7 +47,7 @@ class _ReqState:
     salt: bytes
     bypass: str | None  # why OrbitKV does not serve this request (None: it does)
     local_hit_blocks: int = 0
-    lease: Lease | None = None
+    lease: Lease | TpLease | None = None
     lease_start: int = -1  # start block of the last lookup (-1: none yet)
     hit_blocks: int = 0
     loading: bool = False
@@ -149,8 +150,14 @@ class OrbitKVScheduler:
     def _lookup(self, st: _ReqState, start: int, stop: int) -> int:
         hashes = st.request.block_hashes[start:stop]
         try:
-            ns = self.session.namespace(st.salt)
-            lease = self.session.client().lookup(ns, hashes)
+            lease: Lease | TpLease
+            if self.settings.query_control:
+                # T1: one call over every rank's shard; the common prefix is pinned in
+                # each under one TP lease the workers redeem (orbitkv.vllm.tp).
+                lease = self.session.client().lookup_tp(self.session.shard_namespaces(st.salt), hashes)
+            else:
+                ns = self.session.namespace(st.salt)
+                lease = self.session.client().lookup(ns, hashes)
         except Exception as exc:
             self.counters["manager_errors"] += 1
             level = logging.DEBUG if is_error(exc, "ManagerUnavailable") else logging.WARNING
@@ -232,6 +239,7 @@ class OrbitKVScheduler:
                 salt=st.salt,
                 hashes=tuple(request.block_hashes[start : start + n]),
                 block_ids=tuple(block_ids),
+                token=token_of(st.lease),
             )
         )
         st.loading = True

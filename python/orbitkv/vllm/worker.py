@@ -39,7 +39,7 @@ from orbitkv.vllm.native import ManagerSession, page_layout
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
-    from orbitkv._native import Lease, PageLayout, PendingSave
+    from orbitkv._native import Client, Lease, Namespace, PageLayout, PendingSave
     from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, LoadHandle, SaveHandle
 
 logger = logging.getLogger("orbitkv.vllm")
@@ -252,7 +252,7 @@ class OrbitKVWorker:
         try:
             client = self.session.client()
             ns = self.session.namespace(spec.salt)
-            acq.lease = client.lookup(ns, list(spec.hashes))
+            acq.lease = self._take_lease(client, ns, spec)
             n = min(acq.lease.hit_blocks, len(spec.block_ids))
             if n > 0:
                 from orbitkv.kvcopy import slots_array
@@ -268,6 +268,14 @@ class OrbitKVWorker:
             acq.out.failed_block_ids = list(spec.block_ids)
             acq.slots, acq.block_ids = np.empty((0, 2), dtype=np.int64), []
         return acq
+
+    @staticmethod
+    def _take_lease(client: Client, ns: Namespace, spec: LoadSpec) -> Lease:
+        """The lease this load copies from: this rank's part of the scheduler's TP lease
+        (redeemed with its token, no second lookup: T1), else a lookup of its own."""
+        if spec.token is not None:
+            return client.redeem_tp(spec.token, ns)
+        return client.lookup(ns, list(spec.hashes))
 
     def _issue_loads(self) -> None:
         """Step thread: issue the copy of every load whose acquire returned."""
@@ -339,7 +347,7 @@ class OrbitKVWorker:
             ns = self.session.namespace(spec.salt)
             # The scheduler's lease pins these blocks until this load is reported, so
             # this lookup sees at least the same prefix (unless it was corrupted/lost).
-            lease = client.lookup(ns, list(spec.hashes))
+            lease = self._take_lease(client, ns, spec)
         except Exception:
             logger.warning("orbitkv: load lookup for %s failed", spec.req_id, exc_info=True)
             out.total_failure = True

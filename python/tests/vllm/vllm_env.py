@@ -89,7 +89,14 @@ _use_working_tree_adapter()
 class ManagerProcess:
     """A real `python -m orbitkv serve` process on a private socket."""
 
-    def __init__(self, socket_path: Path, log_path: Path, fault_injection: bool, dram_size: str = "64MiB") -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        log_path: Path,
+        fault_injection: bool,
+        dram_size: str = "64MiB",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.socket_path = socket_path
         self.log_path = log_path
         args = [
@@ -110,6 +117,7 @@ class ManagerProcess:
         ]
         if fault_injection:
             args.append("--enable-fault-injection")
+        args.extend(extra_args)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
