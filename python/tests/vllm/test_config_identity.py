@@ -71,6 +71,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
             "orbitkv.kv_cache_layout": "BLHNC",
             "orbitkv.load_workers": 4,
             "orbitkv.copy_engine": "torch",
+            "orbitkv.query_control": True,
         }
     )
     assert s.mode is Mode.SAVE_ONLY and not s.loads
@@ -81,6 +82,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
     assert (s.copy_engine, default.copy_engine) == ("torch", "auto")
     assert s.uses_kvcopy("cpu") and s.uses_kvcopy("cuda")
     assert not default.uses_kvcopy("cpu") and default.uses_kvcopy("cuda")
+    assert (s.query_control, default.query_control) == (True, False)
 
 
 @pytest.mark.parametrize(
@@ -94,6 +96,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
         ({"orbitkv.copy_engine": "cupy"}, "orbitkv.copy_engine must be one of ['auto', 'torch']"),
         ({"orbitkv.static_lora_adapters": {"x": "/nonexistent/adapter"}}, "not a local directory"),
         ({"orbitkv.static_lora_adapters": "x"}, "orbitkv.static_lora_adapters"),
+        ({"orbitkv.query_control": "yes"}, "orbitkv.query_control must be true or false"),
     ],
 )
 def test_settings_rejections_name_the_key(extra: dict, needle: str) -> None:

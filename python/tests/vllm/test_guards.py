@@ -90,7 +90,42 @@ def test_rejects_speculative_decoding(model_dir: Path) -> None:
 def test_rejects_tensor_parallel_without_query_control(model_dir: Path) -> None:
     cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER)
     cfg.parallel_config.tensor_parallel_size = 2
-    with pytest.raises(UnsupportedProfileError, match="tensor_parallel_size=2"):
+    with pytest.raises(UnsupportedProfileError, match=r"tensor_parallel_size=2.*orbitkv.query_control=true"):
+        _build(cfg)
+
+
+QC = {"orbitkv.query_control": True}
+
+
+def test_tensor_parallel_with_query_control_constructs_the_scheduler_without_connecting(model_dir: Path) -> None:
+    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER, extra=QC)
+    cfg.parallel_config.tensor_parallel_size = 4
+    side = _build(cfg).scheduler_side
+    assert not side.session.connected and side.session.shards == 4
+
+
+def test_tensor_parallel_worker_needs_the_tp_group_for_its_shard(model_dir: Path) -> None:
+    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER, extra=QC)
+    cfg.parallel_config.tensor_parallel_size = 2
+    with pytest.raises(RuntimeError, match="TP group is not initialised"):
+        _build(cfg, role=KVConnectorRole.WORKER)
+
+
+@pytest.mark.parametrize(
+    "field", ["pipeline_parallel_size", "decode_context_parallel_size", "prefill_context_parallel_size"]
+)
+def test_rejects_pipeline_and_context_parallelism_even_with_query_control(model_dir: Path, field: str) -> None:
+    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER, extra=QC)
+    setattr(cfg.parallel_config, field, 2)
+    with pytest.raises(UnsupportedProfileError, match=f"{field}=2"):
+        _build(cfg)
+
+
+def test_rejects_tensor_parallel_across_hosts(model_dir: Path) -> None:
+    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER, extra=QC)
+    cfg.parallel_config.tensor_parallel_size = 2
+    cfg.parallel_config.nnodes = 2
+    with pytest.raises(UnsupportedProfileError, match=r"one host only; nnodes=2 \(--nnodes\)"):
         _build(cfg)
 
 

@@ -81,6 +81,8 @@ def run(e: TPEngine, prompt: list[int], **kw: Any) -> Any:
     e.check_pages(r, len(prompt))
     e.run_to_completion([r.request_id], **kw)
     assert r.request_id not in e.failed
+    # Asynchronous saves hold the blocks until every rank reported finished_sending.
+    e.run_until(lambda: r.request_id not in e.scheduler.requests, what="release of the blocks", **kw)
     return r
 
 
@@ -112,6 +114,7 @@ def cold_miss_then_full_hit(e: TPEngine, m: ManagerProcess) -> None:
     e.run_until(prefill_done(e, r.request_id, len(PROMPT)), what="prefill after the TP load")
     e.check_pages(r, len(PROMPT))  # 96 restored + 4 computed tokens, byte for byte, every rank
     e.run_to_completion([r.request_id])
+    e.run_until(lambda: r.request_id not in e.scheduler.requests, what="release of the blocks")
     after = m.stats()
     delta = {k: after[k] - before[k] for k in ("tp_lookups_total", "lookups_total", "tp_parts_redeemed_total")}
     # One Manager call for all ranks; each rank redeemed its part, none looked up again.
@@ -221,3 +224,16 @@ def test_tp_rank_killed_mid_load_leaks_no_lease_and_serves_no_byte(
     finally:
         e2.shutdown()
     assert_nothing_held(e2, m)
+
+
+def test_tp_full_hit_through_the_copy_engine(model_dir: Path, qc_manager: ManagerProcess) -> None:
+    """The same flow with every rank on `orbitkv.kvcopy` (asynchronous loads and saves,
+    `orbitkv.copy_engine = "torch"` on CPU pages): each rank redeems, acquires its
+    part's slots and copies through the engine; delayed frees until every rank reported."""
+    e = TPEngine.build(model_dir, str(qc_manager.socket_path), 2, extra={"orbitkv.copy_engine": "torch"})
+    try:
+        assert all(w["bytes_restored"] == 0 for w in e.call("counters"))
+        cold_miss_then_full_hit(e, qc_manager)
+    finally:
+        e.shutdown()
+    assert_nothing_held(e, qc_manager)
