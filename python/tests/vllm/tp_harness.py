@@ -52,9 +52,7 @@ def rank_kv_bytes(prefix: Iterable[int], layer: int, rank: int) -> bytes:
 
 
 def tp_config(model_dir: Path, socket_path: str, tp: int, extra: dict[str, Any] | None = None) -> Any:
-    cfg = make_vllm_config(
-        model_dir, socket_path=socket_path, extra={"orbitkv.query_control": True, **(extra or {})}
-    )
+    cfg = make_vllm_config(model_dir, socket_path=socket_path, extra={"orbitkv.query_control": True, **(extra or {})})
     cfg.parallel_config.tensor_parallel_size = tp
     return cfg
 
@@ -114,7 +112,8 @@ class _Rank:
             for pos in range(wr.start, wr.end):
                 prefix = wr.token_ids[: pos + 1]
                 for li, layer in enumerate(LAYERS):
-                    data = self.torch.frombuffer(bytearray(rank_kv_bytes(prefix, li, self.rank)), dtype=self.torch.uint8)
+                    raw = bytearray(rank_kv_bytes(prefix, li, self.rank))
+                    data = self.torch.frombuffer(raw, dtype=self.torch.uint8)
                     self._slot(layer, wr.block_ids[pos // BLOCK], pos % BLOCK).copy_(data.view(NUM_KV_HEADS, -1))
         if not so.has_sync_kv_loads:
             w.start_load_kv(None)
