@@ -183,7 +183,7 @@ class Client:
     def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
     def lookup_tp(self, namespaces: Sequence[Namespace], hashes: Sequence[bytes]) -> TpLease: ...
     def redeem_tp(self, token: bytes, ns: Namespace) -> Lease: ...  # this shard's part, as a Lease of this client
-    def release_tp(self, lease: TpLease) -> None: ...  # owner only; a second call is a no-op
+    def release_tp(self, lease: TpLease) -> bool: ...  # owner only; False: it had ended already (or a repeat)
     def acquire(self, lease: Lease) -> list[tuple[int, int]]: ...  # stage + (segment, offset) per hit block
     def acquire_packed(self, lease: Lease) -> bytes: ...  # acquire, as little-endian int64 (segment, offset) pairs
     def restore(

@@ -380,11 +380,18 @@ impl Client {
         }
     }
 
-    /// The owner ends its TP lease: parts not redeemed are released.
-    pub fn release_tp(&self, token: [u8; TP_TOKEN_BYTES]) -> Result<(), ClientError> {
-        match self.call(&Request::ReleaseTp { token })? {
-            Response::Ok => Ok(()),
-            r => Err(Self::unexpected(r)),
+    /// The owner ends its TP lease: parts not redeemed are released. `Ok(false)`
+    /// when it had ended already (every rank reported done, it expired, or it
+    /// ended with an earlier session of this owner): nothing was left to release.
+    pub fn release_tp(&self, token: [u8; TP_TOKEN_BYTES]) -> Result<bool, ClientError> {
+        match self.call(&Request::ReleaseTp { token }) {
+            Ok(Response::Ok) => Ok(true),
+            Ok(r) => Err(Self::unexpected(r)),
+            Err(ClientError::Server {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

@@ -112,8 +112,7 @@ fn every_rank_restores_its_own_shard_from_one_lookup() {
         assert_eq!(st["tp_parts_redeemed_total"], u64::from(tp));
         assert_eq!(st["lookups_total"], 0, "no rank looked up again");
         // The owner's release after completion: nothing left to end.
-        let e = sched.release_tp(token).expect_err("already ended");
-        assert_eq!(server_code(&e), Some(ErrorCode::NotFound));
+        assert!(!sched.release_tp(token).expect("already ended"));
     }
 }
 
@@ -160,7 +159,7 @@ fn the_token_is_bound_to_its_shards_and_redeemed_only_by_arena_sessions() {
     // Only the owner ends the TP lease.
     let e = workers[0].0.release_tp(token).expect_err("not the owner");
     assert_eq!(server_code(&e), Some(ErrorCode::NotOwner), "{e}");
-    sched.release_tp(token).expect("owner release");
+    assert!(sched.release_tp(token).expect("owner release"));
     assert_eq!(m.stats()["live_leases"], 0);
     assert_eq!(m.stats()["tp_leases_released_total"], 1);
 }
@@ -215,6 +214,5 @@ fn a_part_never_redeemed_expires() {
         let st = m.stats();
         st["tp_leases_expired_total"] == 1 && st["live_leases"] == 0 && st["live_tp_leases"] == 0
     });
-    let e = sched.release_tp(token).expect_err("expired");
-    assert_eq!(server_code(&e), Some(ErrorCode::NotFound));
+    assert!(!sched.release_tp(token).expect("expired: nothing left to end"));
 }

@@ -512,7 +512,12 @@ impl Client {
 
     /// One lookup over every shard of a TP group (`namespaces[i]` is shard `i`):
     /// the common prefix, pinned in every shard under one TP lease.
-    fn lookup_tp(&self, py: Python<'_>, namespaces: Vec<Py<Namespace>>, hashes: Vec<Vec<u8>>) -> PyResult<TpLease> {
+    fn lookup_tp(
+        &self,
+        py: Python<'_>,
+        namespaces: Vec<Py<Namespace>>,
+        hashes: Vec<Vec<u8>>,
+    ) -> PyResult<TpLease> {
         let hs = hashes_of(hashes)?;
         let nss: Vec<orbitkv_client::Namespace> = namespaces.iter().map(|n| n.get().inner.clone()).collect();
         let c = self.inner.clone();
@@ -551,12 +556,14 @@ impl Client {
 
     /// The owner ends its TP lease (once; later calls are no-ops): parts no
     /// worker redeemed are released, redeemed ones stay with their workers.
-    fn release_tp(&self, py: Python<'_>, lease: &TpLease) -> PyResult<()> {
+    /// True when this call ended it; False when it had ended already (every
+    /// rank reported done, or it expired) or this is a repeated call.
+    fn release_tp(&self, py: Python<'_>, lease: &TpLease) -> PyResult<bool> {
         if lease.session != self.inner.session_id() {
             return Err(PyValueError::new_err("TP lease belongs to another client"));
         }
         if lease.hit_blocks == 0 || lease.released.swap(true, Ordering::AcqRel) {
-            return Ok(());
+            return Ok(false);
         }
         let c = self.inner.clone();
         let token = lease.token;

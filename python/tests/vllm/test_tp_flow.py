@@ -124,6 +124,8 @@ def cold_miss_then_full_hit(e: TPEngine, m: ManagerProcess) -> None:
         assert w["bytes_restored"] == FULL_BLOCKS * block_bytes and w["load_failures"] == 0, w
     c = counters(e)
     assert (c["lookups"], c["hit_blocks"], c["loads_finished"], c["loads_failed"]) == (2, FULL_BLOCKS, 1, 0)
+    # The scheduler's release after every rank reported finds the lease ended: no error.
+    assert (c["leases_released"], c["manager_errors"]) == (2, 0), c
     assert_nothing_held(e, m)
 
 
