@@ -34,6 +34,7 @@ __all__ = [
     "RestoreFailed",
     "SaveFailed",
     "SaveResult",
+    "TpLease",
     "__version__",
     "default_socket_path",
     "namespace_salt",
