@@ -62,8 +62,8 @@ impl CacheState {
                 _ => break,
             }
         }
+        self.policy.touch_chain(&keys);
         for k in &keys {
-            self.policy.touch(k);
             self.note_hit(*k);
         }
         let hit_blocks = keys.len() as u32;
