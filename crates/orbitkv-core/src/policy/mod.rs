@@ -21,13 +21,14 @@ pub use s3fifo::S3Fifo;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PolicyKind {
     /// S3-FIFO (small, main and ghost FIFOs), blocks told in chain order.
-    #[default]
     S3Fifo,
     /// S3-FIFO told deepest block first (a chain's tail leaves before its head),
     /// with a ghost history of 4× the capacity for returns after long gaps.
     S3FifoChain,
-    /// S3-FIFO whose small queue grows when its evictions come back and shrinks
-    /// when main's do (ARC's adaptation), told deepest block first, ghost 4× capacity.
+    /// The default: S3-FIFO whose small queue (5–50 % of the capacity) grows when
+    /// its evictions come back and shrinks when main's do (ARC's adaptation), told
+    /// deepest block first, a ghost history of 1× the capacity.
+    #[default]
     S3FifoAdaptive,
     /// LRU, blocks told in chain order (a request's deepest block is the most recent).
     Lru,
@@ -101,7 +102,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
                 deepest_first: true,
             },
             PolicyKind::S3FifoAdaptive => Policy::S3Fifo {
-                p: S3Fifo::adaptive(capacity_bytes, capacity_bytes.saturating_mul(4)),
+                p: S3Fifo::adaptive(capacity_bytes, capacity_bytes),
                 deepest_first: true,
             },
             PolicyKind::Lru => Policy::Lru {

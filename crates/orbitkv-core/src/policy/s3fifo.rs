@@ -112,7 +112,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         let ghost = self.ghost_index.remove(&key);
         let readmitted = ghost.is_some();
         if self.adaptive {
-            let (lo, hi) = (self.capacity / 20, self.capacity / 10 * 9);
+            let (lo, hi) = (self.capacity / 20, self.capacity / 2);
             match ghost {
                 Some((_, Queue::Small)) => self.small_target = (self.small_target + weight).min(hi),
                 Some((_, Queue::Main)) => {
@@ -307,6 +307,45 @@ mod tests {
         // 1 re-entered through the ghost into main; 2 is in small and is the
         // victim while small is over its share.
         assert_eq!(p.evict_one(|_| false), Some(2));
+    }
+
+    #[test]
+    fn adaptive_small_queue_follows_the_ghost_hits_within_its_bounds() {
+        // Capacity 1000, small target starts at 100 (10 %), bounds 50..=500.
+        let mut p = S3Fifo::adaptive(1000, 1000);
+        assert_eq!(p.small_target, 100);
+        // Keys evicted from small that come back grow the small queue by their weight.
+        for k in 0..20u32 {
+            p.insert(k, 50);
+        }
+        let mut evicted = Vec::new();
+        while p.small_bytes + p.main_bytes > 500 {
+            evicted.push(p.evict_one(|_| false).expect("victim"));
+        }
+        for k in &evicted {
+            p.insert(*k, 50);
+        }
+        assert_eq!(
+            p.small_target, 500,
+            "grew by 50 per return, capped at half the capacity"
+        );
+        // Returned keys sit in main; evict them from main and bring them back: it shrinks.
+        for k in 100..120u32 {
+            p.insert(k, 50);
+        }
+        let mut from_main = Vec::new();
+        for _ in 0..30 {
+            let k = p.evict_one(|_| false).expect("victim");
+            if evicted.contains(&k) {
+                from_main.push(k);
+            }
+        }
+        assert!(!from_main.is_empty(), "main evicted some of the returned keys");
+        let before = p.small_target;
+        for k in &from_main {
+            p.insert(*k, 50);
+        }
+        assert_eq!(p.small_target, (before - 50 * from_main.len() as u64).max(50));
     }
 
     #[test]
