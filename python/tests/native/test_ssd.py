@@ -123,7 +123,9 @@ def test_lookup_reports_which_hit_blocks_come_from_ssd(manager_factory, tmp_path
     assert c.restore(lease, out) == 32 * BB
     c.release(lease)
     assert all(bytes(o) == content(h) for o, h in zip(out, first, strict=True))
-    assert m.stats()["ssd_staged_blocks_total"] - staged == len(ssd)
+    st = m.stats()
+    assert st["ssd_staged_blocks_total"] - staged == len(ssd)
+    assert st["ssd_hit_blocks_total"] == len(ssd), "the metric counts the same SSD hits"
     # Staged back into DRAM: the same blocks are DRAM hits now.
     again = c.lookup(ns, first)
     assert (again.hit_blocks, again.ssd_blocks) == (32, [])

@@ -79,6 +79,7 @@ impl CacheState {
             })
             .collect();
         self.counters.hit_blocks += u64::from(hit_blocks);
+        self.counters.ssd_hit_blocks += ssd_blocks.len() as u64;
         if keys.is_empty() {
             return Ok(LookupResult {
                 lease: None,
