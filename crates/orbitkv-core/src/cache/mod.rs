@@ -101,6 +101,8 @@ pub struct Counters {
     pub lookups: u64,
     pub lookup_blocks: u64,
     pub hit_blocks: u64,
+    /// Of `hit_blocks`, those on SSD only at lookup time (the lookup reply names them).
+    pub ssd_hit_blocks: u64,
     pub leases_granted: u64,
     pub leases_retired: u64,
     pub saves_begun: u64,
