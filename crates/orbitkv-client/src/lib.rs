@@ -37,20 +37,25 @@ pub struct Namespace {
 
 /// Result of a lookup: the longest contiguous hit, pinned under `lease`
 /// (`lease == 0` when nothing was hit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LookupHit {
     pub lease: u64,
     pub hit_blocks: u32,
     pub generation: u64,
+    /// Indices (ascending) of the hit blocks the Manager held on SSD only at
+    /// lookup time (staged back into DRAM by `acquire`); the others were DRAM hits.
+    pub ssd_blocks: Vec<u32>,
 }
 
 /// Result of a TP lookup (contract T1): the common prefix of every declared
 /// shard, pinned in each under one TP lease named by `token` (None when the
 /// common prefix is empty: nothing is pinned).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TpHit {
     pub token: Option<[u8; TP_TOKEN_BYTES]>,
     pub hit_blocks: u32,
+    /// Indices of hit blocks some shard held on SSD only at lookup time.
+    pub ssd_blocks: Vec<u32>,
     pub generation: u64,
 }
 
@@ -311,7 +316,9 @@ impl Client {
                 lease,
                 hit_blocks,
                 generation,
+                ssd_blocks,
             } => {
+                // The decoder checked the SSD indices against hit_blocks.
                 if hit_blocks as usize > hashes.len() || (hit_blocks > 0) != (lease != 0) {
                     return Err(ClientError::Protocol("inconsistent lookup reply".into()));
                 }
@@ -319,6 +326,7 @@ impl Client {
                     lease,
                     hit_blocks,
                     generation,
+                    ssd_blocks,
                 })
             }
             r => Err(Self::unexpected(r)),
@@ -344,6 +352,7 @@ impl Client {
                 token,
                 hit_blocks,
                 generation,
+                ssd_blocks,
             } => {
                 if hit_blocks as usize > hashes.len() {
                     return Err(ClientError::Protocol("inconsistent TP lookup reply".into()));
@@ -351,6 +360,7 @@ impl Client {
                 Ok(TpHit {
                     token: (hit_blocks > 0).then_some(token),
                     hit_blocks,
+                    ssd_blocks,
                     generation,
                 })
             }
@@ -366,6 +376,7 @@ impl Client {
                 lease,
                 hit_blocks,
                 generation,
+                ssd_blocks,
             } => {
                 if hit_blocks == 0 || lease == 0 {
                     return Err(ClientError::Protocol("inconsistent redeem reply".into()));
@@ -373,6 +384,7 @@ impl Client {
                 Ok(LookupHit {
                     lease,
                     hit_blocks,
+                    ssd_blocks,
                     generation,
                 })
             }

@@ -80,6 +80,7 @@ pub fn handle(
                     token: r.token.map_or([0; TP_TOKEN_BYTES], |t| t.0),
                     hit_blocks: r.hit_blocks,
                     generation: r.generation,
+                    ssd_blocks: r.ssd_blocks,
                 }))
         }
         Request::RedeemTp { token, ns } => {
@@ -97,6 +98,7 @@ pub fn handle(
                     lease: r.lease.0,
                     hit_blocks: r.hit_blocks,
                     generation: r.generation,
+                    ssd_blocks: r.ssd_blocks,
                 }))
         }
         Request::ReleaseTp { token } => map(shared

@@ -169,6 +169,9 @@ pub enum Response {
         lease: u64,
         hit_blocks: u32,
         generation: u64,
+        /// Indices of the hit blocks held on SSD only at lookup time (read
+        /// back by `Acquire`): strictly ascending, each `< hit_blocks`.
+        ssd_blocks: Vec<u32>,
     },
     Slots {
         slots: Vec<(u32, u64)>,
@@ -188,10 +191,12 @@ pub enum Response {
         json: String,
     },
     /// `token` is all zeros when `hit_blocks` is 0 (nothing pinned).
+    /// `ssd_blocks`: indices of hit blocks that some shard held on SSD only.
     TpLeaseOk {
         token: [u8; TP_TOKEN_BYTES],
         hit_blocks: u32,
         generation: u64,
+        ssd_blocks: Vec<u32>,
     },
     Error {
         code: u16,
@@ -408,8 +413,15 @@ impl Response {
                 lease,
                 hit_blocks,
                 generation,
+                ssd_blocks,
             } => {
-                w.u64(*lease).u32(*hit_blocks).u64(*generation);
+                w.u64(*lease)
+                    .u32(*hit_blocks)
+                    .u64(*generation)
+                    .count(ssd_blocks.len());
+                for i in ssd_blocks {
+                    w.u32(*i);
+                }
             }
             Response::Slots { slots } => {
                 w.count(slots.len());
@@ -441,8 +453,15 @@ impl Response {
                 token,
                 hit_blocks,
                 generation,
+                ssd_blocks,
             } => {
-                w.raw(token).u32(*hit_blocks).u64(*generation);
+                w.raw(token)
+                    .u32(*hit_blocks)
+                    .u64(*generation)
+                    .count(ssd_blocks.len());
+                for i in ssd_blocks {
+                    w.u32(*i);
+                }
             }
             Response::Error { code, message } => {
                 w.u16(*code).bytes(message.as_bytes());
@@ -450,6 +469,24 @@ impl Response {
         }
         w.buf
     }
+}
+
+/// Indices of SSD-only hit blocks: strictly ascending, each below `hit_blocks`
+/// (one encoding per message).
+fn read_ssd_blocks(r: &mut Reader<'_>, hit_blocks: u32) -> Result<Vec<u32>, DecodeError> {
+    let n = r.count("ssd_blocks", MAX_HASHES, 4)?;
+    let mut ssd_blocks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let i = r.u32("ssd block")?;
+        if i >= hit_blocks || ssd_blocks.last().is_some_and(|&p| p >= i) {
+            return Err(DecodeError::Invalid {
+                field: "ssd block",
+                value: i.into(),
+            });
+        }
+        ssd_blocks.push(i);
+    }
+    Ok(ssd_blocks)
 }
 
 /// Decode a reply body of the given kind.
@@ -472,11 +509,18 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
             ns: r.u32("ns")?,
             generation: r.u64("generation")?,
         },
-        0x83 => Response::LookupOk {
-            lease: r.u64("lease")?,
-            hit_blocks: r.u32("hit_blocks")?,
-            generation: r.u64("generation")?,
-        },
+        0x83 => {
+            let lease = r.u64("lease")?;
+            let hit_blocks = r.u32("hit_blocks")?;
+            let generation = r.u64("generation")?;
+            let ssd_blocks = read_ssd_blocks(&mut r, hit_blocks)?;
+            Response::LookupOk {
+                lease,
+                hit_blocks,
+                generation,
+                ssd_blocks,
+            }
+        }
         0x84 => {
             let n = r.count("slots", MAX_HASHES, 12)?;
             let mut slots = Vec::with_capacity(n);
@@ -534,10 +578,12 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
                     value: u64::from(hit_blocks),
                 });
             }
+            let generation = r.u64("generation")?;
             Response::TpLeaseOk {
                 token,
                 hit_blocks,
-                generation: r.u64("generation")?,
+                generation,
+                ssd_blocks: read_ssd_blocks(&mut r, hit_blocks)?,
             }
         }
         0xff => Response::Error {

@@ -91,6 +91,7 @@ fn every_response_round_trips() {
             lease: 3,
             hit_blocks: 4,
             generation: 5,
+            ssd_blocks: vec![1, 3],
         },
         Response::Slots {
             slots: vec![(0, 4096), (1, 0)],
@@ -115,16 +116,45 @@ fn every_response_round_trips() {
             token: [9; 16],
             hit_blocks: 3,
             generation: 2,
+            ssd_blocks: vec![0, 2],
         },
         Response::TpLeaseOk {
             token: [0; 16],
             hit_blocks: 0,
             generation: 2,
+            ssd_blocks: vec![],
         },
     ];
     for r in resps {
         let body = r.encode();
         assert_eq!(decode_response(r.kind() as u16, &body).expect("decodes"), r);
+    }
+}
+
+#[test]
+fn lookup_ssd_indices_must_be_ascending_and_inside_the_hit() {
+    let reply = |hit_blocks: u32, ssd_blocks: Vec<u32>| {
+        Response::LookupOk {
+            lease: 9,
+            hit_blocks,
+            generation: 1,
+            ssd_blocks,
+        }
+        .encode()
+    };
+    let ok = reply(3, vec![0, 2]);
+    assert!(decode_response(Kind::LookupOk as u16, &ok).is_ok());
+    for (hit, bad) in [(3, vec![3]), (3, vec![1, 1]), (3, vec![2, 0]), (0, vec![0])] {
+        assert!(
+            matches!(
+                decode_response(Kind::LookupOk as u16, &reply(hit, bad.clone())),
+                Err(DecodeError::Invalid {
+                    field: "ssd block",
+                    ..
+                })
+            ),
+            "{hit} {bad:?}"
+        );
     }
 }
 
@@ -163,6 +193,21 @@ fn tp_messages_are_bounded_and_canonical() {
         let mut body = token.to_vec();
         body.extend_from_slice(&hit.to_le_bytes());
         body.extend_from_slice(&0u64.to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            decode_response(Kind::TpLeaseOk as u16, &body),
+            Err(DecodeError::Invalid { .. })
+        ));
+    }
+    // SSD indices past the hit or out of order are not canonical.
+    for ssd in [[3u32, 0], [1, 0]] {
+        let mut body = [9u8; 16].to_vec();
+        body.extend_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes());
+        body.extend_from_slice(&2u32.to_le_bytes());
+        for i in ssd {
+            body.extend_from_slice(&i.to_le_bytes());
+        }
         assert!(matches!(
             decode_response(Kind::TpLeaseOk as u16, &body),
             Err(DecodeError::Invalid { .. })

@@ -149,6 +149,7 @@ struct Lease {
     client: Arc<orbitkv_client::Client>,
     id: u64,
     hit_blocks: u32,
+    ssd_blocks: Vec<u32>,
     block_bytes: u64,
     session: u64,
     state: Mutex<LeaseState>,
@@ -169,6 +170,12 @@ impl Lease {
     #[getter]
     fn hit_blocks(&self) -> u32 {
         self.hit_blocks
+    }
+    /// Indices (ascending) of the hit blocks the Manager held on SSD only at
+    /// lookup time; the other hit blocks were in DRAM.
+    #[getter]
+    fn ssd_blocks(&self) -> Vec<u32> {
+        self.ssd_blocks.clone()
     }
     #[getter]
     fn block_bytes(&self) -> u64 {
@@ -217,6 +224,7 @@ impl Lease {
 struct TpLease {
     token: [u8; orbitkv_proto::TP_TOKEN_BYTES],
     hit_blocks: u32,
+    ssd_blocks: Vec<u32>,
     generation: u64,
     session: u64,
     released: AtomicBool,
@@ -235,6 +243,11 @@ impl TpLease {
     #[getter]
     fn generation(&self) -> u64 {
         self.generation
+    }
+    /// Indices of hit blocks some shard held on SSD only at lookup time.
+    #[getter]
+    fn ssd_blocks(&self) -> Vec<u32> {
+        self.ssd_blocks.clone()
     }
     /// The session that owns it (`Client.session_id` of its client).
     #[getter]
@@ -504,6 +517,7 @@ impl Client {
             client: self.inner.clone(),
             id: hit.lease,
             hit_blocks: hit.hit_blocks,
+            ssd_blocks: hit.ssd_blocks.clone(),
             block_bytes: ns.inner.block_bytes,
             session: self.inner.session_id(),
             state: Mutex::new(LeaseState::default()),
@@ -525,6 +539,7 @@ impl Client {
         Ok(TpLease {
             token: hit.token.unwrap_or([0; orbitkv_proto::TP_TOKEN_BYTES]),
             hit_blocks: hit.hit_blocks,
+            ssd_blocks: hit.ssd_blocks.clone(),
             generation: hit.generation,
             session: self.inner.session_id(),
             released: AtomicBool::new(false),
@@ -548,6 +563,7 @@ impl Client {
             client: self.inner.clone(),
             id: hit.lease,
             hit_blocks: hit.hit_blocks,
+            ssd_blocks: hit.ssd_blocks.clone(),
             block_bytes: ns.inner.block_bytes,
             session: self.inner.session_id(),
             state: Mutex::new(LeaseState::default()),

@@ -23,6 +23,10 @@ pub enum LeaseState {
 pub struct LookupResult {
     pub lease: Option<LeaseId>,
     pub hit_blocks: u32,
+    /// Indices (ascending, `< hit_blocks`) of the hit blocks with no DRAM copy
+    /// at lookup time: `acquire` reads them from SSD. The lease pins the other
+    /// hit blocks in DRAM until it is released.
+    pub ssd_blocks: Vec<u32>,
     pub generation: u64,
 }
 
@@ -62,11 +66,14 @@ impl CacheState {
             }
         }
         let hit_blocks = keys.len() as u32;
+        let ssd_blocks = self.ssd_only(&keys);
         self.counters.hit_blocks += u64::from(hit_blocks);
+        self.counters.ssd_hit_blocks += ssd_blocks.len() as u64;
         if keys.is_empty() {
             return Ok(LookupResult {
                 lease: None,
                 hit_blocks: 0,
+                ssd_blocks: Vec::new(),
                 generation,
             });
         }
@@ -74,8 +81,20 @@ impl CacheState {
         Ok(LookupResult {
             lease: Some(id),
             hit_blocks,
+            ssd_blocks,
             generation,
         })
+    }
+
+    /// Indices (ascending) of `keys` with no DRAM copy now (read from SSD on acquire).
+    pub(super) fn ssd_only(&self, keys: &[BlockKey]) -> Vec<u32> {
+        (0..keys.len() as u32)
+            .filter(|&i| {
+                self.index
+                    .get(&keys[i as usize])
+                    .is_some_and(|e| e.slot.is_none())
+            })
+            .collect()
     }
 
     /// Pin `keys` (visible blocks) under a new `Granted` lease of session `s`.
@@ -92,8 +111,8 @@ impl CacheState {
                 e.hits = e.hits.saturating_add(1);
             }
         }
+        self.policy.touch_chain(&keys);
         for k in &keys {
-            self.policy.touch(k);
             self.note_hit(*k);
         }
         let id = LeaseId(self.next());

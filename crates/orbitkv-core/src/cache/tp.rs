@@ -62,14 +62,18 @@ pub(super) struct TpLease {
 pub struct TpLookupResult {
     pub token: Option<TpToken>,
     pub hit_blocks: u32,
+    /// Indices (ascending) of hit blocks some shard holds on SSD only.
+    pub ssd_blocks: Vec<u32>,
     pub generation: u64,
 }
 
 /// A redeemed part: an ordinary lease of the redeeming session.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TpRedeemed {
     pub lease: LeaseId,
     pub hit_blocks: u32,
+    /// Indices (ascending) of this shard's hit blocks on SSD only now.
+    pub ssd_blocks: Vec<u32>,
     pub generation: u64,
 }
 
@@ -115,9 +119,11 @@ impl CacheState {
             return Ok(TpLookupResult {
                 token: None,
                 hit_blocks: 0,
+                ssd_blocks: Vec::new(),
                 generation,
             });
         }
+        let mut ssd = std::collections::BTreeSet::new();
         let mut parts = Vec::with_capacity(nss.len());
         for &ns in nss {
             let keys: Vec<BlockKey> = hashes[..common]
@@ -128,11 +134,14 @@ impl CacheState {
                     hash: *h,
                 })
                 .collect();
+            ssd.extend(self.ssd_only(&keys));
             let id = self.grant_lease(s, ns, keys, Some(token));
             parts.push(TpPart::Pending(id));
         }
         let hit_blocks = common as u32;
+        let ssd_blocks: Vec<u32> = ssd.into_iter().collect();
         self.counters.hit_blocks += u64::from(hit_blocks);
+        self.counters.ssd_hit_blocks += ssd_blocks.len() as u64;
         self.counters.tp_leases_granted += 1;
         self.tp.insert(
             token,
@@ -147,6 +156,7 @@ impl CacheState {
         Ok(TpLookupResult {
             token: Some(token),
             hit_blocks,
+            ssd_blocks,
             generation,
         })
     }
@@ -221,6 +231,8 @@ impl CacheState {
             .ok_or(CacheError::UnknownLease(lease))?;
         l.session = s;
         let hit_blocks = l.keys.len() as u32;
+        let keys = l.keys.clone();
+        let ssd_blocks = self.ssd_only(&keys);
         // A transfer between sessions, not an end: the lease lives on.
         if let Some(info) = self.sessions.get_mut(&owner) {
             info.leases.take(&lease);
@@ -233,6 +245,7 @@ impl CacheState {
         Ok(TpRedeemed {
             lease,
             hit_blocks,
+            ssd_blocks,
             generation,
         })
     }
