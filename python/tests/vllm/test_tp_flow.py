@@ -168,7 +168,7 @@ def rank_save_failure_makes_a_miss_for_all(e: TPEngine, m: ManagerProcess) -> No
     assert_nothing_held(e, m)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tp_engine_flow(model_dir: Path, qc_manager: ManagerProcess, tp: int) -> None:
     e = TPEngine.build(model_dir, str(qc_manager.socket_path), tp)
     try:
