@@ -23,6 +23,7 @@ worker is a thin caller of the copy engine and both directions are asynchronous:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, page_layout
+from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, OrbitKVConnectorStats
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
@@ -135,6 +137,9 @@ class OrbitKVWorker:
             "save_batches": 0,
             "bytes_saved": 0,
         }
+        self._load_started: dict[str, float] = {}  # req_id -> start_load_kv time
+        self.load_seconds = 0.0  # summed load durations (vLLM connector stats)
+        self._stats = CounterDeltas(WORKER_KEYS)
 
     # ---- registration --------------------------------------------------------------
 
@@ -241,6 +246,7 @@ class OrbitKVWorker:
             else:
                 self._loads[spec.req_id] = self._pool.submit(self._load, spec)
             self.counters["loads"] += 1
+            self._load_started[spec.req_id] = time.perf_counter()
         self._issue_loads()
 
     # ---- loads through orbitkv.kvcopy ---------------------------------------------
@@ -340,8 +346,9 @@ class OrbitKVWorker:
             # The scheduler's lease pins these blocks until this load is reported, so
             # this lookup sees at least the same prefix (unless it was corrupted/lost).
             lease = client.lookup(ns, list(spec.hashes))
-        except Exception:
+        except Exception as exc:
             logger.warning("orbitkv: load lookup for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
             out.total_failure = True
             out.failed_block_ids = list(spec.block_ids)
             return out
@@ -363,16 +370,27 @@ class OrbitKVWorker:
                     out.bytes_copied = client.restore_pages(lease, layout, kv, dst_ids)
             out.failed_block_ids = list(spec.block_ids[n:])
             out.total_failure = n == 0
-        except Exception:
+        except Exception as exc:
             logger.warning("orbitkv: restore for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
             out.total_failure = True
             out.failed_block_ids = list(spec.block_ids)
         finally:
             try:
                 client.release(lease)
-            except Exception:
+            except Exception as exc:
+                # The copy above read the arena this process still maps: a Manager that
+                # died after the acquire loses the release, not the bytes (L7).
                 logger.debug("orbitkv: worker lease release failed", exc_info=True)
+                self._connection_failed(exc)
         return out
+
+    def _connection_failed(self, exc: BaseException) -> None:
+        """A broken connection is dropped so that the next transfer reconnects (a Manager
+        that restarted serves again). With orbitkv.kvcopy the copy engine is bound to the
+        session's arena mapping, so the session is kept (its calls fail as misses)."""
+        if not self.kvcopy:
+            self.session.drop_if_broken(exc)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         results = KVConnectorTransferResults()
@@ -401,6 +419,9 @@ class OrbitKVWorker:
 
     def _report_load(self, results: KVConnectorTransferResults, out: _LoadOutcome) -> None:
         results.finished_recving.add(out.req_id)
+        started = self._load_started.pop(out.req_id, None)
+        if started is not None:
+            self.load_seconds += time.perf_counter() - started
         if not out.total_failure:
             self.counters["bytes_restored"] += out.bytes_copied
         if out.failed_block_ids or out.total_failure:
@@ -579,9 +600,14 @@ class OrbitKVWorker:
                 self._stored += client.commit_save(pending)
             self._refused += sum(1 for st in pending.statuses if st == "refused")
             self.counters["bytes_saved"] += copied
-        except Exception:
+        except Exception as exc:
             self._failed_saves += 1
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
+
+    def connector_stats(self) -> OrbitKVConnectorStats | None:
+        """Counter increments since the last call (vLLM's `get_kv_connector_stats`)."""
+        return self._stats.take({**self.counters, "load_seconds": self.load_seconds})
 
     def build_worker_meta(self) -> OrbitKVWorkerMetadata | None:
         if not (self._saved_batches or self._stored or self._refused or self._failed_saves):

@@ -68,13 +68,14 @@ init_none_hash(sha256_cbor)
 
 def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
     """What the V1 runner reports after a step, in the release's call order:
-    transfer results, load errors, worker metadata, then unbind."""
+    transfer results, load errors, connector stats, worker metadata, then unbind."""
     results = w.get_transfer_results(so.finished_req_ids)
     out = KVConnectorOutput(
         finished_sending=results.finished_sending,
         finished_recving=results.finished_recving,
         failed_recving=results.failed_recving,
         invalid_block_ids=w.get_block_ids_with_load_errors(),
+        kv_connector_stats=w.get_kv_connector_stats(),
         kv_connector_worker_meta=w.build_connector_worker_meta(),
     )
     w.clear_connector_metadata()
