@@ -36,7 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransfe
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
-from orbitkv.vllm.native import ManagerSession, page_layout
+from orbitkv.vllm.native import ManagerSession, is_error, page_layout
 from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, OrbitKVConnectorStats
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
@@ -137,6 +137,7 @@ class OrbitKVWorker:
             "save_batches": 0,
             "bytes_saved": 0,
         }
+        self._broken = False  # kvcopy: the session's connection broke; rebind when idle
         self._load_started: dict[str, float] = {}  # req_id -> start_load_kv time
         self.load_seconds = 0.0  # summed load durations (vLLM connector stats)
         self._stats = CounterDeltas(WORKER_KEYS)
@@ -268,8 +269,9 @@ class OrbitKVWorker:
                 acq.block_ids = list(spec.block_ids[:n])
             acq.out.failed_block_ids = list(spec.block_ids[n:])
             acq.out.total_failure = n == 0
-        except Exception:
+        except Exception as exc:
             logger.warning("orbitkv: load lookup/acquire for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
             acq.out.total_failure = True
             acq.out.failed_block_ids = list(spec.block_ids)
             acq.slots, acq.block_ids = np.empty((0, 2), dtype=np.int64), []
@@ -326,8 +328,9 @@ class OrbitKVWorker:
             return
         try:
             self.session.client().release(lease)
-        except Exception:
+        except Exception as exc:
             logger.debug("orbitkv: worker lease release failed", exc_info=True)
+            self._connection_failed(exc)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """A no-op, correctly: every OrbitKV load is asynchronous (the scheduler answers
@@ -387,10 +390,28 @@ class OrbitKVWorker:
 
     def _connection_failed(self, exc: BaseException) -> None:
         """A broken connection is dropped so that the next transfer reconnects (a Manager
-        that restarted serves again). With orbitkv.kvcopy the copy engine is bound to the
-        session's arena mapping, so the session is kept (its calls fail as misses)."""
+        that restarted serves again). With orbitkv.kvcopy the copy engine reads and writes
+        the session's arena mapping, so the session is only marked broken here and is
+        dropped by `_rebind_if_broken` once no copy is in flight."""
         if not self.kvcopy:
             self.session.drop_if_broken(exc)
+        elif is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+            self._broken = True
+
+    def _rebind_if_broken(self) -> None:
+        """kvcopy: after a broken connection, once nothing is in flight, drain the engine,
+        unpin the old arena and drop the session; the next transfer connects again and
+        maps (and pins) the new Manager's arena."""
+        if not self._broken or self._kv_loads or self._kv_saves:
+            return
+        self._broken = False
+        if self.engine is not None:
+            self.engine.drain()
+        if self._arena is not None:
+            self._arena.close()
+        self.engine, self._arena, self._engine_session = None, None, -1
+        self.session.drop_client()
+        logger.warning("orbitkv: Manager connection lost; the arena view was released, the next transfer reconnects")
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         results = KVConnectorTransferResults()
@@ -398,6 +419,7 @@ class OrbitKVWorker:
             for out in self._collect_loads():
                 self._report_load(results, out)
             self._poll_saves()
+            self._rebind_if_broken()
             self._finishing |= finished_req_ids & self._save_reqs.keys()
             for req_id in sorted(self._finishing):
                 if self._save_reqs[req_id].in_flight == 0:
@@ -497,6 +519,7 @@ class OrbitKVWorker:
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
             if _is_engine_error(exc):
                 raise
+            self._connection_failed(exc)
             return None
         try:
             # Blocks already present or refused by admission get no slot and no copy.
@@ -524,8 +547,9 @@ class OrbitKVWorker:
             return
         try:
             self.session.client().abort_save(pending)
-        except Exception:
+        except Exception as exc:
             logger.debug("orbitkv: abort_save failed (the Manager frees it with the session)", exc_info=True)
+            self._connection_failed(exc)
 
     def _poll_saves(self, *, final: bool = False) -> None:
         """Commit every save whose copy completed, abort failed ones (no host sync).
@@ -550,7 +574,8 @@ class OrbitKVWorker:
                 self._stored += self.session.client().commit_save(rec.pending)
                 self._refused += sum(1 for st in rec.pending.statuses if st == "refused")
                 self.counters["bytes_saved"] += rec.bytes
-            except Exception:
+            except Exception as exc:
+                self._connection_failed(exc)
                 self._abort(rec.pending, rec.spec)
             self._save_done(rec)
         self._kv_saves = still

@@ -229,6 +229,7 @@ def make_request(
     cache_salt: str | None = None,
     lora_request: LoRARequest | None = None,
     req_id: str | None = None,
+    hash_fn: Any = sha256_cbor,
 ) -> Request:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     params.update_from_generation_config({}, EOS)
@@ -240,7 +241,7 @@ def make_request(
         mm_features=None,
         lora_request=lora_request,
         cache_salt=cache_salt,
-        block_hasher=get_request_block_hasher(BLOCK, sha256_cbor),
+        block_hasher=get_request_block_hasher(BLOCK, hash_fn),
     )
 
 
