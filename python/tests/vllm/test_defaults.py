@@ -363,6 +363,43 @@ def test_manager_killed_during_a_save(model_dir: Path, restartable: dict[str, An
     b.shutdown()
 
 
+def _stop(mgr: ManagerProcess) -> None:
+    """SIGSTOP the Manager and wait until every one of its threads is stopped."""
+    os.kill(mgr.proc.pid, signal.SIGSTOP)
+    tasks = Path(f"/proc/{mgr.proc.pid}/task")
+    deadline = time.monotonic() + 10
+    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
+        assert time.monotonic() < deadline, "the Manager did not stop"
+        time.sleep(0.01)
+
+
+@COPY_ENGINES
+def test_manager_stalled_during_a_load(model_dir: Path, orbit_manager: ManagerProcess, copy_engine: str) -> None:
+    """A Manager that stops answering between the lookup and the load: the worker's call
+    times out (orbitkv.timeout_ms), the blocks are recomputed, the request finishes; once
+    the Manager runs again the worker reconnects and the engine hits again."""
+    save_prompt(model_dir, orbit_manager)
+    extra = {"orbitkv.copy_engine": copy_engine, "orbitkv.timeout_ms": 300}
+    b = Engine.build(make_vllm_config(model_dir, socket_path=str(orbit_manager.socket_path), extra=extra))
+    r = make_request(PROMPT)
+    b.scheduler.add_request(r)
+    so = b.scheduler.schedule()
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    _stop(orbit_manager)
+    try:
+        b.execute(so)
+        b.run_until(lambda: counters(b)["loads_failed"] == 1, what="the timed-out load reported failed")
+    finally:
+        os.kill(orbit_manager.proc.pid, signal.SIGCONT)
+    b.run_until(prefilled(b, r), what="recompute after the timed-out load")
+    b.check_pages(r, len(PROMPT))
+    b.run_to_completion([r.request_id])
+    assert r.request_id not in b.failed and r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    b.run_until_drained()
+    hits_again(b, orbit_manager, seed=505)
+    b.shutdown()
+
+
 # ---- operators: OrbitKV in vLLM's KV-connector stats -----------------------------------
 
 
