@@ -375,7 +375,7 @@ class OrbitKVScheduler:
 
     def connector_stats(self) -> OrbitKVConnectorStats | None:
         """Counter increments since the last call (vLLM's `get_kv_connector_stats`)."""
-        return self._stats.take({**self.counters, "lookup_seconds": self.lookup_seconds})
+        return self._stats.take(self.counters, lookup_seconds=self.lookup_seconds)
 
     @property
     def tracked_requests(self) -> int:

@@ -57,14 +57,19 @@ class CounterDeltas:
         self._keys = tuple(keys)
         self._last: dict[str, float] = dict.fromkeys(self._keys, 0)
 
-    def take(self, counters: Mapping[str, float]) -> OrbitKVConnectorStats | None:
-        delta: dict[str, float] = {}
+    def take(self, counters: Mapping[str, float], **extra: float) -> OrbitKVConnectorStats | None:
+        """Increments of `counters` (and of the `extra` values) since the last call; None
+        when nothing moved (no allocation beyond the lookups in the common idle step)."""
+        delta: dict[str, float] | None = None
+        last = self._last
         for k in self._keys:
-            now = counters.get(k, 0)
-            if now != self._last[k]:
-                delta[k] = now - self._last[k]
-                self._last[k] = now
-        return OrbitKVConnectorStats(data=delta) if delta else None
+            now = extra[k] if k in extra else counters.get(k, 0)
+            if now != last[k]:
+                if delta is None:
+                    delta = {}
+                delta[k] = now - last[k]
+                last[k] = now
+        return OrbitKVConnectorStats(data=delta) if delta is not None else None
 
 
 @dataclass

@@ -632,7 +632,7 @@ class OrbitKVWorker:
 
     def connector_stats(self) -> OrbitKVConnectorStats | None:
         """Counter increments since the last call (vLLM's `get_kv_connector_stats`)."""
-        return self._stats.take({**self.counters, "load_seconds": self.load_seconds})
+        return self._stats.take(self.counters, load_seconds=self.load_seconds)
 
     def build_worker_meta(self) -> OrbitKVWorkerMetadata | None:
         if not (self._saved_batches or self._stored or self._refused or self._failed_saves):
