@@ -51,15 +51,22 @@ KEYS: dict[str, str] = {**SCHEDULER_KEYS, **WORKER_KEYS}
 
 
 class CounterDeltas:
-    """Turns monotonically growing counters into per-interval increments."""
+    """Turns monotonically growing counters into per-interval increments (every value
+    passed in, tracked or not, must never decrease)."""
 
     def __init__(self, keys: Mapping[str, str]) -> None:
         self._keys = tuple(keys)
         self._last: dict[str, float] = dict.fromkeys(self._keys, 0)
+        self._total: tuple[float, ...] = ()
 
     def take(self, counters: Mapping[str, float], **extra: float) -> OrbitKVConnectorStats | None:
         """Increments of `counters` (and of the `extra` values) since the last call; None
         when nothing moved (no allocation beyond the lookups in the common idle step)."""
+        # Every counter only grows: an unchanged total means nothing moved (the idle step).
+        total = (sum(counters.values()), *extra.values())
+        if total == self._total:
+            return None
+        self._total = total
         delta: dict[str, float] | None = None
         last = self._last
         for k in self._keys:
