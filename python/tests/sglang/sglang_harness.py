@@ -68,6 +68,7 @@ class Engine:
         server_args: dict[str, Any] | None = None,
         settings: dict[str, Any] | None = None,
         adapter_tag: str = "",
+        build: bool = True,
     ) -> None:
         from orbitkv.sglang import plugin
 
@@ -138,10 +139,10 @@ class Engine:
         self.registered: list[Any] = []
         self.worker = SimpleNamespace(register_hicache_layer_transfer_counter=self.registered.append)
         self.adapter_tag = adapter_tag
-        with get_parallel().override(attn_tp_rank=0, attn_tp_size=1):
-            self.cache = create_tree_cache(self.context())
-        self.free_at_start = self.alloc.available_size()
         self._n = 0
+        if build:
+            with get_parallel().override(attn_tp_rank=0, attn_tp_size=1):
+                self.cache = create_tree_cache(self.context())
 
     def context(self) -> TreeCacheBuildContext:
         return TreeCacheBuildContext(
@@ -277,8 +278,9 @@ class Engine:
         return self.linker.outstanding
 
     def close(self) -> None:
-        self.step()
-        self.cache.release_host_resources()
+        if hasattr(self, "cache"):
+            self.step()
+            self.cache.release_host_resources()
 
 
 def prompt(seed: int, pages: int) -> list[int]:
