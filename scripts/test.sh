@@ -6,6 +6,8 @@
 #      (as root, 8 huge pages are reserved for the run when fewer are free)
 #   4. the vLLM 0.31.0 adapter suite in a cached venv (~3 min / 8.4 GB the first
 #      time, under ~/.cache/orbitkv/venvs) — see docs/adapters.md
+#   5. the SGLang 0.5.21 adapter suite in its own cached venv (~5 min / 5 GB the
+#      first time) — see docs/adapters.md
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
 cd "$ROOT"
@@ -54,6 +56,8 @@ ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -
 
 echo "== vLLM 0.31.0 adapter suite (cached venv; skipped with a printed reason only if the platform cannot install it)"
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
+echo "== SGLang 0.5.21 adapter suite (cached venv; skipped with a printed reason only if the platform cannot install it)"
+ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings
 VLLM_VENV="$(scripts/vllm-venv.sh 2>/dev/null | tail -n 1 || true)"
 if [[ -x "$VLLM_VENV/bin/python" ]]; then
     echo "== native tests that need torch (inside the vLLM venv)"
