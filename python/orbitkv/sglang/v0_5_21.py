@@ -308,6 +308,9 @@ class OrbitKVLinker(UnifiedCacheLinker):
         self._batch_index = -1
         self._offloads: deque[_Offload] = deque()
         self.suppress_offload = False  # set by the cache while inserting a caller extra-key request
+        # The released wrapper driving this linker (set by build_tree_cache): its hit
+        # markers say which lookup leases SGLang may still consume.
+        self.wrapper: Any = None
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "lookups",
@@ -386,11 +389,16 @@ class OrbitKVLinker(UnifiedCacheLinker):
         return list(transfers[0].keys or [])
 
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
-        old = self._queries.pop(rid, None)
-        if old is not None:  # a re-match of a waiting request replaces its previous hit
+        keys = self._kv_keys(transfers)
+        old = self._queries.get(rid)
+        if old is not None and not old.session.broken and keys is not None and keys[: len(old.keys)] == old.keys:
+            # A waiting request matched again with the same uncached tail (every
+            # scheduling round): keep its staged hit instead of a new Manager round trip.
+            return list(range(1, len(old.keys) + 1))
+        if old is not None:  # a re-match with another tail replaces its previous hit
+            del self._queries[rid]
             self._release(old)
             self.stats["query_leases_released"] += 1
-        keys = self._kv_keys(transfers)
         if not keys:
             return []
         s = self._connect()
@@ -493,7 +501,20 @@ class OrbitKVLinker(UnifiedCacheLinker):
                     engine = ld.query.session.engine
                     h.wait_layer(engine.num_layers - 1)
 
+    def _sweep_unselected(self) -> None:
+        """L1: release lookup leases SGLang will not consume. The wrapper drops a hit
+        marker without calling the linker when load-back cannot allocate pages (its
+        ABORT phase) or when ranks agree on no common prefix."""
+        markers = getattr(self.wrapper, "hit_markers", None)
+        if markers is None:
+            return
+        for rid in [r for r in self._queries if r not in markers]:
+            self._release(self._queries.pop(rid))
+            self.stats["query_leases_released"] += 1
+
     def num_completed_loads(self) -> int:
+        # Called once per scheduler step (check_hicache_events), never inside a match.
+        self._sweep_unselected()
         n = 0
         for batch in self._batches:
             if not all(h.query() for h in batch.handles):
@@ -756,6 +777,7 @@ def build_tree_cache(ctx: Any, settings: SGLangSettings | None = None) -> OrbitK
     linker.page_size = int(params.page_size)
     cache.orbitkv_linker = linker
     cache.init_cache_linker(linker)
+    linker.wrapper = cache.linker
     kvcache.register_layer_transfer_counter(linker.layer_done_counter)
     ctx.tp_worker.register_hicache_layer_transfer_counter(linker.layer_done_counter)
     logger.info(

@@ -223,11 +223,13 @@ class Engine:
         req.lock_receipt = self.cache.inc_lock_ref(req.last_node).to_dec_params()
         return req
 
-    def abort_waiting(self, tokens: list[int], **kw: Any) -> Any:
-        """A request matched in the waiting queue, then aborted there (never admitted)."""
+    def abort_waiting(self, tokens: list[int], *, rematch: int = 0, **kw: Any) -> Any:
+        """A request matched in the waiting queue (again in `rematch` later scheduling
+        rounds), then aborted there (never admitted)."""
         self._n += 1
         req = Req(f"r{self._n}", "", array("q", tokens), SamplingParams(max_new_tokens=1), **kw)
-        req.init_next_round_input(self.cache)
+        for _ in range(1 + rematch):
+            req.init_next_round_input(self.cache)
         self.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
         return req
 

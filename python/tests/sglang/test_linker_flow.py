@@ -154,12 +154,37 @@ def test_abort_while_waiting_releases_the_lookup_lease(orbit_manager: ManagerPro
     tokens = prompt(7, 3)
     Engine(sock).serve(tokens)
     b = Engine(sock)
-    req = b.abort_waiting(tokens)
+    before = orbit_manager.stats()["lookups_total"]
+    req = b.abort_waiting(tokens, rematch=2)  # matched in three scheduling rounds, then aborted
     assert req.host_hit_length == 3 * PAGE  # the match saw (and staged) the hit
+    # One Manager lookup: re-matches of a waiting request with the same tail reuse it.
+    assert b.linker.stats["lookups"] == 1
+    assert orbit_manager.stats()["lookups_total"] == before + 1
     assert b.linker.stats["query_leases_released"] == 1
     assert_drained(b, manager=orbit_manager)
     got = b.serve(tokens)  # and a later request still restores it
     assert got.external_hit == 3 * PAGE and got.mismatched_bytes == 0
+    b.close()
+
+
+def test_unselected_lookup_lease_is_released(orbit_manager: ManagerProcess) -> None:
+    """L1: load-back that cannot allocate pages drops SGLang's hit marker without a
+    linker call; the staged lease is released at the next event poll."""
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(18, 4)
+    Engine(sock).serve(tokens)
+    b = Engine(sock)
+    hog = b.alloc.alloc(b.alloc.available_size())  # every free page held by "running" requests
+    req = b.admit(tokens)
+    assert req.host_hit_length == 4 * PAGE and req.orbit_loaded == 0
+    assert orbit_manager.stats()["live_leases"] == 1
+    b.step()
+    assert b.linker.stats["query_leases_released"] == 1
+    assert orbit_manager.stats()["live_leases"] == 0
+    b.alloc.free(hog)
+    got = b.run(req, tokens)
+    assert got.computed == 4 * PAGE + 1 and got.mismatched_bytes == 0
+    assert_drained(b, manager=orbit_manager)
     b.close()
 
 
