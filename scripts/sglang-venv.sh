@@ -14,8 +14,8 @@
 # Why not `pip install sglang==<pin>`: one of its GPU-only dependencies is a source
 # stub whose build step downloads from a vendor index (not reachable from CPU CI
 # machines). The recipe installs exactly what the tested modules import, CPU-only:
-#   1. torch at the release's own pin;
-#   2. sglang itself with --no-deps;
+#   1. sglang itself with --no-deps;
+#   2. torch at the release's own pin (read from its metadata: 2.13.0 for 0.5.21);
 #   3. the import closure of sglang.srt.mem_cache (listed in CLOSURE below) under a
 #      constraints file holding torch's pin and every `==` pin sglang declares, so
 #      nothing pip resolves moves torch, transformers, openai, tokenizers, ...
@@ -25,7 +25,7 @@ set -euo pipefail
 
 SGLANG_PIN="${ORBITKV_SGLANG_PIN:-0.5.21}"
 case "$SGLANG_PIN" in
-    0.5.21 | 0.5.23) TORCH_PIN="2.13.0" ;;
+    0.5.21 | 0.5.23) ;;
     *) echo "sglang-venv: cannot provide sglang==$SGLANG_PIN: no recipe for this pin (known: 0.5.21, 0.5.23)" >&2; exit 2 ;;
 esac
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs"
@@ -38,7 +38,7 @@ CLOSURE=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspe
     tqdm IPython pydantic aiohttp transformers torchvision dill sentencepiece
     compressed-tensors gguf openai partial-json-parser ninja)
 EXTRA_PKGS=(pytest ruff)
-STAMP_CONTENT="sglang==$SGLANG_PIN torch==$TORCH_PIN ${CLOSURE[*]} ${EXTRA_PKGS[*]} v1"
+STAMP_CONTENT="sglang==$SGLANG_PIN ${CLOSURE[*]} ${EXTRA_PKGS[*]} v1"
 
 fail() {
     echo "sglang-venv: cannot provide sglang==$SGLANG_PIN: $*" >&2
@@ -89,26 +89,28 @@ if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
     fail "$VENV exists and is not a virtual environment; refusing to replace it"
 fi
 
-echo "sglang-venv: building $VENV (sglang==$SGLANG_PIN without its GPU dependencies, torch==$TORCH_PIN)" >&2
+echo "sglang-venv: building $VENV (sglang==$SGLANG_PIN without its GPU dependencies)" >&2
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV" || fail "python -m venv failed"
 PIP=("$VENV/bin/python" -m pip install --quiet)
 "${PIP[@]}" --upgrade pip >&2 || fail "pip upgrade failed (is the package index reachable?)"
-"${PIP[@]}" "torch==$TORCH_PIN" >&2 || { rm -rf "$VENV"; fail "pip install torch==$TORCH_PIN failed"; }
 "${PIP[@]}" --no-deps "sglang==$SGLANG_PIN" >&2 || { rm -rf "$VENV"; fail "pip install --no-deps sglang==$SGLANG_PIN failed"; }
 CONSTRAINTS="$VENV/orbitkv-constraints.txt"
-# torch's pin plus every unconditional `name==version` requirement sglang declares.
-"$VENV/bin/python" - "$TORCH_PIN" >"$CONSTRAINTS" <<'PY' || { rm -rf "$VENV"; fail "reading sglang's metadata failed"; }
-import re, sys
+# Every unconditional `name==version` requirement sglang declares, torch's included.
+"$VENV/bin/python" - >"$CONSTRAINTS" <<'PY' || { rm -rf "$VENV"; fail "reading sglang's metadata failed"; }
+import re
 from importlib.metadata import requires
-print(f"torch=={sys.argv[1]}")
 for req in requires("sglang") or []:
     if ";" in req:
         continue
     m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*==\s*([^,\s]+)\s*", req)
-    if m and m.group(1).lower() != "torch":
+    if m:
         print(f"{m.group(1)}=={m.group(3)}")
 PY
+TORCH_PIN="$(sed -n 's/^torch==//p' "$CONSTRAINTS")"
+[[ -n "$TORCH_PIN" ]] || { rm -rf "$VENV"; fail "sglang==$SGLANG_PIN declares no torch== pin"; }
+echo "sglang-venv: torch==$TORCH_PIN (the release's pin)" >&2
+"${PIP[@]}" -c "$CONSTRAINTS" "torch==$TORCH_PIN" >&2 || { rm -rf "$VENV"; fail "pip install torch==$TORCH_PIN failed"; }
 if ! "${PIP[@]}" -c "$CONSTRAINTS" "${CLOSURE[@]}" "${EXTRA_PKGS[@]}" >&2; then
     rm -rf "$VENV"
     fail "installing the import closure under $CONSTRAINTS failed (network or platform; see pip output above)"
