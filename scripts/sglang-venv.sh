@@ -24,8 +24,10 @@
 set -euo pipefail
 
 SGLANG_PIN="${ORBITKV_SGLANG_PIN:-0.5.21}"
+PIN_CLOSURE=()
 case "$SGLANG_PIN" in
-    0.5.21 | 0.5.23) ;;
+    0.5.21) ;;
+    0.5.23) PIN_CLOSURE=(apache-tvm-ffi) ;;  # 0.5.23's cache imports tvm_ffi
     *) echo "sglang-venv: cannot provide sglang==$SGLANG_PIN: no recipe for this pin (known: 0.5.21, 0.5.23)" >&2; exit 2 ;;
 esac
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs"
@@ -36,7 +38,7 @@ PYTHON="${PYTHON:-python3}"
 # pools on CPU, plus the suite's own tools.
 CLOSURE=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq
     tqdm IPython pydantic aiohttp transformers torchvision dill sentencepiece
-    compressed-tensors gguf openai partial-json-parser ninja)
+    compressed-tensors gguf openai partial-json-parser ninja ${PIN_CLOSURE[@]+"${PIN_CLOSURE[@]}"})
 EXTRA_PKGS=(pytest ruff)
 STAMP_CONTENT="sglang==$SGLANG_PIN ${CLOSURE[*]} ${EXTRA_PKGS[*]} v1"
 
@@ -45,8 +47,10 @@ fail() {
     exit 2
 }
 
+IMPORT_LOG="$(mktemp)"
+trap 'rm -f "$IMPORT_LOG"' EXIT
 check_import() {
-    PATH="$VENV/bin:$PATH" "$VENV/bin/python" - "$SGLANG_PIN" <<'PY' 2>/dev/null
+    PATH="$VENV/bin:$PATH" "$VENV/bin/python" - "$SGLANG_PIN" <<'PY' 2>"$IMPORT_LOG"
 import sys
 from importlib.metadata import version
 ok = version("sglang") == sys.argv[1]
@@ -117,7 +121,11 @@ if ! "${PIP[@]}" -c "$CONSTRAINTS" "${CLOSURE[@]}" "${EXTRA_PKGS[@]}" >&2; then
 fi
 "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" \
     || { rm -rf "$VENV"; fail "torch moved away from $TORCH_PIN while installing the closure"; }
-check_import || { rm -rf "$VENV"; fail "sglang.srt.mem_cache.unified_radix_cache does not import"; }
+if ! check_import; then
+    why="$(grep -v -i 'warn' "$IMPORT_LOG" | tail -n 1)"
+    rm -rf "$VENV"
+    fail "sglang.srt.mem_cache.unified_radix_cache (or its page-hash extension) does not import on CPU: ${why:-unknown error}"
+fi
 echo "$STAMP_CONTENT" > "$STAMP"
 echo "sglang-venv: ready $VENV" >&2
 echo "$VENV"
