@@ -4,9 +4,10 @@
 #   2. the wheel, built and installed into .venv
 #   3. Python: ruff, source-only tests, real-process tests through the wheel
 #      (as root, 8 huge pages are reserved for the run when fewer are free)
-#   4. the vLLM 0.31.0 adapter suite in a cached venv (~3 min / 8.4 GB the first
-#      time, under ~/.cache/orbitkv/venvs) — see docs/adapters.md
-#   5. the SGLang 0.5.21 adapter suite in its own cached venv (~5 min / 5 GB the
+#   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0), each in its
+#      own cached venv under ~/.cache/orbitkv/venvs (8.4 GB each; a cold build of
+#      both took ~15 min on this 2-core box) — see docs/adapters.md
+#   5. the SGLang 0.5.21 adapter suite in its own cached venv (~5 min / 5.3 GB the
 #      first time) — see docs/adapters.md
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
@@ -54,7 +55,7 @@ echo "== the .pyi stub matches the native module (mypy stubtest)"
 echo "== pytest (source-only + real Manager processes)"
 ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -rs -p no:cacheprovider
 
-echo "== vLLM 0.31.0 adapter suite (cached venv; skipped with a printed reason only if the platform cannot install it)"
+echo "== vLLM adapter suite on 0.31.0 and 0.33.0 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
 echo "== SGLang 0.5.21 adapter suite (cached venv; skipped with a printed reason only if the platform cannot install it)"
 ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings

@@ -2,8 +2,10 @@
 # Create (or reuse) the cached virtual environment holding the pinned vLLM release
 # used by OrbitKV's vLLM adapter tests and benchmark.
 #
-#   scripts/vllm-venv.sh            # prints the venv path on the last line of stdout
-#   ORBITKV_VLLM_VENV=/path ...     # override the location
+#   scripts/vllm-venv.sh [PIN]      # PIN: a qualified pin (0.31.0 default, 0.33.0);
+#                                   # prints the venv path on the last line of stdout
+#   ORBITKV_VLLM_VENV_0_33_0=/path  # override the location of one pin's venv (dots -> _)
+#   ORBITKV_VLLM_VENV=/path ...     # the same, for the default pin 0.31.0 only
 #
 # The venv lives outside the repository, keyed by the pin, so repeated runs on the
 # same machine reuse it:  ${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs/vllm-<pin>
@@ -11,9 +13,22 @@
 # Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
 set -euo pipefail
 
-VLLM_PIN="0.31.0"
+# The qualified pins; python/orbitkv/vllm/compat/ has one module per pin.
+QUALIFIED_PINS=(0.31.0 0.33.0)
+VLLM_PIN="${1:-0.31.0}"
+if [[ " ${QUALIFIED_PINS[*]} " != *" $VLLM_PIN "* ]]; then
+    echo "vllm-venv: vllm==$VLLM_PIN is not a qualified pin (qualified: ${QUALIFIED_PINS[*]})" >&2
+    exit 2
+fi
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs"
-VENV="${ORBITKV_VLLM_VENV:-$CACHE_ROOT/vllm-$VLLM_PIN}"
+PIN_VAR="ORBITKV_VLLM_VENV_${VLLM_PIN//./_}"
+if [[ -n "${!PIN_VAR:-}" ]]; then
+    VENV="${!PIN_VAR}"
+elif [[ "$VLLM_PIN" == "0.31.0" && -n "${ORBITKV_VLLM_VENV:-}" ]]; then
+    VENV="$ORBITKV_VLLM_VENV"
+else
+    VENV="$CACHE_ROOT/vllm-$VLLM_PIN"
+fi
 STAMP="$VENV/.orbitkv-vllm-stamp"
 PYTHON="${PYTHON:-python3}"
 # Extra tools the suite needs inside the venv (not pulled by vLLM itself).

@@ -92,6 +92,8 @@ class Lease:
     @property
     def hit_blocks(self) -> int: ...
     @property
+    def ssd_blocks(self) -> list[int]: ...  # indices of hit blocks on SSD only at lookup (staged by acquire)
+    @property
     def block_bytes(self) -> int: ...
     @property
     def session(self) -> int: ...  # Client.session_id of the client that holds it

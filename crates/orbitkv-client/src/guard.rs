@@ -20,11 +20,12 @@ pub struct Lease<'c> {
 
 impl<'c> Lease<'c> {
     pub(crate) fn new(client: &'c Client, hit: LookupHit) -> Lease<'c> {
+        let released = hit.lease == 0;
         Lease {
             client,
             hit,
             slots: None,
-            released: hit.lease == 0,
+            released,
         }
     }
 
@@ -35,6 +36,11 @@ impl<'c> Lease<'c> {
 
     pub fn hit_blocks(&self) -> u32 {
         self.hit.hit_blocks
+    }
+
+    /// Indices of the hit blocks read back from SSD (see [`LookupHit::ssd_blocks`]).
+    pub fn ssd_blocks(&self) -> &[u32] {
+        &self.hit.ssd_blocks
     }
 
     pub fn generation(&self) -> u64 {

@@ -37,11 +37,14 @@ pub struct Namespace {
 
 /// Result of a lookup: the longest contiguous hit, pinned under `lease`
 /// (`lease == 0` when nothing was hit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LookupHit {
     pub lease: u64,
     pub hit_blocks: u32,
     pub generation: u64,
+    /// Indices (ascending) of the hit blocks the Manager held on SSD only at
+    /// lookup time (staged back into DRAM by `acquire`); the others were DRAM hits.
+    pub ssd_blocks: Vec<u32>,
 }
 
 /// Outcome of one block of a save.
@@ -301,7 +304,9 @@ impl Client {
                 lease,
                 hit_blocks,
                 generation,
+                ssd_blocks,
             } => {
+                // The decoder checked the SSD indices against hit_blocks.
                 if hit_blocks as usize > hashes.len() || (hit_blocks > 0) != (lease != 0) {
                     return Err(ClientError::Protocol("inconsistent lookup reply".into()));
                 }
@@ -309,6 +314,7 @@ impl Client {
                     lease,
                     hit_blocks,
                     generation,
+                    ssd_blocks,
                 })
             }
             r => Err(Self::unexpected(r)),

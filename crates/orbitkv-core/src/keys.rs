@@ -37,7 +37,7 @@ pub struct NamespaceKey {
 pub struct NsId(pub u32);
 
 /// A cache key (contract K1): namespace, generation, block hash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockKey {
     pub ns: NsId,
     pub generation: u64,

@@ -93,6 +93,10 @@ pub struct Args {
     /// write-behind; a restart recovers more) [default: evict]
     #[arg(long)]
     pub ssd_write_policy: Option<String>,
+    /// Which DRAM blocks leave first: s3fifo-adaptive, s3fifo, s3fifo-chain, lru or
+    /// lru-chain (docs/performance.md compares them on traces) [default: s3fifo-adaptive]
+    #[arg(long, env = "ORBITKV_CACHE_POLICY")]
+    pub cache_policy: Option<String>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -125,6 +129,7 @@ struct FileConfig {
     ssd_engine: Option<String>,
     ssd_admit_hits: Option<u32>,
     ssd_write_policy: Option<String>,
+    cache_policy: Option<String>,
 }
 
 /// Validated SSD-tier settings.
@@ -169,6 +174,8 @@ pub struct ManagerConfig {
     pub frame_timeout: std::time::Duration,
     pub log_level: crate::log::Level,
     pub ssd: Option<SsdSettings>,
+    /// DRAM eviction policy.
+    pub cache_policy: orbitkv_core::policy::PolicyKind,
 }
 
 pub const DEFAULT_DRAM: &str = "1GiB";
@@ -417,8 +424,15 @@ impl ManagerConfig {
                 })
             }
         };
+        let cache_policy = match a.cache_policy.or(file.cache_policy) {
+            Some(name) => name
+                .parse::<orbitkv_core::policy::PolicyKind>()
+                .map_err(|e| ConfigError::Invalid(format!("cache_policy: {e}")))?,
+            None => orbitkv_core::policy::PolicyKind::default(),
+        };
         Ok(ManagerConfig {
             ssd,
+            cache_policy,
             socket,
             dram_size,
             segment_size,
@@ -485,6 +499,20 @@ mod tests {
         let c =
             ManagerConfig::from_argv(["x", "--dram-size", "10MiB", "--segment-size", "4MiB"]).expect("ok");
         assert_eq!(c.segment_sizes(), vec![4 << 20, 4 << 20, 2 << 20]);
+    }
+
+    #[test]
+    fn cache_policy_defaults_parses_and_names_the_choices() {
+        use orbitkv_core::policy::PolicyKind;
+        let c = ManagerConfig::from_argv(["x"]).expect("defaults");
+        assert_eq!(c.cache_policy, PolicyKind::S3FifoAdaptive);
+        let c = ManagerConfig::from_argv(["x", "--cache-policy", "lru"]).expect("lru");
+        assert_eq!(c.cache_policy, PolicyKind::Lru);
+        let e = ManagerConfig::from_argv(["x", "--cache-policy", "mru"]).expect_err("unknown");
+        assert!(
+            e.to_string().contains("\"mru\"") && e.to_string().contains("s3fifo-adaptive"),
+            "{e}"
+        );
     }
 
     #[test]

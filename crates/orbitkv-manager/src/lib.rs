@@ -85,7 +85,7 @@ impl Manager {
             None => None,
         };
         let sizes: Vec<u64> = segments.iter().map(|s| s.size()).collect();
-        let mut cache = orbitkv_core::CacheState::new(&sizes);
+        let mut cache = orbitkv_core::CacheState::with_policy(&sizes, config.cache_policy);
         let below: Option<Box<dyn tier::Tier>> = match &config.ssd {
             Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,
@@ -119,10 +119,11 @@ impl Manager {
         }
         log!(
             Info,
-            "serving on {} (arena {} bytes in {} segment(s); metrics {})",
+            "serving on {} (arena {} bytes in {} segment(s), cache policy {}; metrics {})",
             shared.config.socket.display(),
             shared.config.dram_size,
             shared.segments.len(),
+            shared.config.cache_policy,
             shared
                 .metrics_addr
                 .lock()

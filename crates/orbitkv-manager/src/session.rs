@@ -409,6 +409,7 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                     lease: r.lease.map_or(0, |l| l.0),
                     hit_blocks: r.hit_blocks,
                     generation: r.generation,
+                    ssd_blocks: r.ssd_blocks,
                 }))
         }
         Request::Acquire { lease } => {

@@ -34,6 +34,12 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             c.hit_blocks,
         ),
         (
+            "ssd_hit_blocks_total",
+            "Of the hit blocks, those held on SSD only at lookup time",
+            "counter",
+            c.ssd_hit_blocks,
+        ),
+        (
             "leases_granted_total",
             "Leases granted (hit blocks pinned)",
             "counter",

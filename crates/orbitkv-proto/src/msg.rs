@@ -149,6 +149,9 @@ pub enum Response {
         lease: u64,
         hit_blocks: u32,
         generation: u64,
+        /// Indices of the hit blocks held on SSD only at lookup time (read
+        /// back by `Acquire`): strictly ascending, each `< hit_blocks`.
+        ssd_blocks: Vec<u32>,
     },
     Slots {
         slots: Vec<(u32, u64)>,
@@ -347,8 +350,15 @@ impl Response {
                 lease,
                 hit_blocks,
                 generation,
+                ssd_blocks,
             } => {
-                w.u64(*lease).u32(*hit_blocks).u64(*generation);
+                w.u64(*lease)
+                    .u32(*hit_blocks)
+                    .u64(*generation)
+                    .count(ssd_blocks.len());
+                for i in ssd_blocks {
+                    w.u32(*i);
+                }
             }
             Response::Slots { slots } => {
                 w.count(slots.len());
@@ -404,11 +414,30 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
             ns: r.u32("ns")?,
             generation: r.u64("generation")?,
         },
-        0x83 => Response::LookupOk {
-            lease: r.u64("lease")?,
-            hit_blocks: r.u32("hit_blocks")?,
-            generation: r.u64("generation")?,
-        },
+        0x83 => {
+            let lease = r.u64("lease")?;
+            let hit_blocks = r.u32("hit_blocks")?;
+            let generation = r.u64("generation")?;
+            let n = r.count("ssd_blocks", MAX_HASHES, 4)?;
+            let mut ssd_blocks = Vec::with_capacity(n);
+            for _ in 0..n {
+                let i = r.u32("ssd block")?;
+                // One encoding per message: strictly ascending indices into the hit.
+                if i >= hit_blocks || ssd_blocks.last().is_some_and(|&p| p >= i) {
+                    return Err(DecodeError::Invalid {
+                        field: "ssd block",
+                        value: i.into(),
+                    });
+                }
+                ssd_blocks.push(i);
+            }
+            Response::LookupOk {
+                lease,
+                hit_blocks,
+                generation,
+                ssd_blocks,
+            }
+        }
         0x84 => {
             let n = r.count("slots", MAX_HASHES, 12)?;
             let mut slots = Vec::with_capacity(n);

@@ -78,6 +78,7 @@ fn every_response_round_trips() {
             lease: 3,
             hit_blocks: 4,
             generation: 5,
+            ssd_blocks: vec![1, 3],
         },
         Response::Slots {
             slots: vec![(0, 4096), (1, 0)],
@@ -102,6 +103,33 @@ fn every_response_round_trips() {
     for r in resps {
         let body = r.encode();
         assert_eq!(decode_response(r.kind() as u16, &body).expect("decodes"), r);
+    }
+}
+
+#[test]
+fn lookup_ssd_indices_must_be_ascending_and_inside_the_hit() {
+    let reply = |hit_blocks: u32, ssd_blocks: Vec<u32>| {
+        Response::LookupOk {
+            lease: 9,
+            hit_blocks,
+            generation: 1,
+            ssd_blocks,
+        }
+        .encode()
+    };
+    let ok = reply(3, vec![0, 2]);
+    assert!(decode_response(Kind::LookupOk as u16, &ok).is_ok());
+    for (hit, bad) in [(3, vec![3]), (3, vec![1, 1]), (3, vec![2, 0]), (0, vec![0])] {
+        assert!(
+            matches!(
+                decode_response(Kind::LookupOk as u16, &reply(hit, bad.clone())),
+                Err(DecodeError::Invalid {
+                    field: "ssd block",
+                    ..
+                })
+            ),
+            "{hit} {bad:?}"
+        );
     }
 }
 

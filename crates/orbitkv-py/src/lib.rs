@@ -149,6 +149,7 @@ struct Lease {
     client: Arc<orbitkv_client::Client>,
     id: u64,
     hit_blocks: u32,
+    ssd_blocks: Vec<u32>,
     block_bytes: u64,
     session: u64,
     state: Mutex<LeaseState>,
@@ -169,6 +170,12 @@ impl Lease {
     #[getter]
     fn hit_blocks(&self) -> u32 {
         self.hit_blocks
+    }
+    /// Indices (ascending) of the hit blocks the Manager held on SSD only at
+    /// lookup time; the other hit blocks were in DRAM.
+    #[getter]
+    fn ssd_blocks(&self) -> Vec<u32> {
+        self.ssd_blocks.clone()
     }
     #[getter]
     fn block_bytes(&self) -> u64 {
@@ -458,6 +465,7 @@ impl Client {
             client: self.inner.clone(),
             id: hit.lease,
             hit_blocks: hit.hit_blocks,
+            ssd_blocks: hit.ssd_blocks.clone(),
             block_bytes: ns.inner.block_bytes,
             session: self.inner.session_id(),
             state: Mutex::new(LeaseState::default()),

@@ -1,4 +1,4 @@
-"""OrbitKV adapter for vLLM 0.31.0 (KV Connector V1).
+"""OrbitKV adapter for vLLM 0.31.0 and 0.33.0 (KV Connector V1; `compat` holds what differs).
 
 `kv_connector_module_path="orbitkv.vllm"`, `kv_connector="OrbitKVConnector"`.
 
@@ -16,8 +16,8 @@ from orbitkv.vllm.config import Mode, OrbitKVConfigError, OrbitKVSettings, parse
 
 if TYPE_CHECKING:
     from orbitkv.vllm.connector import OrbitKVConnector
+    from orbitkv.vllm.errors import UnsupportedProfileError
     from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
-    from orbitkv.vllm.profile import UnsupportedProfileError
 
 __all__ = [
     "Mode",
@@ -32,7 +32,7 @@ __all__ = [
 _LAZY = {
     "OrbitKVConnector": "orbitkv.vllm.connector",
     "OrbitKVConnectorMetadata": "orbitkv.vllm.metadata",
-    "UnsupportedProfileError": "orbitkv.vllm.profile",
+    "UnsupportedProfileError": "orbitkv.vllm.errors",
 }
 
 

@@ -1,4 +1,4 @@
-"""`OrbitKVConnector`: vLLM 0.31.0 KV Connector V1 for OrbitKV (contracts V1-V4).
+"""`OrbitKVConnector`: vLLM 0.31.0 / 0.33.0 KV Connector V1 for OrbitKV (contracts V1-V4).
 
 Load it with::
 
@@ -10,6 +10,7 @@ Load it with::
 vLLM builds one instance per role. The instance constructs only its role's object
 (`OrbitKVScheduler` or `OrbitKVWorker`); the other role's module is never imported.
 Profile guards run in the constructor, before anything connects to the Manager.
+Hooks that exist in one release only come from that release's `compat` module.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
+from orbitkv.vllm import compat
 from orbitkv.vllm.config import OrbitKVSettings, parse_settings
 from orbitkv.vllm.identity import fingerprint
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
@@ -46,8 +48,9 @@ if TYPE_CHECKING:
     from orbitkv.vllm.worker import OrbitKVWorker
 
 
-class OrbitKVConnector(KVConnectorBase_V1):
-    """Not `SupportsHMA`: vLLM turns the hybrid allocator off, one KV group remains."""
+class OrbitKVConnector(compat.current().ConnectorHooks, KVConnectorBase_V1):
+    """Not `SupportsHMA`: vLLM turns the hybrid allocator off, one KV group remains.
+    The release's own hooks (`compat.<pin>.ConnectorHooks`) come first in the MRO."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Profile guards and the namespace identity document for vLLM 0.31.0 (contract V3).
+"""Profile guards and the namespace identity document for vLLM 0.31.0 and 0.33.0 (V3).
 
 `check_profile` runs in both roles' constructors, before any Manager connection, and
 raises `UnsupportedProfileError` naming the setting to change. `identity_document`
@@ -19,28 +19,24 @@ from vllm.v1.kv_cache_interface import (
     get_kv_cache_spec_kind,
 )
 
+from orbitkv.vllm import compat
 from orbitkv.vllm.config import OrbitKVSettings
+from orbitkv.vllm.errors import UnsupportedProfileError
 from orbitkv.vllm.identity import SCHEMA, model_config_digest, static_lora_identity
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-PINNED_VLLM = "0.31.0"
 REQUIRED_HASH_ALGO = "sha256_cbor"
 _ACCEPTED_KINDS = (KVCacheSpecKind.FULL_ATTENTION, KVCacheSpecKind.MLA_ATTENTION)
 
-
-class UnsupportedProfileError(ValueError):
-    """The engine configuration is outside OrbitKV's qualified vLLM profile."""
+__all__ = ["UnsupportedProfileError", "check_profile", "identity_document"]
 
 
 def check_profile(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, settings: OrbitKVSettings) -> AttentionSpec:
     """Reject configurations OrbitKV cannot serve correctly. Returns the group spec."""
-    if vllm.__version__ != PINNED_VLLM:
-        raise UnsupportedProfileError(
-            f"orbitkv.vllm is qualified against vllm=={PINNED_VLLM}, found {vllm.__version__}; "
-            "the adapter moves with the pin (no cross-version fallbacks)"
-        )
+    release = compat.current()  # an unknown vLLM version is rejected here, naming the pins
+    release.check_profile(vllm_config)
     if vllm_config.use_v2_model_runner:
         raise UnsupportedProfileError(
             "OrbitKVConnector requires the V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0 "

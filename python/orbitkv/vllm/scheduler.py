@@ -367,6 +367,17 @@ class OrbitKVScheduler:
         self.counters["resets"] += 1
         return True
 
+    def hit_tiers(self, request: Request, num_external_tokens: int) -> tuple[int, int]:
+        """(DRAM, SSD) split of the `num_external_tokens` planned for loading `request`:
+        the first blocks of its lease's hit, with the blocks the Manager held on SSD only
+        at lookup time (`Lease.ssd_blocks`) counted as SSD. (0, 0) without a lease."""
+        st = self._reqs.get(request.request_id)
+        if st is None or st.lease is None or num_external_tokens <= 0:
+            return 0, 0
+        n = num_external_tokens // self.block_size
+        ssd = sum(1 for i in st.lease.ssd_blocks if i < n) * self.block_size
+        return num_external_tokens - ssd, ssd
+
     @property
     def tracked_requests(self) -> int:
         return len(self._reqs)

@@ -126,6 +126,7 @@ class OrbitKVWorker:
         self._loads: dict[str, Future[_LoadOutcome]] = {}
         self._load_errors: set[int] = set()
         self._epoch = 0
+        self._asleep = False  # KV caches unregistered for sleep mode (vLLM 0.33.0)
         self._saved_batches: set[int] = set()
         self._stored = self._refused = self._failed_saves = 0
         self.counters: dict[str, int] = {
@@ -231,6 +232,7 @@ class OrbitKVWorker:
         self._sync_epoch(meta)
         if not meta.loads:
             return
+        self._check_awake("a load")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.settings.load_workers, thread_name_prefix="orbitkv-load")
         for spec in meta.loads:
@@ -425,6 +427,7 @@ class OrbitKVWorker:
         self._sync_epoch(meta)
         if not meta.saves:
             return
+        self._check_awake("a save")
         if self.kvcopy:
             self._save_kvcopy(meta)
             return
@@ -595,6 +598,40 @@ class OrbitKVWorker:
         self._saved_batches = set()
         self._stored = self._refused = self._failed_saves = 0
         return wm
+
+    # ---- sleep mode (vLLM 0.33.0: unregister_kv_caches / restore_kv_caches) ----------
+
+    def _check_awake(self, what: str) -> None:
+        if self._asleep:
+            raise RuntimeError(
+                f"orbitkv: {what} was requested while the KV caches are unregistered for sleep mode "
+                "(vLLM called unregister_kv_caches and not yet restore_kv_caches)"
+            )
+
+    def unregister_kv_caches(self) -> None:
+        """Before vLLM releases the KV memory (sleep): every copy touching the pages has
+        completed when this returns, and no transfer starts until `restore_kv_caches`.
+        Loads and saves stay tracked: their completions are reported after the wake-up
+        as usual. Idempotent."""
+        if self._asleep:
+            return
+        for fut in list(self._loads.values()):
+            fut.exception()  # waits: native loads copy on the pool threads
+        for ld in self._kv_loads.values():
+            ld.future.exception()  # waits for the acquire; the copy is issued below
+        if self.kvcopy:
+            self._issue_loads()
+        if self.engine is not None:
+            self.engine.drain()  # both streams: issued loads and saves have completed
+        self._asleep = True
+        logger.info("orbitkv: KV caches unregistered (sleep mode); transfers refused until restored")
+
+    def restore_kv_caches(self) -> None:
+        """After the wake-up: vLLM maps the KV cache at the same addresses again, so the
+        registered pages (and the copy engine's views of them) are valid again. Idempotent."""
+        if self._asleep:
+            self._asleep = False
+            logger.info("orbitkv: KV caches restored after sleep mode")
 
     def shutdown(self) -> None:
         """Drain accepted loads and in-flight copies before the session closes (L6):

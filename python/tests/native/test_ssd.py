@@ -103,6 +103,66 @@ def test_restart_recovers_and_serves_the_warm_cache(manager_factory, tmp_path) -
     assert st["ssd_adopted_blocks_total"] == 24 and st["ssd_staged_blocks_total"] == 24
 
 
+def test_lookup_reports_which_hit_blocks_come_from_ssd(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`Lease.ssd_blocks`: indices of the hit blocks only the SSD tier held at lookup
+    time, exactly those `acquire` stages back; DRAM hits are not listed."""
+    m = ssd_manager(manager_factory, tmp_path / "ssd")
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    first = fill_and_spill(m, c, ns, 5, 32)
+    second = fill_and_spill(m, c, ns, 6, 64)  # 6 MiB through a 4 MiB arena: `first` is demoted
+    assert m.stats()["ssd_only_blocks"] >= 28
+    miss = c.lookup(ns, [hashes(7, 1)[0]])
+    assert (miss.hit_blocks, miss.ssd_blocks) == (0, [])
+    lease = c.lookup(ns, first)
+    ssd = lease.ssd_blocks
+    assert lease.hit_blocks == 32 and 28 <= len(ssd) <= 32
+    assert ssd == sorted(set(ssd)) and all(0 <= i < 32 for i in ssd)
+    staged = m.stats()["ssd_staged_blocks_total"]
+    out = [bytearray(BB) for _ in first]
+    assert c.restore(lease, out) == 32 * BB
+    c.release(lease)
+    assert all(bytes(o) == content(h) for o, h in zip(out, first, strict=True))
+    st = m.stats()
+    assert st["ssd_staged_blocks_total"] - staged == len(ssd)
+    assert st["ssd_hit_blocks_total"] == len(ssd), "the metric counts the same SSD hits"
+    # Staged back into DRAM: the same blocks are DRAM hits now.
+    again = c.lookup(ns, first)
+    assert (again.hit_blocks, again.ssd_blocks) == (32, [])
+    c.release(again)
+    # A mixed prefix: DRAM blocks and SSD-only blocks of `second`, each reported at
+    # its own index (staging `first` back demoted the oldest blocks of `second`).
+    mixed = first[:2] + second
+    lease = c.lookup(ns, mixed)
+    assert lease.hit_blocks == len(mixed)
+    assert 0 not in lease.ssd_blocks and 1 not in lease.ssd_blocks, "`first` is in DRAM now"
+    assert m.stats()["ssd_only_blocks"] == len(lease.ssd_blocks)
+    c.release(lease)
+
+
+def test_restart_reports_every_recovered_hit_as_ssd(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ssd = tmp_path / "ssd"
+    m = ssd_manager(manager_factory, ssd)
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    hs = fill_and_spill(m, c, ns, 8, 16)
+    c.close()
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait()
+    m2 = ssd_manager(manager_factory, ssd)
+    c2 = m2.client()
+    ns2 = c2.register_namespace(FP, BB)
+    lease = c2.lookup(ns2, hs)
+    assert (lease.hit_blocks, lease.ssd_blocks) == (16, list(range(16))), "after a restart only SSD holds them"
+    out = [bytearray(BB) for _ in hs]
+    c2.restore(lease, out)
+    c2.release(lease)
+    assert all(bytes(o) == content(h) for o, h in zip(out, hs, strict=True))
+    again = c2.lookup(ns2, hs)
+    assert (again.hit_blocks, again.ssd_blocks) == (16, [])
+    c2.release(again)
+
+
 def _sigkill_mid_spill(manager_factory, ssd: Path) -> list[bytes]:  # type: ignore[no-untyped-def]
     """Save a lot, SIGKILL while write-behind is still going; return what was saved."""
     m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")

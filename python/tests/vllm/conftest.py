@@ -15,7 +15,9 @@ from vllm_env import PINNED_VLLM, UNAVAILABLE, ManagerProcess
 def pytest_report_header(config: pytest.Config) -> list[str]:
     if UNAVAILABLE:
         return [f"orbitkv vLLM suite SKIPPED: {UNAVAILABLE}"]
-    return [f"orbitkv vLLM suite: vllm=={PINNED_VLLM} from {sys.executable}"]
+    import vllm
+
+    return [f"orbitkv vLLM suite: vllm=={vllm.__version__} (pin {PINNED_VLLM}) from {sys.executable}"]
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
-"""Environment of the OrbitKV vLLM adapter suite (runs inside the pinned vLLM venv).
+"""Environment of the OrbitKV vLLM adapter suite (runs inside one pinned vLLM venv).
 
-Run it with `python/tests/vllm/run.sh` (creates/reuses the venv, installs the native
-wheel, runs pytest with -rs). When the venv cannot be built, run.sh exports
-ORBITKV_VLLM_UNAVAILABLE with the reason and every test here is skipped with it.
+Run it with `python/tests/vllm/run.sh` (for each qualified pin: creates/reuses the venv,
+installs the native wheel, runs pytest with -rs; ORBITKV_VLLM_PIN names the pin). When a
+venv cannot be built, run.sh exports ORBITKV_VLLM_UNAVAILABLE with the reason and every
+test here is skipped with it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-PINNED_VLLM = "0.31.0"
+QUALIFIED_PINS = ("0.31.0", "0.33.0")  # orbitkv.vllm.compat.SUPPORTED_PINS
+# The pin this run tests (run.sh sets it); unset: whichever qualified pin is installed.
+PINNED_VLLM = os.environ.get("ORBITKV_VLLM_PIN") or "/".join(QUALIFIED_PINS)
 REPO_PYTHON = Path(__file__).resolve().parents[2]
 REPO_PKG = REPO_PYTHON / "orbitkv"
 
@@ -45,8 +48,8 @@ def _unavailable_reason() -> str | None:
             f"vllm=={PINNED_VLLM} is not installed for {sys.executable}; "
             "run python/tests/vllm/run.sh, which builds the pinned venv"
         )
-    if version != PINNED_VLLM:
-        return f"found vllm {version}, the adapter is pinned to {PINNED_VLLM}"
+    if version not in PINNED_VLLM.split("/"):
+        return f"found vllm {version}, this run is pinned to {PINNED_VLLM}"
     return None
 
 
@@ -89,7 +92,14 @@ _use_working_tree_adapter()
 class ManagerProcess:
     """A real `python -m orbitkv serve` process on a private socket."""
 
-    def __init__(self, socket_path: Path, log_path: Path, fault_injection: bool, dram_size: str = "64MiB") -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        log_path: Path,
+        fault_injection: bool,
+        dram_size: str = "64MiB",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.socket_path = socket_path
         self.log_path = log_path
         args = [
@@ -110,6 +120,7 @@ class ManagerProcess:
         ]
         if fault_injection:
             args.append("--enable-fault-injection")
+        args.extend(extra_args)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(

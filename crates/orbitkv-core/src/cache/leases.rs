@@ -22,6 +22,10 @@ pub enum LeaseState {
 pub struct LookupResult {
     pub lease: Option<LeaseId>,
     pub hit_blocks: u32,
+    /// Indices (ascending, `< hit_blocks`) of the hit blocks with no DRAM copy
+    /// at lookup time: `acquire` reads them from SSD. The lease pins the other
+    /// hit blocks in DRAM until it is released.
+    pub ssd_blocks: Vec<u32>,
     pub generation: u64,
 }
 
@@ -62,16 +66,25 @@ impl CacheState {
                 _ => break,
             }
         }
+        self.policy.touch_chain(&keys);
         for k in &keys {
-            self.policy.touch(k);
             self.note_hit(*k);
         }
         let hit_blocks = keys.len() as u32;
+        let ssd_blocks: Vec<u32> = (0..hit_blocks)
+            .filter(|&i| {
+                self.index
+                    .get(&keys[i as usize])
+                    .is_some_and(|e| e.slot.is_none())
+            })
+            .collect();
         self.counters.hit_blocks += u64::from(hit_blocks);
+        self.counters.ssd_hit_blocks += ssd_blocks.len() as u64;
         if keys.is_empty() {
             return Ok(LookupResult {
                 lease: None,
                 hit_blocks: 0,
+                ssd_blocks: Vec::new(),
                 generation,
             });
         }
@@ -92,6 +105,7 @@ impl CacheState {
         Ok(LookupResult {
             lease: Some(id),
             hit_blocks,
+            ssd_blocks,
             generation,
         })
     }

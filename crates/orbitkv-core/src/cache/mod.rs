@@ -42,7 +42,7 @@ use std::collections::HashMap;
 use crate::arena::ArenaAllocator;
 use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
 use crate::map::Map;
-use crate::policy::S3Fifo;
+use crate::policy::{Policy, PolicyKind};
 
 use entries::{Busy, Entry};
 use leases::Lease;
@@ -101,6 +101,8 @@ pub struct Counters {
     pub lookups: u64,
     pub lookup_blocks: u64,
     pub hit_blocks: u64,
+    /// Of `hit_blocks`, those on SSD only at lookup time (the lookup reply names them).
+    pub ssd_hit_blocks: u64,
     pub leases_granted: u64,
     pub leases_retired: u64,
     pub saves_begun: u64,
@@ -148,7 +150,7 @@ pub struct Gauges {
 #[derive(Debug)]
 pub struct CacheState {
     arena: ArenaAllocator,
-    policy: S3Fifo<BlockKey>,
+    policy: Policy<BlockKey>,
     index: Map<BlockKey, Entry>,
     namespaces: HashMap<NsId, NsInfo>,
     ns_by_key: HashMap<NamespaceKey, NsId>,
@@ -163,8 +165,18 @@ pub struct CacheState {
 
 impl CacheState {
     pub fn new(segment_sizes: &[u64]) -> Self {
+        Self::with_policy(segment_sizes, PolicyKind::default())
+    }
+
+    /// A cache whose DRAM eviction follows `kind`.
+    pub fn with_policy(segment_sizes: &[u64], kind: PolicyKind) -> Self {
+        let capacity = ArenaAllocator::new(segment_sizes).capacity();
+        Self::with_policy_instance(segment_sizes, Policy::new(kind, capacity))
+    }
+
+    /// A cache with a policy built by the caller (the simulator's parameter sweeps).
+    pub fn with_policy_instance(segment_sizes: &[u64], policy: Policy<BlockKey>) -> Self {
         let arena = ArenaAllocator::new(segment_sizes);
-        let policy = S3Fifo::new(arena.capacity());
         CacheState {
             arena,
             policy,

@@ -115,6 +115,7 @@ impl CacheState {
     pub fn commit_save(&mut self, s: SessionId, id: SaveId) -> Result<u32, CacheError> {
         let save = self.take_owned_save(s, id)?;
         let ns_bytes = self.ns(save.ns).ok().map(|n| n.block_bytes);
+        let mut visible = Vec::with_capacity(save.items.len());
         let mut committed = 0;
         for (hash, st) in save.items {
             let SaveStatus::Allocated(slot) = st else {
@@ -132,8 +133,11 @@ impl CacheState {
             }
             let block_bytes = ns_bytes.unwrap_or(slot.len);
             self.index.insert(key, Entry::in_dram(slot, block_bytes));
-            let readmitted = self.policy.insert(key, slot.len);
-            self.note_committed(key, readmitted);
+            visible.push((key, slot.len));
+        }
+        let readmitted = self.policy.insert_chain(&visible);
+        for (&(key, _), again) in visible.iter().zip(readmitted) {
+            self.note_committed(key, again);
             committed += 1;
         }
         self.counters.blocks_committed += u64::from(committed);

@@ -464,6 +464,49 @@ mod tests {
     }
 
     #[test]
+    fn lookup_counts_the_hit_blocks_that_only_ssd_holds() {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, &[h(1), h(2)]);
+        for j in c.spill_candidates(8) {
+            c.spill_done(&j, true);
+        }
+        save(&mut c, s, ns, &[h(3), h(4), h(5), h(6)]); // demotes h(1), h(2)
+        assert_eq!(c.gauges().ssd_only_blocks, 2);
+        // DRAM-only prefix: no SSD block.
+        let r = c.lookup(s, ns, &[h(5), h(6)]).expect("lookup");
+        assert_eq!((r.hit_blocks, r.ssd_blocks.as_slice()), (2, &[][..]));
+        c.release(s, r.lease.expect("hit")).expect("release");
+        // Mixed prefix: DRAM, SSD, DRAM, SSD, then a miss.
+        let r = c.lookup(s, ns, &[h(6), h(1), h(5), h(2), h(9)]).expect("lookup");
+        assert_eq!((r.hit_blocks, r.ssd_blocks.as_slice()), (4, &[1, 3][..]));
+        let lease = r.lease.expect("hit");
+        let AcquireStep::Stage(jobs) = c.acquire(s, lease).expect("acquire") else {
+            panic!("stage expected")
+        };
+        assert_eq!(
+            jobs.len(),
+            2,
+            "exactly the blocks reported as SSD hits are staged"
+        );
+        for j in &jobs {
+            c.finish_stage(j, true);
+        }
+        assert!(matches!(
+            c.acquire(s, lease).expect("ready"),
+            AcquireStep::Ready(_)
+        ));
+        c.release(s, lease).expect("release");
+        // Staged back: the same blocks are DRAM hits now.
+        let r = c.lookup(s, ns, &[h(1), h(2)]).expect("lookup");
+        assert_eq!((r.hit_blocks, r.ssd_blocks.as_slice()), (2, &[][..]));
+        c.release(s, r.lease.expect("hit")).expect("release");
+        // A miss reports no SSD block.
+        let r = c.lookup(s, ns, &[h(9)]).expect("lookup");
+        assert_eq!((r.hit_blocks, r.ssd_blocks.len(), r.lease), (0, 0, None));
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
     fn a_corrupt_copy_is_lost_never_served_and_deleted() {
         let (mut c, s, ns) = setup(0);
         save(&mut c, s, ns, &[h(1)]);

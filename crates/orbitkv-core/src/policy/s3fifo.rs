@@ -31,10 +31,18 @@ struct Meta {
 #[derive(Debug, Clone)]
 pub struct S3Fifo<K> {
     capacity: u64,
+    /// Ghost history, in bytes of the keys it remembers (default: 90 % of capacity).
+    ghost_limit: u64,
+    /// The small queue's target size in bytes (default 10 % of capacity).
+    small_target: u64,
+    /// Adapt `small_target` to ghost hits (ARC's rule): a key evicted from the
+    /// small queue that comes back grows it, one evicted from main that comes
+    /// back shrinks it. Main evictions are then remembered in the ghost too.
+    adaptive: bool,
     small: VecDeque<(K, u64)>,
     main: VecDeque<(K, u64)>,
     ghost: VecDeque<(K, u64, u64)>,
-    ghost_index: Map<K, u64>,
+    ghost_index: Map<K, (u64, Queue)>, // key -> (ghost seq, queue it was evicted from)
     entries: Map<K, Meta>,
     small_bytes: u64,
     main_bytes: u64,
@@ -44,8 +52,31 @@ pub struct S3Fifo<K> {
 
 impl<K: Copy + Eq + Hash> S3Fifo<K> {
     pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_ghost(capacity_bytes, capacity_bytes - capacity_bytes / 10)
+    }
+
+    /// Like [`S3Fifo::new`] with a ghost history of `ghost_bytes` (keys of that much
+    /// evicted weight are remembered; a longer history catches longer reuse gaps).
+    pub fn with_ghost(capacity_bytes: u64, ghost_bytes: u64) -> Self {
+        Self::tuned(capacity_bytes, 10, ghost_bytes)
+    }
+
+    /// Adaptive: the small queue's size follows ghost hits (see `adaptive`).
+    pub fn adaptive(capacity_bytes: u64, ghost_bytes: u64) -> Self {
+        let mut p = Self::tuned(capacity_bytes, 10, ghost_bytes);
+        p.adaptive = true;
+        p
+    }
+
+    /// Fully parameterised: the small queue's share of the capacity in percent
+    /// (1..=90) and the ghost history in bytes.
+    pub fn tuned(capacity_bytes: u64, small_pct: u64, ghost_bytes: u64) -> Self {
+        let capacity = capacity_bytes.max(1);
         S3Fifo {
-            capacity: capacity_bytes.max(1),
+            capacity,
+            ghost_limit: ghost_bytes,
+            small_target: capacity.saturating_mul(small_pct.clamp(1, 90)) / 100,
+            adaptive: false,
             small: VecDeque::new(),
             main: VecDeque::new(),
             ghost: VecDeque::new(),
@@ -78,7 +109,18 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             return false;
         }
         let seq = self.bump_seq();
-        let readmitted = self.ghost_index.remove(&key).is_some();
+        let ghost = self.ghost_index.remove(&key);
+        let readmitted = ghost.is_some();
+        if self.adaptive {
+            let (lo, hi) = (self.capacity / 20, self.capacity / 2);
+            match ghost {
+                Some((_, Queue::Small)) => self.small_target = (self.small_target + weight).min(hi),
+                Some((_, Queue::Main)) => {
+                    self.small_target = self.small_target.saturating_sub(weight).max(lo)
+                }
+                None => {}
+            }
+        }
         let queue = if readmitted { Queue::Main } else { Queue::Small };
         self.entries.insert(
             key,
@@ -129,7 +171,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         while budget > 0 {
             budget -= 1;
             let from_small =
-                !self.small.is_empty() && (self.small_bytes * 10 >= self.capacity || self.main.is_empty());
+                !self.small.is_empty() && (self.small_bytes >= self.small_target || self.main.is_empty());
             let (key, seq) = if from_small {
                 self.small.pop_front()?
             } else {
@@ -162,7 +204,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
                 let w = meta.weight;
                 self.entries.remove(&key);
                 self.small_bytes -= w;
-                self.add_ghost(key, w);
+                self.add_ghost(key, w, Queue::Small);
                 return Some(key);
             }
             if meta.freq > 0 {
@@ -173,6 +215,9 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             let w = meta.weight;
             self.entries.remove(&key);
             self.main_bytes -= w;
+            if self.adaptive {
+                self.add_ghost(key, w, Queue::Main);
+            }
             return Some(key);
         }
         None
@@ -197,18 +242,17 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         out
     }
 
-    fn add_ghost(&mut self, key: K, weight: u64) {
+    fn add_ghost(&mut self, key: K, weight: u64, from: Queue) {
         let seq = self.bump_seq();
         self.ghost.push_back((key, seq, weight));
-        self.ghost_index.insert(key, seq);
+        self.ghost_index.insert(key, (seq, from));
         self.ghost_bytes += weight;
-        let limit = self.capacity - self.capacity / 10;
-        while self.ghost_bytes > limit {
+        while self.ghost_bytes > self.ghost_limit {
             let Some((k, s, w)) = self.ghost.pop_front() else {
                 break;
             };
             self.ghost_bytes -= w;
-            if self.ghost_index.get(&k) == Some(&s) {
+            if self.ghost_index.get(&k).is_some_and(|(gs, _)| *gs == s) {
                 self.ghost_index.remove(&k);
             }
         }
@@ -263,6 +307,45 @@ mod tests {
         // 1 re-entered through the ghost into main; 2 is in small and is the
         // victim while small is over its share.
         assert_eq!(p.evict_one(|_| false), Some(2));
+    }
+
+    #[test]
+    fn adaptive_small_queue_follows_the_ghost_hits_within_its_bounds() {
+        // Capacity 1000, small target starts at 100 (10 %), bounds 50..=500.
+        let mut p = S3Fifo::adaptive(1000, 1000);
+        assert_eq!(p.small_target, 100);
+        // Keys evicted from small that come back grow the small queue by their weight.
+        for k in 0..20u32 {
+            p.insert(k, 50);
+        }
+        let mut evicted = Vec::new();
+        while p.small_bytes + p.main_bytes > 500 {
+            evicted.push(p.evict_one(|_| false).expect("victim"));
+        }
+        for k in &evicted {
+            p.insert(*k, 50);
+        }
+        assert_eq!(
+            p.small_target, 500,
+            "grew by 50 per return, capped at half the capacity"
+        );
+        // Returned keys sit in main; evict them from main and bring them back: it shrinks.
+        for k in 100..120u32 {
+            p.insert(k, 50);
+        }
+        let mut from_main = Vec::new();
+        for _ in 0..30 {
+            let k = p.evict_one(|_| false).expect("victim");
+            if evicted.contains(&k) {
+                from_main.push(k);
+            }
+        }
+        assert!(!from_main.is_empty(), "main evicted some of the returned keys");
+        let before = p.small_target;
+        for k in &from_main {
+            p.insert(*k, 50);
+        }
+        assert_eq!(p.small_target, (before - 50 * from_main.len() as u64).max(50));
     }
 
     #[test]
