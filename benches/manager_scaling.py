@@ -160,12 +160,13 @@ def main() -> int:
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "manager_scaling.json"))
+    ap.add_argument("--manager-args", default="", help="more `orbitkv serve` flags, e.g. \"--cache-policy lru\"")
     a = ap.parse_args()
     counts = [int(x) for x in a.clients.split(",")]
     d = tempfile.mkdtemp(prefix="okv-scale-")
     sock = os.path.join(d, "m.sock")
     mgr = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", "1GiB",
-                            "--metrics-addr", "off", "--log-level", "warn"])  # fmt: skip
+                            "--metrics-addr", "off", "--log-level", "warn", *a.manager_args.split()])  # fmt: skip
     rows = []
     try:
         for _ in range(200):

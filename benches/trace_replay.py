@@ -195,7 +195,8 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any) -> Non
     q.put(("done", st))
 
 
-def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int,
+                   extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     from orbitkv import _native
 
     sock = os.path.join(tmp, "manager.sock")
@@ -206,6 +207,7 @@ def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int) -> tu
         # One SSD block holds a block plus its 4 KiB header, on 4 KiB alignment.
         per = -(-(block + 4 * KiB) // (4 * KiB)) * 4 * KiB
         args += ["--ssd-dir", os.path.join(tmp, "ssd"), "--ssd-capacity", str(ssd * per), "--ssd-mode", "kernel"]
+    args += extra
     proc = subprocess.Popen(args)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -221,11 +223,11 @@ def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int) -> tu
 
 
 def replay(trace: list[list[int]], capacity: int, ssd_blocks: int, policy: str, clients: int, block: int,
-           workdir: str, quiet: bool) -> dict[str, Any]:
+           workdir: str, quiet: bool, extra: list[str]) -> dict[str, Any]:
     from orbitkv import _native
 
     tmp = tempfile.mkdtemp(prefix="replay-", dir=workdir)
-    proc, sock = _start_manager(tmp, capacity * block, policy, ssd_blocks, block)
+    proc, sock = _start_manager(tmp, capacity * block, policy, ssd_blocks, block, extra)
     try:
         ctx = mp.get_context("spawn")
         q, tasks = ctx.Queue(), ctx.Queue()
@@ -322,6 +324,7 @@ def main() -> int:
     ap.add_argument("--ssd-blocks", type=int, default=0, help="add an SSD tier of this many blocks")
     ap.add_argument("--policies", default="s3fifo-adaptive,lru", help="Manager --cache-policy values")
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--manager-args", default="", help="more `orbitkv serve` flags, e.g. \"--ssd-admit-hits 1\"")
     ap.add_argument("--block-bytes", type=int, default=64 * KiB)
     ap.add_argument("--workdir", default=None, help="where Managers keep sockets and SSD files (default: /var/tmp)")
     ap.add_argument("--out", default="bench-results/trace_replay.json")
@@ -347,11 +350,13 @@ def main() -> int:
             lru = hit_rate_lru(trace, cap + a.ssd_blocks)
             opt = hit_rate_optimum(trace, cap + a.ssd_blocks)
             row: dict[str, Any] = {"trace": name, "requests": len(trace), "capacity_blocks": cap,
+                                   "manager_args": a.manager_args,
                                    "ssd_blocks": a.ssd_blocks, "block_bytes": a.block_bytes, "clients": a.clients,
                                    "lru": lru, "optimum": opt, "reference_seconds": time.perf_counter() - t0,
                                    "policies": {}}
             for pol in policies:
-                r = replay(trace, cap, a.ssd_blocks, pol, a.clients, a.block_bytes, workdir, a.quiet)
+                r = replay(trace, cap, a.ssd_blocks, pol, a.clients, a.block_bytes, workdir, a.quiet,
+                           a.manager_args.split())
                 r["vs_optimum"] = r["hit_rate"] / opt if opt else None
                 r["vs_lru"] = r["hit_rate"] / lru if lru else None
                 row["policies"][pol] = r

@@ -29,14 +29,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from orbitkv.vllm import compat
 from orbitkv.vllm.config import OrbitKVSettings, parse_settings
+from orbitkv.vllm.failures import ensure_recompute_policy
 from orbitkv.vllm.identity import fingerprint
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
 from orbitkv.vllm.native import ManagerSession
 from orbitkv.vllm.profile import block_bytes, check_profile, identity_document
+from orbitkv.vllm.stats import OrbitKVConnectorStats, OrbitKVPromMetrics
 from orbitkv.vllm.tp import worker_tp_rank
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -63,6 +71,8 @@ class OrbitKVConnector(compat.current().ConnectorHooks, KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config
         self.settings: OrbitKVSettings = parse_settings(extra)
         spec = check_profile(vllm_config, kv_cache_config, self.settings)
+        # Before the Scheduler reads it (right after this constructor returns): L7.
+        ensure_recompute_policy(vllm_config, self.settings, log=role == KVConnectorRole.SCHEDULER)
         self.identity = identity_document(vllm_config, kv_cache_config, spec, self.settings)
         self.fingerprint = fingerprint(self.identity)
         self.block_bytes = block_bytes(kv_cache_config, spec)
@@ -172,6 +182,24 @@ class OrbitKVConnector(compat.current().ConnectorHooks, KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         return self.worker_side.build_worker_meta()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        side = self._scheduler if self._scheduler is not None else self._worker
+        return side.connector_stats() if side is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return OrbitKVConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return OrbitKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._worker is not None:

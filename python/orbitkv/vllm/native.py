@@ -171,6 +171,14 @@ class ManagerSession:
             client.release(lease)
         return True
 
+    def drop_if_broken(self, exc: BaseException) -> bool:
+        """Drop the connection when `exc` says it is gone (the Manager died, restarted or
+        broke the protocol), so that the next call reconnects (L7). True when dropped."""
+        if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+            self.drop_client()
+            return True
+        return False
+
     def drop_client(self) -> None:
         """Forget a broken connection; the next call reconnects."""
         with self._lock:

@@ -20,6 +20,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from orbitkv.vllm import compat
+from orbitkv.vllm.block_hashes import BlockHashError, block_hash_identity, check_hash_algo
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.errors import UnsupportedProfileError
 from orbitkv.vllm.identity import SCHEMA, model_config_digest, static_lora_identity
@@ -28,7 +29,6 @@ from orbitkv.vllm.tp import parallel_rejection
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-REQUIRED_HASH_ALGO = "sha256_cbor"
 _ACCEPTED_KINDS = (KVCacheSpecKind.FULL_ATTENTION, KVCacheSpecKind.MLA_ATTENTION)
 
 __all__ = ["UnsupportedProfileError", "check_profile", "identity_document"]
@@ -59,14 +59,10 @@ def check_profile(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, setti
             f"OrbitKVConnector supports full-attention KV-cache groups only; the group is "
             f"{kind.value} ({type(spec).__name__})"
         )
-    algo = vllm_config.cache_config.prefix_caching_hash_algo
-    if algo != REQUIRED_HASH_ALGO:
-        raise UnsupportedProfileError(
-            f"OrbitKVConnector requires portable block hashes: set "
-            f"--prefix-caching-hash-algo {REQUIRED_HASH_ALGO} (CacheConfig."
-            f"prefix_caching_hash_algo is {algo!r}; pickle-based hashes depend on the "
-            "Python pickle format and are not a cross-process cache key)"
-        )
+    try:
+        check_hash_algo(vllm_config.cache_config.prefix_caching_hash_algo)
+    except BlockHashError as exc:
+        raise UnsupportedProfileError(str(exc)) from None
     if vllm_config.speculative_config is not None:
         raise UnsupportedProfileError(
             "OrbitKVConnector rejects speculative decoding (--speculative-config): draft "
@@ -162,5 +158,6 @@ def identity_document(
         },
         "attention_backend": backend.name if backend is not None else "auto",
         "hash_algo": cache.prefix_caching_hash_algo,
+        "block_hashes": block_hash_identity(vllm_config),
         "lora": static_lora_identity(settings.static_lora_adapters, _lora_settings(vllm_config)),
     }

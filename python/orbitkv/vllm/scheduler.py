@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, is_error
+from orbitkv.vllm.stats import SCHEDULER_KEYS, CounterDeltas, OrbitKVConnectorStats
 from orbitkv.vllm.tp import token_of
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
@@ -116,6 +118,8 @@ class OrbitKVScheduler:
             "resets": 0,
             "delayed_frees": 0,
         }
+        self.lookup_seconds = 0.0  # time spent in successful lookups (vLLM connector stats)
+        self._stats = CounterDeltas(SCHEDULER_KEYS)
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -149,6 +153,7 @@ class OrbitKVScheduler:
 
     def _lookup(self, st: _ReqState, start: int, stop: int) -> int:
         hashes = st.request.block_hashes[start:stop]
+        t0 = time.perf_counter()
         try:
             lease: Lease | TpLease
             if self.settings.query_control:
@@ -165,6 +170,7 @@ class OrbitKVScheduler:
             if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
                 self.session.drop_client()
             return 0
+        self.lookup_seconds += time.perf_counter() - t0
         self.counters["lookups"] += 1
         self.counters["lookup_blocks"] += len(hashes)
         hit = min(lease.hit_blocks, len(hashes))
@@ -385,6 +391,10 @@ class OrbitKVScheduler:
         n = num_external_tokens // self.block_size
         ssd = sum(1 for i in st.lease.ssd_blocks if i < n) * self.block_size
         return num_external_tokens - ssd, ssd
+
+    def connector_stats(self) -> OrbitKVConnectorStats | None:
+        """Counter increments since the last call (vLLM's `get_kv_connector_stats`)."""
+        return self._stats.take(self.counters, lookup_seconds=self.lookup_seconds)
 
     @property
     def tracked_requests(self) -> int:

@@ -23,6 +23,7 @@ worker is a thin caller of the copy engine and both directions are asynchronous:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransfe
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
-from orbitkv.vllm.native import ManagerSession, page_layout
+from orbitkv.vllm.native import ManagerSession, is_error, page_layout
+from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, OrbitKVConnectorStats
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
@@ -136,6 +138,10 @@ class OrbitKVWorker:
             "save_batches": 0,
             "bytes_saved": 0,
         }
+        self._broken = False  # kvcopy: the session's connection broke; rebind when idle
+        self._load_started: dict[str, float] = {}  # req_id -> start_load_kv time
+        self.load_seconds = 0.0  # summed load durations (vLLM connector stats)
+        self._stats = CounterDeltas(WORKER_KEYS)
 
     # ---- registration --------------------------------------------------------------
 
@@ -243,6 +249,7 @@ class OrbitKVWorker:
             else:
                 self._loads[spec.req_id] = self._pool.submit(self._load, spec)
             self.counters["loads"] += 1
+            self._load_started[spec.req_id] = time.perf_counter()
         self._issue_loads()
 
     # ---- loads through orbitkv.kvcopy ---------------------------------------------
@@ -264,8 +271,9 @@ class OrbitKVWorker:
                 acq.block_ids = list(spec.block_ids[:n])
             acq.out.failed_block_ids = list(spec.block_ids[n:])
             acq.out.total_failure = n == 0
-        except Exception:
+        except Exception as exc:
             logger.warning("orbitkv: load lookup/acquire for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
             acq.out.total_failure = True
             acq.out.failed_block_ids = list(spec.block_ids)
             acq.slots, acq.block_ids = np.empty((0, 2), dtype=np.int64), []
@@ -330,8 +338,9 @@ class OrbitKVWorker:
             return
         try:
             self.session.client().release(lease)
-        except Exception:
+        except Exception as exc:
             logger.debug("orbitkv: worker lease release failed", exc_info=True)
+            self._connection_failed(exc)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """A no-op, correctly: every OrbitKV load is asynchronous (the scheduler answers
@@ -350,8 +359,9 @@ class OrbitKVWorker:
             # The scheduler's lease pins these blocks until this load is reported, so
             # this lookup sees at least the same prefix (unless it was corrupted/lost).
             lease = self._take_lease(client, ns, spec)
-        except Exception:
+        except Exception as exc:
             logger.warning("orbitkv: load lookup for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
             out.total_failure = True
             out.failed_block_ids = list(spec.block_ids)
             return out
@@ -373,16 +383,45 @@ class OrbitKVWorker:
                     out.bytes_copied = client.restore_pages(lease, layout, kv, dst_ids)
             out.failed_block_ids = list(spec.block_ids[n:])
             out.total_failure = n == 0
-        except Exception:
+        except Exception as exc:
             logger.warning("orbitkv: restore for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
             out.total_failure = True
             out.failed_block_ids = list(spec.block_ids)
         finally:
             try:
                 client.release(lease)
-            except Exception:
+            except Exception as exc:
+                # The copy above read the arena this process still maps: a Manager that
+                # died after the acquire loses the release, not the bytes (L7).
                 logger.debug("orbitkv: worker lease release failed", exc_info=True)
+                self._connection_failed(exc)
         return out
+
+    def _connection_failed(self, exc: BaseException) -> None:
+        """A broken connection is dropped so that the next transfer reconnects (a Manager
+        that restarted serves again). With orbitkv.kvcopy the copy engine reads and writes
+        the session's arena mapping, so the session is only marked broken here and is
+        dropped by `_rebind_if_broken` once no copy is in flight."""
+        if not self.kvcopy:
+            self.session.drop_if_broken(exc)
+        elif is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+            self._broken = True
+
+    def _rebind_if_broken(self) -> None:
+        """kvcopy: after a broken connection, once nothing is in flight, drain the engine,
+        unpin the old arena and drop the session; the next transfer connects again and
+        maps (and pins) the new Manager's arena."""
+        if not self._broken or self._kv_loads or self._kv_saves:
+            return
+        self._broken = False
+        if self.engine is not None:
+            self.engine.drain()
+        if self._arena is not None:
+            self._arena.close()
+        self.engine, self._arena, self._engine_session = None, None, -1
+        self.session.drop_client()
+        logger.warning("orbitkv: Manager connection lost; the arena view was released, the next transfer reconnects")
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         results = KVConnectorTransferResults()
@@ -390,6 +429,7 @@ class OrbitKVWorker:
             for out in self._collect_loads():
                 self._report_load(results, out)
             self._poll_saves()
+            self._rebind_if_broken()
             self._finishing |= finished_req_ids & self._save_reqs.keys()
             for req_id in sorted(self._finishing):
                 if self._save_reqs[req_id].in_flight == 0:
@@ -411,6 +451,9 @@ class OrbitKVWorker:
 
     def _report_load(self, results: KVConnectorTransferResults, out: _LoadOutcome) -> None:
         results.finished_recving.add(out.req_id)
+        started = self._load_started.pop(out.req_id, None)
+        if started is not None:
+            self.load_seconds += time.perf_counter() - started
         if not out.total_failure:
             self.counters["bytes_restored"] += out.bytes_copied
         if out.failed_block_ids or out.total_failure:
@@ -487,6 +530,7 @@ class OrbitKVWorker:
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
             if _is_engine_error(exc):
                 raise
+            self._connection_failed(exc)
             return None
         try:
             # Blocks already present or refused by admission get no slot and no copy.
@@ -514,8 +558,9 @@ class OrbitKVWorker:
             return
         try:
             self.session.client().abort_save(pending)
-        except Exception:
+        except Exception as exc:
             logger.debug("orbitkv: abort_save failed (the Manager frees it with the session)", exc_info=True)
+            self._connection_failed(exc)
 
     def _poll_saves(self, *, final: bool = False) -> None:
         """Commit every save whose copy completed, abort failed ones (no host sync).
@@ -540,7 +585,8 @@ class OrbitKVWorker:
                 self._stored += self.session.client().commit_save(rec.pending)
                 self._refused += sum(1 for st in rec.pending.statuses if st == "refused")
                 self.counters["bytes_saved"] += rec.bytes
-            except Exception:
+            except Exception as exc:
+                self._connection_failed(exc)
                 self._abort(rec.pending, rec.spec)
             self._save_done(rec)
         self._kv_saves = still
@@ -590,9 +636,14 @@ class OrbitKVWorker:
                 self._stored += client.commit_save(pending)
             self._refused += sum(1 for st in pending.statuses if st == "refused")
             self.counters["bytes_saved"] += copied
-        except Exception:
+        except Exception as exc:
             self._failed_saves += 1
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
+            self._connection_failed(exc)
+
+    def connector_stats(self) -> OrbitKVConnectorStats | None:
+        """Counter increments since the last call (vLLM's `get_kv_connector_stats`)."""
+        return self._stats.take(self.counters, load_seconds=self.load_seconds)
 
     def build_worker_meta(self) -> OrbitKVWorkerMetadata | None:
         if not (self._saved_batches or self._stored or self._refused or self._failed_saves):

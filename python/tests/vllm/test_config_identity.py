@@ -23,10 +23,14 @@ from orbitkv.vllm.identity import adapter_digest, canonical_json, fingerprint, s
 pytestmark = pytest.mark.vllm
 
 
-def _run_python(code: str, env_extra: dict[str, str] | None = None) -> str:
+def _run_python(code: str, env_extra: dict[str, str | None] | None = None) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_PYTHON)
-    env.update(env_extra or {})
+    for k, v in (env_extra or {}).items():  # None: unset
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
@@ -132,7 +136,7 @@ def test_fingerprint_identical_across_processes_and_roles(model_dir: Path) -> No
     the scheduler and worker roles agree on it. Each role imports only its own module."""
     suite, model = str(Path(__file__).parent), str(model_dir)
 
-    def run(role: str, seed: str) -> list[str]:
+    def run(role: str, seed: str | None) -> list[str]:
         code = (
             f"import sys; sys.path.insert(0, {suite!r})\n"
             "import vllm_env, vllm_harness as harness\n"
@@ -148,8 +152,12 @@ def test_fingerprint_identical_across_processes_and_roles(model_dir: Path) -> No
         )
         return _run_python(code, {"PYTHONHASHSEED": seed}).split()
 
-    worker_fp, worker_mods = run("WORKER", "1")
-    sched_fp, sched_mods = run("SCHEDULER", "12345")
+    # PYTHONHASHSEED unset: each process randomises str hashing differently.
+    worker_fp, worker_mods = run("WORKER", None)
+    sched_fp, sched_mods = run("SCHEDULER", None)
     assert worker_fp == sched_fp and len(worker_fp) == 64
+    # A set PYTHONHASHSEED seeds vLLM's block-hash chain (NONE_HASH): it is bound (K2).
+    seeded, _ = run("SCHEDULER", "12345")
+    assert seeded != sched_fp and len(seeded) == 64
     assert worker_mods == "orbitkv.vllm.worker"  # no scheduler code, nothing native yet
     assert sched_mods == "orbitkv.vllm.scheduler"

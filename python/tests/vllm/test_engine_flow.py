@@ -213,7 +213,7 @@ def test_abort_during_async_load_frees_everything(model_dir: Path, manager: Mana
 
 
 @pytest.mark.parametrize("policy", ["fail", "recompute"])
-def test_injected_restore_failure_follows_the_release_policy(
+def test_injected_restore_failure_is_recomputed_under_either_policy(
     model_dir: Path, manager: ManagerProcess, policy: str
 ) -> None:
     a = build(model_dir, manager)
@@ -236,14 +236,13 @@ def test_injected_restore_failure_follows_the_release_policy(
     # V2: a failed receive is also a finished receive, in the same poll.
     assert out.failed_recving == {r.request_id} <= (out.finished_recving or set())
     assert len(out.invalid_block_ids) == FULL_BLOCKS
-    if policy == "fail":
-        b.run_until(lambda: r.request_id in b.finished, what="failure")
-        assert r.request_id in b.failed
-    else:
-        b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="recompute")
-        b.check_pages(r, len(PROMPT))  # recomputed locally, not half-restored
-        b.run_to_completion([r.request_id])
-        assert r.request_id not in b.failed
+    # L7: OrbitKV set vLLM's default "fail" to "recompute" at start-up (failures.py), so
+    # under either policy the request is recomputed and finishes normally.
+    assert b.scheduler.recompute_kv_load_failures
+    b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="recompute")
+    b.check_pages(r, len(PROMPT))  # recomputed locally, not half-restored
+    b.run_to_completion([r.request_id])
+    assert r.request_id not in b.failed
     assert counters(b)["loads_failed"] == 1
     b.assert_drained()
     assert_no_leases_held(b, manager)

@@ -51,9 +51,20 @@ def test_rejects_v2_model_runner(model_dir: Path, monkeypatch: pytest.MonkeyPatc
         _build(cfg)
 
 
-def test_rejects_pickle_block_hash(model_dir: Path) -> None:
-    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER, hash_algo="sha256")
-    with pytest.raises(UnsupportedProfileError, match="prefix-caching-hash-algo sha256_cbor"):
+@pytest.mark.parametrize("algo", ["xxhash", "xxhash_cbor"])
+def test_rejects_xxhash_block_hashes_naming_the_reason(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, algo: str
+) -> None:
+    # K2: vLLM seeds xxhash with random bytes per process unless PYTHONHASHSEED is set.
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER, hash_algo=algo)
+    with pytest.raises(UnsupportedProfileError, match=f"prefix-caching-hash-algo {algo}: without PYTHONHASHSEED"):
+        _build(cfg)
+    # With a fixed seed the chain is reproducible, but 16-byte non-cryptographic digests
+    # are still not keys the Manager takes.
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER, hash_algo=algo)
+    with pytest.raises(UnsupportedProfileError, match="not collision resistant"):
         _build(cfg)
 
 

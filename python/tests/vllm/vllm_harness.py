@@ -68,13 +68,14 @@ init_none_hash(sha256_cbor)
 
 def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
     """What the V1 runner reports after a step, in the release's call order:
-    transfer results, load errors, worker metadata, then unbind."""
+    transfer results, load errors, connector stats, worker metadata, then unbind."""
     results = w.get_transfer_results(so.finished_req_ids)
     out = KVConnectorOutput(
         finished_sending=results.finished_sending,
         finished_recving=results.finished_recving,
         failed_recving=results.failed_recving,
         invalid_block_ids=w.get_block_ids_with_load_errors(),
+        kv_connector_stats=w.get_kv_connector_stats(),
         kv_connector_worker_meta=w.build_connector_worker_meta(),
     )
     w.clear_connector_metadata()
@@ -228,6 +229,7 @@ def make_request(
     cache_salt: str | None = None,
     lora_request: LoRARequest | None = None,
     req_id: str | None = None,
+    hash_fn: Any = sha256_cbor,
 ) -> Request:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     params.update_from_generation_config({}, EOS)
@@ -239,7 +241,7 @@ def make_request(
         mm_features=None,
         lora_request=lora_request,
         cache_salt=cache_salt,
-        block_hasher=get_request_block_hasher(BLOCK, sha256_cbor),
+        block_hasher=get_request_block_hasher(BLOCK, hash_fn),
     )
 
 

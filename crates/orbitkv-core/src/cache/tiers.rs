@@ -134,15 +134,14 @@ impl CacheState {
             self.tier.spill_queue.clear();
             if self.arena.free_bytes() < low_water {
                 let min_hits = self.tier.min_hits;
-                for k in self.policy.coldest(low_water) {
-                    if self
-                        .index
-                        .get(&k)
-                        .is_some_and(|e| e.hits >= min_hits && !e.on_ssd)
-                    {
-                        self.tier.spill_queue.push_back(k);
-                    }
-                }
+                let index = &self.index;
+                // Only blocks that qualify count towards the low-water bytes: with
+                // `min_hits` > 0 the cold end is mostly unhit blocks, and stopping at
+                // them would spill nothing.
+                let eligible = |k: &BlockKey| index.get(k).is_some_and(|e| e.hits >= min_hits && !e.on_ssd);
+                self.tier
+                    .spill_queue
+                    .extend(self.policy.coldest(low_water, eligible));
             }
         }
         let mut jobs = Vec::new();
@@ -607,6 +606,42 @@ mod tests {
         assert!(
             jobs.iter().any(|j| j.key.hash == h(1)),
             "readmission counts as a hit"
+        );
+        for j in &jobs {
+            c.spill_done(j, true);
+        }
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn evict_policy_with_hit_admission_spills_the_coldest_hit_blocks_behind_unhit_ones() {
+        // 16 slots (low water 2), LRU order so the cold end is easy to arrange: six
+        // unhit blocks are colder than the two hit ones. The unhit ones do not qualify
+        // (`min_hits` 1); the spill must still reach the hit blocks behind them.
+        let mut c = CacheState::with_policy(&[16 * 4096], crate::policy::PolicyKind::Lru);
+        c.enable_ssd_with(1, SpillPolicy::Evict);
+        let s = c.open_session();
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([1; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        let (ns, _) = c.register_namespace(key, 4096).expect("ns");
+        save(&mut c, s, ns, &(1..=8).map(h).collect::<Vec<_>>());
+        let lease = c
+            .lookup(s, ns, &[h(1), h(2)])
+            .expect("lookup")
+            .lease
+            .expect("hit");
+        c.release(s, lease).expect("release");
+        save(&mut c, s, ns, &(9..=15).map(h).collect::<Vec<_>>()); // one slot left
+        let jobs = c.spill_candidates(8);
+        let mut spilled: Vec<BlockHash> = jobs.iter().map(|j| j.key.hash).collect();
+        spilled.sort();
+        assert_eq!(
+            spilled,
+            vec![h(1), h(2)],
+            "the qualifying cold blocks, and only them"
         );
         for j in &jobs {
             c.spill_done(j, true);

@@ -68,16 +68,19 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
         Some(victim.1)
     }
 
-    /// Least recently used entries first, up to `limit_bytes` of weight. Nothing is changed.
-    pub fn coldest(&self, limit_bytes: u64) -> Vec<K> {
+    /// Least recently used entries for which `wanted` holds, up to `limit_bytes` of
+    /// their weight. Nothing is changed.
+    pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         let mut bytes = 0;
         let mut out = Vec::new();
         for (_, k) in &self.order {
             if bytes >= limit_bytes {
                 break;
             }
-            bytes += self.stamps.get(k).map_or(0, |&(_, w)| w);
-            out.push(*k);
+            if wanted(k) {
+                bytes += self.stamps.get(k).map_or(0, |&(_, w)| w);
+                out.push(*k);
+            }
         }
         out
     }

@@ -198,11 +198,12 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         }
     }
 
-    /// The coldest blocks, up to `limit_bytes`, in the order eviction would take them.
-    pub fn coldest(&self, limit_bytes: u64) -> Vec<K> {
+    /// The coldest blocks for which `wanted` holds, up to `limit_bytes` of them, in
+    /// the order eviction would take them.
+    pub fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         match self {
-            Policy::S3Fifo { p, .. } => p.coldest(limit_bytes),
-            Policy::Lru { p, .. } => p.coldest(limit_bytes),
+            Policy::S3Fifo { p, .. } => p.coldest(limit_bytes, wanted),
+            Policy::Lru { p, .. } => p.coldest(limit_bytes, wanted),
         }
     }
 }

@@ -223,18 +223,22 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         None
     }
 
-    /// The coldest entries, in the order eviction would reach them, up to
-    /// `limit_bytes` of weight: unhit entries at the front of the small queue,
-    /// then unhit entries at the front of main (hit entries would be promoted
-    /// or given another round first). Nothing is changed.
-    pub fn coldest(&self, limit_bytes: u64) -> Vec<K> {
+    /// The coldest entries for which `wanted` holds, in the order eviction would
+    /// reach them, up to `limit_bytes` of their weight: unhit entries at the front
+    /// of the small queue, then unhit entries at the front of main (hit entries
+    /// would be promoted or given another round first). Nothing is changed.
+    pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         let mut out = Vec::new();
         let mut bytes = 0;
         for (k, seq) in self.small.iter().chain(self.main.iter()) {
             if bytes >= limit_bytes {
                 break;
             }
-            if let Some(m) = self.entries.get(k).filter(|m| m.seq == *seq && m.freq == 0) {
+            if let Some(m) = self
+                .entries
+                .get(k)
+                .filter(|m| m.seq == *seq && m.freq == 0 && wanted(k))
+            {
                 bytes += m.weight;
                 out.push(*k);
             }

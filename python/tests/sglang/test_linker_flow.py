@@ -1,0 +1,354 @@
+"""The OrbitKV linker inside the released SGLang 0.5.21 UnifiedRadixCache, with a real
+Manager process, on CPU tensors (contracts S1, S2, L1-L3, L7, O5, K3, K4).
+
+Every test checks the bytes a request reads for *every* position (restored, natively
+matched and computed) against what that request would compute, and that the adapter and
+the Manager end drained (no lookup lease, load, save or Manager lease left).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sglang_env import ManagerProcess, skip_module_if_unavailable
+
+skip_module_if_unavailable()
+
+from sglang_harness import PAGE, Engine, prompt  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+def assert_drained(*engines: Engine, manager: ManagerProcess | None = None) -> None:
+    for e in engines:
+        e.step()
+        assert e.drained() == {"query_leases": 0, "queued_loads": 0, "load_batches": 0, "offloads": 0}
+    if manager is not None:
+        st = manager.stats()
+        assert st["live_leases"] == 0 and st["live_saves"] == 0, st
+
+
+def test_cold_miss_offload_then_restore_byte_exact(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(1, 5)
+    a = Engine(sock)
+    first = a.serve(tokens)
+    assert (first.device_hit, first.external_hit, first.computed) == (0, 0, 21)
+    assert first.mismatched_bytes == 0
+    assert a.linker.stats["offloaded_blocks"] == 5  # every complete page, saved once
+    st = orbit_manager.stats()
+    assert st["dram_visible_blocks"] == 5 and st["blocks_committed_total"] == 5
+
+    b = Engine(sock)  # a second engine (fresh tree and pool): only OrbitKV can serve it
+    again = b.serve(tokens)
+    assert (again.device_hit, again.external_hit, again.computed) == (0, 5 * PAGE, 1)
+    assert again.mismatched_bytes == 0
+    st = orbit_manager.stats()
+    assert st["hit_blocks_total"] == 5 and st["leases_retired_total"] >= 1
+    # Nothing offloaded twice: the restored path is marked as stored in the tree.
+    assert b.linker.stats["offloaded_blocks"] == 0
+    assert_drained(a, b, manager=orbit_manager)
+    a.close()
+    b.close()
+
+
+def test_partial_hit_and_partial_destinations(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    base = prompt(2, 5)
+    a = Engine(sock)
+    assert a.serve(base).mismatched_bytes == 0
+
+    b = Engine(sock)
+    # Shares 3 pages with `base`, then diverges: OrbitKV restores exactly those 3.
+    fork = base[: 3 * PAGE] + prompt(3, 2)[: 2 * PAGE + 1]
+    got = b.serve(fork)
+    assert (got.device_hit, got.external_hit, got.computed) == (0, 3 * PAGE, 2 * PAGE + 1)
+    assert got.mismatched_bytes == 0
+    # Now `base` on b: pages 0-2 are native (HBM) hits, only pages 3-4 come from OrbitKV,
+    # into destinations after the native prefix (the lookup chains from its last page).
+    got = b.serve(base)
+    assert (got.device_hit, got.external_hit, got.computed) == (3 * PAGE, 2 * PAGE, 1)
+    assert got.mismatched_bytes == 0
+    assert_drained(a, b, manager=orbit_manager)
+    a.close()
+    b.close()
+
+
+def test_native_hbm_hit_makes_no_external_query(orbit_manager: ManagerProcess) -> None:
+    e = Engine(str(orbit_manager.socket_path))
+    tokens = prompt(4, 4)
+    assert e.serve(tokens).mismatched_bytes == 0
+    lookups = e.linker.stats["lookups"]
+    before = orbit_manager.stats()["lookups_total"]
+    got = e.serve(tokens)
+    assert (got.device_hit, got.external_hit) == (4 * PAGE, 0)
+    assert got.mismatched_bytes == 0
+    assert e.linker.stats["lookups"] == lookups  # O5: no lookup for blocks the engine holds
+    assert orbit_manager.stats()["lookups_total"] == before
+    assert_drained(e, manager=orbit_manager)
+    e.close()
+
+
+def test_abort_during_queued_load_then_same_prefix_exact(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(5, 5)
+    a = Engine(sock)
+    a.serve(tokens)
+
+    b = Engine(sock)
+    req = b.admit(tokens)  # admitted: the load is queued, its pages are already in b's tree
+    assert req.orbit_loaded == 5 * PAGE
+    assert b.drained()["queued_loads"] == 1
+    # Abort through the released lifecycle only: finish(ABORT) -> release_aborted_request.
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
+    b.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
+    assert b.linker.stats["cancel_refused"] == 1  # 0.5.21: never cancel a queued load
+    b.cache.dec_lock_ref(req.last_node, req.lock_receipt)  # the scheduler drops its lock
+    b.step()
+
+    # The same prefix again: SGLang serves it from its tree (pages the aborted request's
+    # load brought in). The queued load runs with this batch and the bytes are exact.
+    got = b.serve(tokens)
+    assert got.device_hit == 5 * PAGE and got.external_hit == 0
+    assert got.mismatched_bytes == 0
+    assert_drained(a, b, manager=orbit_manager)
+    a.close()
+    b.close()
+
+
+def test_control_a_real_cancel_serves_unloaded_pages(orbit_manager: ManagerProcess) -> None:
+    """Control for the test above: the 0.5.21 trap is real. A linker whose
+    cancel_queued_load drops the queued load and returns True makes the released cache
+    serve the never-loaded pages as an ordinary hit (wrong bytes)."""
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(6, 5)
+    Engine(sock).serve(tokens)
+    b = Engine(sock)
+    linker = b.linker
+
+    def really_cancel(rid: str) -> bool:
+        for ld in list(linker._queued):
+            if ld.rid == rid:
+                linker._queued.remove(ld)
+                linker._release(ld.query)
+                return True
+        return False
+
+    linker.cancel_queued_load = really_cancel  # type: ignore[method-assign]
+    req = b.admit(tokens)
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
+    b.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
+    b.cache.dec_lock_ref(req.last_node, req.lock_receipt)
+    got = b.serve(tokens)
+    assert got.device_hit == 5 * PAGE
+    assert got.mismatched_bytes > 1000
+    b.close()
+
+
+def test_abort_while_waiting_releases_the_lookup_lease(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(7, 3)
+    Engine(sock).serve(tokens)
+    b = Engine(sock)
+    before = orbit_manager.stats()["lookups_total"]
+    req = b.abort_waiting(tokens, rematch=2)  # matched in three scheduling rounds, then aborted
+    assert req.host_hit_length == 3 * PAGE  # the match saw (and staged) the hit
+    # One Manager lookup: re-matches of a waiting request with the same tail reuse it.
+    assert b.linker.stats["lookups"] == 1
+    assert orbit_manager.stats()["lookups_total"] == before + 1
+    assert b.linker.stats["query_leases_released"] == 1
+    assert_drained(b, manager=orbit_manager)
+    got = b.serve(tokens)  # and a later request still restores it
+    assert got.external_hit == 3 * PAGE and got.mismatched_bytes == 0
+    b.close()
+
+
+def test_unselected_lookup_lease_is_released(orbit_manager: ManagerProcess) -> None:
+    """L1: load-back that cannot allocate pages drops SGLang's hit marker without a
+    linker call; the staged lease is released at the next event poll."""
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(18, 4)
+    Engine(sock).serve(tokens)
+    b = Engine(sock)
+    hog = b.alloc.alloc(b.alloc.available_size())  # every free page held by "running" requests
+    req = b.admit(tokens)
+    assert req.host_hit_length == 4 * PAGE and req.orbit_loaded == 0
+    assert orbit_manager.stats()["live_leases"] == 1
+    b.step()
+    assert b.linker.stats["query_leases_released"] == 1
+    assert orbit_manager.stats()["live_leases"] == 0
+    b.alloc.free(hog)
+    got = b.run(req, tokens)
+    assert got.computed == 4 * PAGE + 1 and got.mismatched_bytes == 0
+    assert_drained(b, manager=orbit_manager)
+    b.close()
+
+
+def test_manager_sigkilled_during_queued_load(orbit_manager: ManagerProcess, tmp_path: Path) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(8, 5)
+    a = Engine(sock)
+    a.serve(tokens)
+    b = Engine(sock)
+    req = b.admit(tokens)  # lookup hit staged in the arena, load queued
+    assert req.orbit_loaded == 5 * PAGE
+    orbit_manager.kill()
+    # The request completes normally and reads exact bytes: the queued copy reads the
+    # staged slots from the mapping, which outlives the Manager.
+    got = b.run(req, tokens)
+    assert got.mismatched_bytes == 0
+    b.step()
+    # Later requests recompute (lookups fail -> miss), never an error, never wrong bytes.
+    other = prompt(9, 4)
+    got = b.serve(other)
+    assert (got.external_hit, got.computed) == (0, 4 * PAGE + 1)
+    assert got.mismatched_bytes == 0
+    c = Engine(sock)  # an engine started while no Manager runs: misses only
+    got = c.serve(tokens)
+    assert (got.external_hit, got.mismatched_bytes) == (0, 0)
+    assert_drained(a, b, c)
+
+    # A Manager restarted on the same socket is picked up again after the back-off.
+    restarted = ManagerProcess(orbit_manager.socket_path, tmp_path / "restarted.log")
+    try:
+        time.sleep(1.1)
+        fresh = prompt(10, 3)
+        deadline = time.monotonic() + 10
+        while b.linker.stats["offloaded_blocks"] == 0 and time.monotonic() < deadline:
+            b.serve(fresh)
+            fresh = prompt(int(time.monotonic() * 1000) % 100000 + 11, 3)
+            time.sleep(0.3)
+        assert b.linker.stats["offloaded_blocks"] > 0
+        assert_drained(b, manager=restarted)
+    finally:
+        for e in (a, b, c):
+            e.close()
+        restarted.stop()
+
+
+def test_load_failure_injected_in_the_manager_recomputes(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(12, 4)
+    a = Engine(sock)
+    a.serve(tokens)
+    with orbit_manager.client() as c:
+        c.inject_faults(restore_failures=1)
+    b = Engine(sock)
+    got = b.serve(tokens)
+    # The staging failed inside the lookup, before SGLang committed anything: a miss.
+    assert (got.external_hit, got.computed) == (0, 4 * PAGE + 1)
+    assert got.mismatched_bytes == 0
+    assert b.linker.stats["lookup_errors"] == 1
+    assert orbit_manager.stats()["restore_failures_injected_total"] == 1
+    assert_drained(a, b, manager=orbit_manager)
+    c2 = Engine(sock)  # the entries are intact: the next engine restores them
+    got = c2.serve(tokens)
+    assert got.external_hit == 4 * PAGE and got.mismatched_bytes == 0
+    for e in (a, b, c2):
+        e.close()
+
+
+def test_two_salts_never_share(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(13, 4)
+    a = Engine(sock)
+    assert a.serve(tokens, cache_salt="tenant-a").mismatched_bytes == 0
+    b = Engine(sock)
+    for salt in ("tenant-b", None):
+        got = b.serve(tokens, cache_salt=salt)
+        assert got.external_hit == 0, salt
+        assert got.mismatched_bytes == 0
+    c = Engine(sock)
+    got = c.serve(tokens, cache_salt="tenant-a")
+    assert got.external_hit == 4 * PAGE and got.mismatched_bytes == 0
+    assert_drained(a, b, c, manager=orbit_manager)
+    for e in (a, b, c):
+        e.close()
+
+
+def _adapter(path: Path, weights: bytes) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4, "target_modules": ["q_proj"]}')
+    (path / "adapter_model.safetensors").write_bytes(weights)
+    return str(path)
+
+
+def test_lora_set_change_moves_the_namespace(orbit_manager: ManagerProcess, tmp_path: Path) -> None:
+    sock = str(orbit_manager.socket_path)
+    v1 = _adapter(tmp_path / "v1" / "ad", b"weights-one" * 64)
+    tokens = prompt(14, 4)
+
+    def engine(path: str) -> Engine:
+        # The KV "model" depends on the adapter contents, as real KV would.
+        tag = (Path(path) / "adapter_model.safetensors").read_bytes().hex()[:16]
+        return Engine(sock, server_args={"lora_paths": [f"ad={path}"]}, adapter_tag=tag)
+
+    a = engine(v1)
+    lora_id = a.lora_refs[0].lora_id
+    assert a.serve(tokens, lora_id=lora_id).mismatched_bytes == 0
+    same = engine(v1)
+    got = same.serve(tokens, lora_id=lora_id)
+    assert got.external_hit == 4 * PAGE and got.mismatched_bytes == 0
+
+    # Same name and path, different weights: a new namespace, so a miss (not stale KV).
+    v2 = _adapter(tmp_path / "v1" / "ad", b"weights-two" * 64)
+    changed = engine(v2)
+    assert changed.lora_refs[0].lora_id == lora_id  # SGLang's own id does not change
+    assert changed.linker.fingerprint != a.linker.fingerprint
+    got = changed.serve(tokens, lora_id=lora_id)
+    assert got.external_hit == 0 and got.mismatched_bytes == 0
+    # LoRA off entirely: another namespace again.
+    plain = Engine(sock)
+    assert plain.linker.fingerprint not in (a.linker.fingerprint, changed.linker.fingerprint)
+    assert plain.serve(tokens).external_hit == 0
+    assert_drained(a, same, changed, plain, manager=orbit_manager)
+    for e in (a, same, changed, plain):
+        e.close()
+
+
+def test_caller_extra_key_bypasses_orbitkv(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(15, 3)
+    a = Engine(sock)
+    got = a.serve(tokens, extra_key="caller-key")
+    assert got.mismatched_bytes == 0
+    assert a.linker.stats["lookups"] == 0  # never looked up
+    assert a.linker.stats["offloads_suppressed"] >= 1 and a.linker.stats["offloaded_blocks"] == 0
+    assert orbit_manager.stats()["dram_visible_blocks"] == 0
+    assert a.serve(tokens, extra_key="caller-key").device_hit == 3 * PAGE  # native reuse stays
+    a.close()
+
+
+def test_flush_cache_keeps_same_weight_external_reuse(orbit_manager: ManagerProcess) -> None:
+    e = Engine(str(orbit_manager.socket_path))
+    tokens = prompt(16, 4)
+    assert e.serve(tokens).mismatched_bytes == 0
+    # flush_cache: Scheduler.flush_cache -> tree_cache.reset() (linker reset first), then the
+    # pools are cleared. The Manager's entries (same weights, same namespace) stay.
+    e.cache.reset()
+    e.req_pool.clear()
+    e.alloc.clear()
+    got = e.serve(tokens)
+    assert (got.device_hit, got.external_hit) == (0, 4 * PAGE)
+    assert got.mismatched_bytes == 0
+    assert_drained(e, manager=orbit_manager)
+    e.close()
+
+
+def test_mla_pool_restores_byte_exact(orbit_manager: ManagerProcess) -> None:
+    sock = str(orbit_manager.socket_path)
+    tokens = prompt(17, 5)
+    a = Engine(sock, kind="mla")
+    assert a.serve(tokens).mismatched_bytes == 0
+    b = Engine(sock, kind="mla")
+    got = b.serve(tokens)
+    assert got.external_hit == 5 * PAGE and got.mismatched_bytes == 0
+    # MHA and MLA pools never share a namespace.
+    assert b.linker.fingerprint != Engine(sock).linker.fingerprint
+    assert_drained(a, b, manager=orbit_manager)
+    a.close()
+    b.close()

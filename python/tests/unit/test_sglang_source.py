@@ -1,0 +1,51 @@
+"""Source-only checks of the SGLang adapter package (no SGLang installed here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def test_importing_the_sglang_adapter_imports_nothing_heavy() -> None:
+    """O4: neither SGLang, vLLM, torch nor the native module is imported by the package or
+    its settings parser (SGLang's plugin loader imports the entry point's module first)."""
+    code = (
+        "import sys, orbitkv.sglang as s, orbitkv.sglang.plugin\n"
+        "s.parse_settings({'orbitkv.socket_path': '/x.sock'})\n"
+        "heavy = [m for m in ('sglang', 'torch', 'numpy', 'vllm', 'orbitkv._native', 'orbitkv.kvcopy',\n"
+        "                     'orbitkv.sglang.v0_5_21') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orbitkv.sglang import OrbitKVSGLangConfigError, parse_settings
+
+    monkeypatch.delenv("ORBITKV_SGLANG_CONFIG", raising=False)
+    s = parse_settings()
+    assert (s.socket_path, s.token, s.timeout_ms, s.model_identity) == (None, None, 250, None)
+    monkeypatch.setenv("ORBITKV_SGLANG_CONFIG", json.dumps({"orbitkv.token": "t", "orbitkv.model_identity": "m@1"}))
+    s = parse_settings()
+    assert (s.token, s.model_identity) == ("t", "m@1")
+    for bad, msg in (
+        ({"socket_path": "/x"}, "unknown OrbitKV SGLang setting 'socket_path'"),
+        ({"orbitkv.timeout_ms": True}, "timeout_ms must be an integer"),
+        ({"orbitkv.token": ""}, "token must be a non-empty string"),
+        ([1], "must be a JSON object"),
+    ):
+        with pytest.raises(OrbitKVSGLangConfigError) as info:
+            parse_settings(json.dumps(bad))
+        assert msg in str(info.value)
+
+
+def test_the_backend_refuses_an_unqualified_sglang_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orbitkv.sglang import plugin
+
+    monkeypatch.setattr(plugin, "version", lambda name: "0.5.23")
+    with pytest.raises(plugin.UnsupportedSGLangVersion, match=r"sglang==0\.5\.21 only, found 0\.5\.23"):
+        plugin.orbitkv_factory(object())
