@@ -24,7 +24,11 @@ system, interleaved, so that a machine shared with other work disturbs all syste
 alike; medians over repetitions are reported. A system that cannot run here is
 recorded with the exact reason (`status: "unavailable"`), never with a figure.
 
-  python benches/peers.py --reps 3 --out bench-results/peers.json \\
+Peers are installed by hand (the test suite skips them, with the reason, when absent):
+Debian packages redis-server, redis-tools and libibverbs1 (the Mooncake wheel links it
+even for TCP); Python packages redis, mooncake-transfer-engine-non-cuda and matplotlib.
+
+  python benches/peers.py --reps 7 --out bench-results/peers.json \\
       --png-gbps docs/peers-gbps.png --png-latency docs/peers-latency.png
 """
 
