@@ -461,6 +461,13 @@ impl Client {
             .map(|(seg, _)| self.segment(*seg))
             .collect::<Result<_, _>>()?;
         let threads = copy_threads(block_bytes as usize * dst.len());
+        if threads == 1 {
+            // Inline: a scoped thread per call cost more than copying 1 MiB.
+            for ((d, (_, off)), m) in dst.iter_mut().zip(src).zip(&maps) {
+                m.read_at(*off, d)?;
+            }
+            return Ok(block_bytes * dst.len() as u64);
+        }
         let per = dst.len().div_ceil(threads).max(1);
         std::thread::scope(|scope| {
             let mut handles = Vec::new();
@@ -559,6 +566,13 @@ impl Client {
                 }
             }
             let threads = copy_threads(res.bytes_copied as usize);
+            if threads == 1 {
+                // Inline: a scoped thread per call cost more than copying 1 MiB.
+                return work
+                    .iter()
+                    .try_for_each(|(m, off, s)| m.write_at(*off, s))
+                    .map_err(ClientError::from);
+            }
             let per = work.len().div_ceil(threads).max(1);
             std::thread::scope(|scope| {
                 let handles: Vec<_> = work

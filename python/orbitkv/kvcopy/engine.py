@@ -153,9 +153,12 @@ class CopyEngine:
 
     # -- validation and index planning -------------------------------------------------
 
-    def _plan(
+    def _validate(
         self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int], *, load: bool
-    ) -> tuple[list[_Part], np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The whole batch checked (O(n) but for one sort on saves): slots inside known
+        segments, block ids in range, distinct destinations (loads), disjoint slots
+        (saves). Returns segments, offsets and block ids as int64 arrays."""
         if len(slots) != len(block_ids):
             raise ValueError(f"expected one slot per block id: {len(block_ids)} block ids, {len(slots)} slots")
         segs, offs = self._slot_arrays(slots)
@@ -165,11 +168,14 @@ class CopyEngine:
             i = int(bad[0])
             raise ValueError(f"block id {int(ids[i])} (position {i}) outside the expected range [0, {self.num_blocks})")
         if load:
-            uniq, counts = np.unique(ids, return_counts=True)
-            if (counts > 1).any():
-                raise ValueError(f"duplicate destination block ids {uniq[counts > 1].tolist()}; expected distinct ids")
-        else:
-            order = np.lexsort((offs, segs))
+            counts = np.bincount(ids, minlength=0) if ids.size else np.zeros(0, dtype=np.int64)
+            dup = np.flatnonzero(counts > 1)
+            if dup.size:
+                raise ValueError(f"duplicate destination block ids {dup.tolist()}; expected distinct ids")
+        elif ids.size > 1:
+            # One int64 key per slot (segment in the high bits) sorts faster than two keys.
+            fits = int(offs.max()) < (1 << 40) and int(segs.max()) < (1 << 22)
+            order = np.argsort((segs << 40) | offs) if fits else np.lexsort((offs, segs))
             s, o = segs[order], offs[order]
             clash = np.flatnonzero((s[1:] == s[:-1]) & (o[1:] < o[:-1] + self.block_bytes))
             if clash.size:
@@ -178,7 +184,18 @@ class CopyEngine:
                     f"destination slots {a} {tuple(slots[a])} and {b} {tuple(slots[b])} overlap; "
                     f"expected disjoint {self.block_bytes}-byte slots"
                 )
-        parts: list[_Part] = []
+        return segs, offs, ids
+
+    def _batches(self, n: int) -> list[slice]:
+        """Consecutive block ranges of a batch, each at most CHUNK_BYTES per layer: a
+        range is planned while the copies of the ones before it run."""
+        step = max(1, CHUNK_BYTES // max(layer.pages.page_bytes for layer in self._layers))
+        return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+
+    def _plan(self, segs: np.ndarray, offs: np.ndarray, ids: np.ndarray) -> tuple[list[list[_Part]], np.ndarray]:
+        """Index plan of one validated range: per layer, one part per arena segment;
+        the indices (arena rows and block ids) in one array."""
+        parts: list[list[_Part]] = [[] for _ in self._layers]
         chunks: list[np.ndarray] = []
         cursor = 0
 
@@ -188,7 +205,11 @@ class CopyEngine:
             cursor += a.size
             return slice(cursor - a.size, cursor)
 
-        groups = [(int(seg), np.flatnonzero(segs == seg)) for seg in np.unique(segs)]
+        uniq = np.unique(segs)
+        if uniq.size == 1:  # the common case: no per-segment selection needed
+            groups = [(int(uniq[0]), np.arange(segs.size))]
+        else:
+            groups = [(int(seg), np.flatnonzero(segs == seg)) for seg in uniq]
         id_slices = {seg: put(ids[pos]) for seg, pos in groups}
         for li, layer in enumerate(self._layers):
             page = layer.pages.page_bytes
@@ -198,23 +219,7 @@ class CopyEngine:
                 elem = max(e for e in _DTYPES if unit % e == 0 and layer.elem % e == 0)
                 per = page // unit  # arena rows per block
                 rows = put(((starts // unit)[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1))
-                ids_at = id_slices[seg]
-                # Chunks of at most CHUNK_BYTES, so one big layer still pipelines its
-                # PCIe and HBM halves (see load/save).
-                step = max(1, CHUNK_BYTES // page)
-                for j in range(0, pos.size, step):
-                    m = min(step, pos.size - j)
-                    parts.append(
-                        _Part(
-                            li,
-                            seg,
-                            unit,
-                            elem,
-                            slice(rows.start + j * per, rows.start + (j + m) * per),
-                            slice(ids_at.start + j, ids_at.start + j + m),
-                            m,
-                        )
-                    )
+                parts[li].append(_Part(li, seg, unit, elem, rows, id_slices[seg], pos.size))
         return parts, (np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64))
 
     def _slot_arrays(self, slots: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -298,41 +303,44 @@ class CopyEngine:
         """Arena slots -> pages of `block_ids`, layer by layer on the load stream, an event
         per layer. On CUDA the copy is ordered after the work already queued on the current
         stream (which may still read the destination pages)."""
-        parts, host = self._plan(slots, block_ids, load=True)
+        segs, offs, ids = self._validate(slots, block_ids, load=True)
         self._check_not_capturing()
+        batches = self._batches(ids.size)
         if not self._cuda:
-            idx = torch.from_numpy(host)
-            for part in parts:
-                self._load_part(part, idx)
+            for b in batches:
+                by_layer, host = self._plan(segs[b], offs[b], ids[b])
+                idx = torch.from_numpy(host)
+                for part in itertools.chain.from_iterable(by_layer):
+                    self._load_part(part, idx)
             return LoadHandle(self, None)
         n = self.num_layers
-        # [one "gathered" event per part, then one "ready" event per layer]: ready last
-        events = self._take_events(len(parts) + n)
-        gathered, ready = events[: len(parts)], events[len(parts) :]
+        ready = self._take_events(n)  # one per layer, recorded once its pages hold the bytes
+        gathered: list[torch.cuda.Event] = []  # one per part (load stream)
         load, place = self.load_stream, self.place_stream
         place.wait_stream(torch.cuda.current_stream(self.device))  # the pages may still be read
-        by_layer: list[list[_Part]] = [[] for _ in range(n)]
-        for part in parts:
-            by_layer[part.layer].append(part)
-        with torch.cuda.stream(load):
-            idx = self._indices(host) if host.size else None
-        if idx is not None:
-            idx.record_stream(place)
-        k = 0
+        plans: list[tuple[list[list[_Part]], torch.Tensor]] = []
         for li in range(n):
-            for part in by_layer[li]:
-                assert idx is not None
-                with torch.cuda.stream(load):
-                    staging = self._gather_part(part, idx)
-                    gathered[k].record(load)
-                place.wait_event(gathered[k])
-                k += 1
-                with torch.cuda.stream(place):
-                    staging.record_stream(place)  # not reused by the load stream before placed
-                    self._place_part(part, idx, staging)
-                del staging
+            for bi, b in enumerate(batches):
+                if li == 0:  # planned here, while the earlier ranges' copies run
+                    by_layer, host = self._plan(segs[b], offs[b], ids[b])
+                    with torch.cuda.stream(load):
+                        idx = self._indices(host)
+                    idx.record_stream(place)
+                    plans.append((by_layer, idx))
+                by_layer, idx = plans[bi]
+                for part in by_layer[li]:
+                    ev = self._take_events(1)[0]
+                    gathered.append(ev)
+                    with torch.cuda.stream(load):
+                        staging = self._gather_part(part, idx)
+                        ev.record(load)
+                    place.wait_event(ev)
+                    with torch.cuda.stream(place):
+                        staging.record_stream(place)  # not reused by the load stream before placed
+                        self._place_part(part, idx, staging)
+                    del staging
             ready[li].record(place)
-        handle = LoadHandle(self, events)
+        handle = LoadHandle(self, gathered + ready)
         with self._lock:
             self._inflight.append(handle)
         return handle
@@ -359,38 +367,42 @@ class CopyEngine:
         caller recorded once the pages were written; None: the current stream's work so far).
         The caller must not overwrite the pages, nor commit the slots, before the handle's
         `query()` is True."""
-        parts, host = self._plan(slots, block_ids, load=False)
+        segs, offs, ids = self._validate(slots, block_ids, load=False)
         self._check_not_capturing()
+        batches = self._batches(ids.size)
         if not self._cuda:
-            idx = torch.from_numpy(host)
-            for part in parts:
-                self._save_part(part, idx)
+            for b in batches:
+                by_layer, host = self._plan(segs[b], offs[b], ids[b])
+                idx = torch.from_numpy(host)
+                for part in itertools.chain.from_iterable(by_layer):
+                    self._save_part(part, idx)
             return SaveHandle(self, None)
-        # [ready, one "packed" event per part, done]: done last
-        events = self._take_events(len(parts) + 2)
-        ready, packed, done = events[0], events[1:-1], events[-1]
+        ready, done = self._take_events(2)
+        packed: list[torch.cuda.Event] = []  # one per part (pack stream)
         pack, stream = self.pack_stream, self.save_stream
         if after is None:
             ready.record(torch.cuda.current_stream(self.device))
             pack.wait_event(ready)
         else:
             pack.wait_event(after)
-        with torch.cuda.stream(pack):
-            idx = self._indices(host) if host.size else None
-        if idx is not None:
-            idx.record_stream(stream)
-        for k, part in enumerate(parts):
-            assert idx is not None
+        for b in batches:  # planned while the earlier ranges' copies run
+            by_layer, host = self._plan(segs[b], offs[b], ids[b])
             with torch.cuda.stream(pack):
-                staging = self._pack_part(part, idx)
-                packed[k].record(pack)
-            stream.wait_event(packed[k])
-            with torch.cuda.stream(stream):
-                staging.record_stream(stream)  # not reused by the pack stream before written
-                self._write_part(part, idx, staging)
-            del staging
+                idx = self._indices(host)
+            idx.record_stream(stream)
+            for part in itertools.chain.from_iterable(by_layer):
+                ev = self._take_events(1)[0]
+                packed.append(ev)
+                with torch.cuda.stream(pack):
+                    staging = self._pack_part(part, idx)
+                    ev.record(pack)
+                stream.wait_event(ev)
+                with torch.cuda.stream(stream):
+                    staging.record_stream(stream)  # not reused by the pack stream before written
+                    self._write_part(part, idx, staging)
+                del staging
         done.record(stream)
-        handle = SaveHandle(self, events)
+        handle = SaveHandle(self, [ready, *packed, done])
         with self._lock:
             self._inflight.append(handle)
         return handle
