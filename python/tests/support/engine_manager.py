@@ -1,0 +1,101 @@
+"""A real `python -m orbitkv serve` process on a private socket, for the engine suites
+(vLLM, SGLang), which run in their own venvs with the wheel installed there."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class ManagerProcess:
+    """A real `python -m orbitkv serve` process on a private socket."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        log_path: Path,
+        fault_injection: bool = True,
+        dram_size: str = "64MiB",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.socket_path = socket_path
+        self.log_path = log_path
+        args = [
+            sys.executable,
+            "-m",
+            "orbitkv",
+            "serve",
+            "--socket",
+            str(socket_path),
+            "--dram-size",
+            dram_size,
+            "--segment-size",
+            "16MiB",
+            "--metrics-addr",
+            "off",
+            "--log-level",
+            "warn",
+        ]
+        if fault_injection:
+            args.append("--enable-fault-injection")
+        args.extend(extra_args)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(socket_path.parent), env=env
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 20.0) -> None:
+        from orbitkv import _native
+
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Manager exited with {self.proc.returncode}: {self.log()}")
+            if self.socket_path.exists():
+                try:
+                    with _native.Client(str(self.socket_path), timeout_ms=2000) as c:
+                        c.stats()
+                    return
+                except Exception as exc:
+                    last = exc
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"Manager did not become ready ({last!r}): {self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def client(self):  # type: ignore[no-untyped-def]
+        from orbitkv import _native
+
+        return _native.Client(str(self.socket_path), timeout_ms=5000)
+
+    def stats(self) -> dict:
+        with self.client() as c:
+            return dict(c.stats())
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no goodbye (a crashed Manager)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
