@@ -231,7 +231,7 @@ fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_worki
     // Oversized frame: error, then the connection is dropped.
     let mut s2 = raw_session(&m);
     let mut hdr = orbitkv_proto::Header {
-        version: 1,
+        version: orbitkv_proto::PROTOCOL_VERSION,
         kind: 3,
         len: 0,
         request_id: 5,
@@ -261,7 +261,7 @@ fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_worki
     // A frame cut off mid-body, then EOF.
     let mut s4 = raw_session(&m);
     let mut hdr = orbitkv_proto::Header {
-        version: 1,
+        version: orbitkv_proto::PROTOCOL_VERSION,
         kind: 3,
         len: 100,
         request_id: 6,

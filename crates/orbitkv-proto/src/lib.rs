@@ -29,8 +29,10 @@ pub use frame::{
 };
 pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, decode_response};
 
-/// Protocol version spoken by this build.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Protocol version spoken by this build. 2: `LookupOk` names the SSD-only hit blocks;
+/// `LookupTp` / `RedeemTp` / `ReleaseTp` / `TpLeaseOk`. A client and a Manager of
+/// different versions refuse each other's first frame, naming both versions.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes per block hash.
 pub const HASH_BYTES: usize = 32;
 /// Most hashes one request may carry.

@@ -232,8 +232,21 @@ fn header_checks() {
     let mut bad = hdr.encode();
     bad[0] = b'X';
     assert!(matches!(Header::decode(&bad), Err(FrameError::BadMagic(_))));
-    let v2 = Header { version: 2, ..hdr }.encode();
-    assert!(matches!(Header::decode(&v2), Err(FrameError::Version(2))));
+    for other in [PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1] {
+        let frame = Header {
+            version: other,
+            ..hdr
+        }
+        .encode();
+        let err = Header::decode(&frame).expect_err("another version");
+        assert!(matches!(err, FrameError::Version(v) if v == other));
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("protocol version {other} not supported"))
+                && msg.contains(&format!("speaks {PROTOCOL_VERSION}")),
+            "{msg}"
+        );
+    }
     let big = Header {
         len: MAX_BODY as u32 + 1,
         ..hdr
