@@ -77,7 +77,7 @@ def test_zero_timeout_and_unknown_segment_are_argument_errors(manager) -> None: 
 
 def _frame(sock: socket.socket, kind: int, req: int, body: bytes) -> tuple[int, bytes]:
     """One raw request/reply on the wire (16-byte header, little-endian body)."""
-    sock.sendall(b"OKV\x01" + struct.pack("<HHII", 1, kind, len(body), req) + body)
+    sock.sendall(b"OKV\x01" + struct.pack("<HHII", _native.PROTOCOL_VERSION, kind, len(body), req) + body)
 
     def read(n: int) -> bytes:
         out = b""
