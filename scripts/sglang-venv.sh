@@ -7,7 +7,7 @@
 #   ORBITKV_SGLANG_PIN=0.5.23 ...     # another pin (its own venv; see docs/adapters.md)
 #
 # The venv lives outside the repository, keyed by the pin:
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs/sglang-<pin>
+#   <repo>/.cache/venvs/sglang-<pin> (git-ignored; ORBITKV_VENV_CACHE=/dir moves it)
 # A stamp file records a completed install; an interrupted install is rebuilt.
 # Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
 #
@@ -30,7 +30,9 @@ case "$SGLANG_PIN" in
     0.5.23) PIN_CLOSURE=(apache-tvm-ffi) ;;  # 0.5.23's cache imports tvm_ffi
     *) echo "sglang-venv: cannot provide sglang==$SGLANG_PIN: no recipe for this pin (known: 0.5.21, 0.5.23)" >&2; exit 2 ;;
 esac
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs"
+# Under the repository's git-ignored .cache/ (a CI that keeps ignored folders reuses it), or
+# ORBITKV_VENV_CACHE.
+CACHE_ROOT="${ORBITKV_VENV_CACHE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.cache/venvs}"
 VENV="${ORBITKV_SGLANG_VENV:-$CACHE_ROOT/sglang-$SGLANG_PIN}"
 STAMP="$VENV/.orbitkv-sglang-stamp"
 PYTHON="${PYTHON:-python3}"

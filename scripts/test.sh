@@ -5,7 +5,7 @@
 #   3. Python: ruff, source-only tests, real-process tests through the wheel
 #      (as root, 8 huge pages are reserved for the run when fewer are free)
 #   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0), each in its
-#      own cached venv under ~/.cache/orbitkv/venvs (8.4 GB each; a cold build of
+#      own cached venv under .cache/venvs, git-ignored (8.4 GB each; a cold build of
 #      both took ~15 min on this 2-core box) — see docs/adapters.md
 #   5. the SGLang 0.5.21 adapter suite in its own cached venv (~5 min / 5.3 GB the
 #      first time) — see docs/adapters.md

@@ -7,8 +7,8 @@
 #   ORBITKV_VLLM_VENV_0_33_0=/path  # override the location of one pin's venv (dots -> _)
 #   ORBITKV_VLLM_VENV=/path ...     # the same, for the default pin 0.31.0 only
 #
-# The venv lives outside the repository, keyed by the pin, so repeated runs on the
-# same machine reuse it:  ${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs/vllm-<pin>
+# The venv is cached per pin in the repository's git-ignored .cache/venvs/vllm-<pin>
+# (ORBITKV_VENV_CACHE=/dir moves the cache), so repeated runs reuse it.
 # A stamp file records a completed install; an interrupted install is rebuilt.
 # Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
 set -euo pipefail
@@ -20,7 +20,9 @@ if [[ " ${QUALIFIED_PINS[*]} " != *" $VLLM_PIN "* ]]; then
     echo "vllm-venv: vllm==$VLLM_PIN is not a qualified pin (qualified: ${QUALIFIED_PINS[*]})" >&2
     exit 2
 fi
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/orbitkv/venvs"
+# Under the repository's git-ignored .cache/ (a CI that keeps ignored folders reuses it), or
+# ORBITKV_VENV_CACHE.
+CACHE_ROOT="${ORBITKV_VENV_CACHE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.cache/venvs}"
 PIN_VAR="ORBITKV_VLLM_VENV_${VLLM_PIN//./_}"
 if [[ -n "${!PIN_VAR:-}" ]]; then
     VENV="${!PIN_VAR}"
