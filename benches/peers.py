@@ -34,6 +34,7 @@ even for TCP); Python packages redis, mooncake-transfer-engine-non-cuda and matp
 
 from __future__ import annotations
 
+import abc
 import argparse
 import csv
 import ctypes
@@ -130,17 +131,18 @@ class Blocks:
         return int(np.count_nonzero(a != self.base[o : o + size]))
 
 
-class System:
+class System(abc.ABC):
     name = ""
 
     def start(self, work: str, max_size: int, working_set: int) -> dict[str, Any]:
         return {}
 
+    @abc.abstractmethod
     def run(self, blocks: Blocks, size: int, n: int, tag: str) -> dict[str, Any]:
-        raise NotImplementedError
+        """Put then get `n` blocks of `size` bytes; timings and wrong-byte counts."""
 
-    def stop(self) -> None:
-        pass
+    def stop(self) -> None:  # most systems hold nothing to stop
+        return None
 
 
 def timed_loop(n: int, op: Any) -> tuple[list[float], float]:

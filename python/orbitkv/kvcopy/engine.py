@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -307,11 +307,7 @@ class CopyEngine:
         self._check_not_capturing()
         batches = self._batches(ids.size)
         if not self._cuda:
-            for b in batches:
-                by_layer, host = self._plan(segs[b], offs[b], ids[b])
-                idx = torch.from_numpy(host)
-                for part in itertools.chain.from_iterable(by_layer):
-                    self._load_part(part, idx)
+            self._copy_on_cpu(segs, offs, ids, batches, self._load_part)
             return LoadHandle(self, None)
         n = self.num_layers
         ready = self._take_events(n)  # one per layer, recorded once its pages hold the bytes
@@ -345,6 +341,21 @@ class CopyEngine:
             self._inflight.append(handle)
         return handle
 
+    def _copy_on_cpu(
+        self,
+        segs: np.ndarray,
+        offs: np.ndarray,
+        ids: np.ndarray,
+        batches: list[slice],
+        copy_part: Callable[[_Part, torch.Tensor], None],
+    ) -> None:
+        """CPU pages: each range planned, then copied part by part, synchronously."""
+        for b in batches:
+            by_layer, host = self._plan(segs[b], offs[b], ids[b])
+            idx = torch.from_numpy(host)
+            for part in itertools.chain.from_iterable(by_layer):
+                copy_part(part, idx)
+
     def _load_part(self, part: _Part, idx: torch.Tensor) -> None:
         self._place_part(part, idx, self._gather_part(part, idx))
 
@@ -371,11 +382,7 @@ class CopyEngine:
         self._check_not_capturing()
         batches = self._batches(ids.size)
         if not self._cuda:
-            for b in batches:
-                by_layer, host = self._plan(segs[b], offs[b], ids[b])
-                idx = torch.from_numpy(host)
-                for part in itertools.chain.from_iterable(by_layer):
-                    self._save_part(part, idx)
+            self._copy_on_cpu(segs, offs, ids, batches, self._save_part)
             return SaveHandle(self, None)
         ready, done = self._take_events(2)
         packed: list[torch.cuda.Event] = []  # one per part (pack stream)

@@ -144,13 +144,10 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     /// first). Returns, per block in the same order, whether the policy had seen it
     /// evicted recently (evidence of reuse).
     pub fn insert_chain(&mut self, blocks: &[(K, u64)]) -> Vec<bool> {
-        let mut readmitted = vec![false; blocks.len()];
-        let order: Box<dyn Iterator<Item = usize>> = if self.deepest_first() {
-            Box::new((0..blocks.len()).rev())
-        } else {
-            Box::new(0..blocks.len())
-        };
-        for i in order {
+        let (n, deepest_first) = (blocks.len(), self.deepest_first());
+        let mut readmitted = vec![false; n];
+        for j in 0..n {
+            let i = if deepest_first { n - 1 - j } else { j };
             let (k, w) = blocks[i];
             readmitted[i] = match self {
                 Policy::S3Fifo { p, .. } => p.insert(k, w),
