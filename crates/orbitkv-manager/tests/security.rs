@@ -274,7 +274,12 @@ fn client_checks_who_answers_before_sending_the_token() {
     chmod(&tok, 0o600);
     chown(&tok, NOBODY);
     let sock = dir.join("m.sock");
-    let m = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+    // A copy uid 65534 can execute: the build directory may sit below a private one
+    // (a checkout in a `mktemp -d` directory is 0700).
+    let exe = root.path().join("orbitkv-manager");
+    std::fs::copy(env!("CARGO_BIN_EXE_orbitkv-manager"), &exe).expect("copy manager binary");
+    chmod(&exe, 0o755);
+    let m = Command::new(&exe)
         .args([
             "--dram-size",
             "4MiB",
