@@ -129,7 +129,7 @@ fn a_racing_writer_never_hides_a_present_block() {
             assert!(w.insert(r));
             assert!(w.remove(r));
             moves += 1;
-            if live.len() < 300 && x % 2 == 0 {
+            if live.len() < 300 && x.is_multiple_of(2) {
                 let fp = home(x) | (3 << 52) | ((x >> 40) << 32);
                 if w.insert(fp) {
                     live.push(fp);
