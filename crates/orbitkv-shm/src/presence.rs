@@ -443,14 +443,14 @@ mod tests {
             // A small universe (with home-slot collisions) so removals hit.
             let fp = (x % 900).max(1) | ((x % 7) << 40);
             let present = model.get(&fp).copied().unwrap_or(0);
-            if x % 3 == 0 && present > 0 {
+            if x.is_multiple_of(3) && present > 0 {
                 assert!(w.remove(fp), "step {step}");
                 *model.entry(fp).or_default() -= 1;
             } else if model.values().sum::<u32>() < 700 {
                 assert!(w.insert(fp), "step {step}");
                 *model.entry(fp).or_default() += 1;
             }
-            let probe = (x >> 20) % 900 | (((x >> 20) % 7) << 40);
+            let probe = ((x >> 20) % 900) | (((x >> 20) % 7) << 40);
             let expect = model.get(&probe.max(1)).copied().unwrap_or(0) > 0;
             let got = v.contains(probe).expect("open");
             assert_eq!(got == Presence::Maybe, expect, "step {step} fp {probe:#x}");
