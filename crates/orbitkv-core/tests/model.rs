@@ -9,6 +9,8 @@
 //!   is not visible;
 //! - arena accounting and ownership invariants hold after every step.
 
+mod common;
+
 use std::collections::HashSet;
 
 use orbitkv_core::{
@@ -62,6 +64,7 @@ proptest! {
     fn cache_state_matches_model(ops in proptest::collection::vec(op(), 1..120)) {
         // 12 slots of 4 KiB: small enough that eviction and refusal happen.
         let mut c = CacheState::new(&[8 * 4096, 4 * 4096]);
+        let presence = common::Recorder::install(&mut c);
         let key = NamespaceKey { fingerprint: Fingerprint([7; 32]), shard: 0, salt: [0; 32] };
         let (ns, _) = c.register_namespace(key, 4096).expect("register");
         let mut sessions: Vec<SessionId> = (0..3).map(|_| c.open_session()).collect();
@@ -190,6 +193,7 @@ proptest! {
                 for h in hs { prop_assert!(c.is_visible(ns, h), "leased block evicted"); }
             }
             c.check_invariants().map_err(TestCaseError::fail)?;
+            presence.check(&c).map_err(TestCaseError::fail)?;
         }
         // Ending every session (cleanly or with proof) frees every hold.
         for s in sessions {
