@@ -185,6 +185,14 @@ class Client:
         shard: int = 0,
         salt: bytes = ...,  # default b"": no salt; any length, encoded by `namespace_salt`
     ) -> Namespace: ...
+    @property
+    def has_presence(self) -> bool: ...  # the Manager publishes a presence table (--presence-slots)
+    def probably_present(self, ns: Namespace, hashes: Sequence[bytes]) -> int:
+        """Length of the prefix of `hashes` that may be present in `ns`, read from the
+        Manager's shared presence table with no message (0: the first block is certainly
+        absent; hashes after the first absent one are not examined). Promises nothing for
+        a non-zero answer: only `lookup` pins. `len(hashes)` without a table; raises
+        `ManagerUnavailable` once the Manager closed or died."""
     def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
     def lookup_tp(self, namespaces: Sequence[Namespace], hashes: Sequence[bytes]) -> TpLease: ...
     def redeem_tp(self, token: bytes, ns: Namespace) -> Lease: ...  # this shard's part, as a Lease of this client

@@ -105,6 +105,11 @@ pub struct Args {
     /// lru-chain (docs/performance.md compares them on traces) [default: s3fifo-adaptive]
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
+    /// Slots of the presence table clients read to answer "certainly absent" without a
+    /// message: a power of two (1024..=268435456), `auto` (twice the blocks of 16 KiB that
+    /// DRAM and SSD hold) or `off` [default: auto]
+    #[arg(long, env = "ORBITKV_PRESENCE_SLOTS")]
+    pub presence_slots: Option<String>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -139,6 +144,7 @@ struct FileConfig {
     ssd_engine: Option<String>,
     ssd_admit_hits: Option<u32>,
     ssd_write_policy: Option<String>,
+    presence_slots: Option<String>,
     cache_policy: Option<String>,
 }
 
@@ -190,6 +196,8 @@ pub struct ManagerConfig {
     pub ssd: Option<SsdSettings>,
     /// DRAM eviction policy.
     pub cache_policy: orbitkv_core::policy::PolicyKind,
+    /// Slots of the presence table (0: none is published).
+    pub presence_slots: u64,
 }
 
 pub const DEFAULT_DRAM: &str = "1GiB";
@@ -448,7 +456,29 @@ impl ManagerConfig {
                 .map_err(|e| ConfigError::Invalid(format!("cache_policy: {e}")))?,
             None => orbitkv_core::policy::PolicyKind::default(),
         };
+        let presence_slots = match a.presence_slots.or(file.presence_slots).as_deref().unwrap_or("auto") {
+            "off" => 0,
+            "auto" => {
+                let bytes = dram_size.saturating_add(ssd.as_ref().map_or(0, |s| s.capacity));
+                orbitkv_shm::presence::slots_for(bytes / (16 << 10))
+            }
+            n => n
+                .parse::<u64>()
+                .ok()
+                .filter(|n| {
+                    n.is_power_of_two()
+                        && (orbitkv_shm::presence::MIN_SLOTS..=orbitkv_shm::presence::MAX_SLOTS).contains(n)
+                })
+                .ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "presence_slots {n:?} must be auto, off or a power of two from {} to {}",
+                        orbitkv_shm::presence::MIN_SLOTS,
+                        orbitkv_shm::presence::MAX_SLOTS
+                    ))
+                })?,
+        };
         Ok(ManagerConfig {
+            presence_slots,
             ssd,
             cache_policy,
             socket,

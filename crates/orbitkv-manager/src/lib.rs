@@ -10,6 +10,7 @@ mod framing;
 #[macro_use]
 pub mod log;
 mod metrics;
+mod presence;
 mod server;
 mod session;
 mod shared;
@@ -39,6 +40,8 @@ pub enum ManagerError {
     Metrics { addr: SocketAddr, err: std::io::Error },
     #[error("opening the SSD tier: {0}")]
     Ssd(#[from] orbitkv_ssd::SsdError),
+    #[error(transparent)]
+    Presence(#[from] presence::PresenceError),
     #[error("starting a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -91,7 +94,13 @@ impl Manager {
             Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,
         };
-        let shared = Arc::new(Shared::new(config, segments, cache, below));
+        let presence = match config.presence_slots {
+            0 => None,
+            slots => Some(presence::Presence::start(slots, &mut cache)?),
+        };
+        let mut shared = Shared::new(config, segments, cache, below);
+        shared.presence = presence;
+        let shared = Arc::new(shared);
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -147,6 +156,9 @@ impl Manager {
     /// Session threads end with their connections (or the process).
     pub fn shutdown(mut self) {
         self.shared.shutdown.store(true, Ordering::Relaxed);
+        if let Some(p) = &self.shared.presence {
+            p.close(); // clients still mapping it must not trust it any more
+        }
         if let Some(addr) = self.metrics_addr() {
             let _ = std::net::TcpStream::connect(addr); // wake the blocking accept
         }

@@ -55,6 +55,8 @@ pub struct Shared {
     pub staged: Condvar,
     /// The tier below DRAM (the SSD), when configured.
     pub tier: Option<Box<dyn Tier>>,
+    /// The presence table clients read (None with `--presence-slots off`).
+    pub presence: Option<crate::presence::Presence>,
     pub quarantine: Mutex<Vec<Quarantined>>,
     pub restore_faults: AtomicU32,
     pub commit_faults: AtomicU32,
@@ -82,6 +84,7 @@ impl Shared {
             cache: Mutex::new(cache),
             staged: Condvar::new(),
             tier,
+            presence: None,
             quarantine: Mutex::new(Vec::new()),
             restore_faults: AtomicU32::new(0),
             commit_faults: AtomicU32::new(0),

@@ -508,6 +508,46 @@ impl Client {
         Ok(Namespace { inner: ns })
     }
 
+    /// How many of `hashes`, from the first, may be present in `ns`, read from
+    /// the Manager's shared presence table without sending a message: 0 means
+    /// the first block is certainly absent. Hashes are converted lazily (a
+    /// miss looks at one). A non-zero answer promises nothing: `lookup` pins.
+    fn probably_present(&self, ns: &Namespace, hashes: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let len = hashes.len()?;
+        let mut err: Option<PyErr> = None;
+        let mut items = hashes.try_iter()?;
+        let lazy = std::iter::from_fn(|| match items.next()? {
+            Ok(item) => match item.cast::<PyBytes>() {
+                Ok(b) => match hash32(b.as_bytes(), "block hash") {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        err = Some(e);
+                        None
+                    }
+                },
+                Err(_) => {
+                    err = Some(PyValueError::new_err("block hash must be bytes"));
+                    None
+                }
+            },
+            Err(e) => {
+                err = Some(e);
+                None
+            }
+        });
+        let n = self.inner.probably_present_iter(&ns.inner, lazy, len).map_err(to_py)?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    /// Whether the Manager publishes a presence table to this client.
+    #[getter]
+    fn has_presence(&self) -> bool {
+        self.inner.has_presence()
+    }
+
     fn lookup(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<Lease> {
         let hs = hashes_of(hashes)?;
         let c = self.inner.clone();

@@ -39,7 +39,7 @@
 //! cannot look up. A restarted Manager has a new secret: keys of the old one
 //! match nothing in its table.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{Ordering, fence};
 
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -340,7 +340,7 @@ impl PresenceView {
         Ok(PresenceView { fd, words, slots })
     }
 
-    pub fn fd(&self) -> impl AsFd + '_ {
+    pub fn fd(&self) -> &OwnedFd {
         &self.fd
     }
 
