@@ -196,14 +196,20 @@ impl Conn {
             return Err(ClientError::Protocol(format!(
                 "Manager announced {} segment(s){} and passed {} fd(s); expected {expected_fds}",
                 segments.len(),
-                if presence_slots > 0 { " and a presence table" } else { "" },
+                if presence_slots > 0 {
+                    " and a presence table"
+                } else {
+                    ""
+                },
                 fds.len()
             )));
         }
         let presence = match presence_slots {
             0 => None,
             slots => {
-                let fd = fds.pop().ok_or_else(|| ClientError::Protocol("no presence fd".into()))?;
+                let fd = fds
+                    .pop()
+                    .ok_or_else(|| ClientError::Protocol("no presence fd".into()))?;
                 Some(PresenceView::open(fd, slots)?)
             }
         };
@@ -276,7 +282,13 @@ impl Conn {
     pub(crate) fn hung_up(&self) -> bool {
         use rustix::event::{PollFd, PollFlags, poll};
         let mut fds = [PollFd::new(&self.watch, PollFlags::RDHUP)];
-        match poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })) {
+        match poll(
+            &mut fds,
+            Some(&rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            }),
+        ) {
             Ok(0) => false,
             Ok(_) => fds[0]
                 .revents()

@@ -456,7 +456,12 @@ impl ManagerConfig {
                 .map_err(|e| ConfigError::Invalid(format!("cache_policy: {e}")))?,
             None => orbitkv_core::policy::PolicyKind::default(),
         };
-        let presence_slots = match a.presence_slots.or(file.presence_slots).as_deref().unwrap_or("auto") {
+        let presence_slots = match a
+            .presence_slots
+            .or(file.presence_slots)
+            .as_deref()
+            .unwrap_or("auto")
+        {
             "off" => 0,
             "auto" => {
                 let bytes = dram_size.saturating_add(ssd.as_ref().map_or(0, |s| s.capacity));

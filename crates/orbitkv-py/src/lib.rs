@@ -535,7 +535,10 @@ impl Client {
                 None
             }
         });
-        let n = self.inner.probably_present_iter(&ns.inner, lazy, len).map_err(to_py)?;
+        let n = self
+            .inner
+            .probably_present_iter(&ns.inner, lazy, len)
+            .map_err(to_py)?;
         match err {
             Some(e) => Err(e),
             None => Ok(n),
