@@ -557,6 +557,21 @@ mod tests {
     }
 
     #[test]
+    fn presence_slots_auto_off_or_a_power_of_two() {
+        let c = ManagerConfig::from_argv(["x", "--dram-size", "1GiB"]).expect("defaults");
+        // auto: twice the 16 KiB blocks of 1 GiB.
+        assert_eq!(c.presence_slots, 1 << 17);
+        let c = ManagerConfig::from_argv(["x", "--presence-slots", "off"]).expect("off");
+        assert_eq!(c.presence_slots, 0);
+        let c = ManagerConfig::from_argv(["x", "--presence-slots", "4096"]).expect("4096");
+        assert_eq!(c.presence_slots, 4096);
+        for bad in ["1000", "512", "0", "lots"] {
+            let e = ManagerConfig::from_argv(["x", "--presence-slots", bad]).expect_err(bad);
+            assert!(e.to_string().contains("presence_slots"), "{e}");
+        }
+    }
+
+    #[test]
     fn cache_policy_defaults_parses_and_names_the_choices() {
         use orbitkv_core::policy::PolicyKind;
         let c = ManagerConfig::from_argv(["x"]).expect("defaults");
