@@ -32,9 +32,11 @@ once, per admitted request, in the same run:
                       round trip on the scheduler thread), for comparison.
 Reported: the scheduler-thread time inside `get_num_new_matched_tokens` per request
 (all its calls summed; median, p90, mean over requests), the whole scheduler-thread
-time (schedule + update_from_output) per admitted request over the run until every
-request has been answered, and the time from the burst to each request's answer
-(the connector returned a number: miss, or hit with its load planned).
+time (schedule + update_from_output, every step until all requests finished) per
+request, and the time from the burst to each request's answer (the connector
+returned a number: miss, or hit with its load planned). Hit and miss runs do
+different work after admission (loads instead of prefill), so only the hook cost
+compares them directly.
 
 Run inside the pinned venv (scripts/vllm-venv.sh) with the native wheel installed:
     python benches/vllm_overhead.py [--reps 5] [--requests 64] [--prompt-tokens 512]
@@ -227,6 +229,7 @@ def admission_run(
     sched, w = engine.scheduler, engine.worker
     reqs = [make_request(p, max_tokens=max_tokens) for p in prompts]
     thread_s = 0.0
+    steps = 0
     t_start = time.perf_counter()
     for r in reqs:
         sched.add_request(r)
@@ -244,8 +247,8 @@ def admission_run(
         t2 = time.perf_counter()
         sched.update_from_output(so, out)
         t3 = time.perf_counter()
-        if len(answered) < len(reqs):
-            thread_s += (t1 - t0) + (t3 - t2)
+        thread_s += (t1 - t0) + (t3 - t2)
+        steps += 1
         if not so.total_num_scheduled_tokens:
             time.sleep(0.0002)  # a real engine's busy loop; lets background work land
     costs = sorted(per_req[r.request_id] * 1e6 for r in reqs)
@@ -255,7 +258,10 @@ def admission_run(
         "hook_us_per_request_median": statistics.median(costs),
         "hook_us_per_request_p90": statistics.quantiles(costs, n=10)[-1],
         "hook_us_per_request_mean": statistics.fmean(costs),
+        # Every schedule() + update_from_output() of the run (until all finished),
+        # per request: what the burst cost the scheduler thread in all.
         "scheduler_thread_us_per_admitted_request": thread_s / len(reqs) * 1e6,
+        "steps": steps,
         "answer_ms_median": statistics.median(waits),
         "answer_ms_max": waits[-1],
     }

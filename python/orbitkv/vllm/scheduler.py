@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-    from orbitkv._native import Lease, TpLease
+    from orbitkv._native import Lease, PendingLookup, TpLease
 
 logger = logging.getLogger("orbitkv.vllm")
 
@@ -60,7 +60,8 @@ class _ReqState:
     lease: Lease | TpLease | None = None
     lease_start: int = -1  # start block of the last lookup (-1: none yet)
     hit_blocks: int = 0
-    pending: Future[Lease | TpLease] | None = None  # a background lookup not yet taken
+    pending: PendingLookup | Future[Lease | TpLease] | None = None  # a background lookup not yet taken
+    pending_since: float = 0.0  # perf_counter() when it started
     loading: bool = False
     load_done: bool = False  # a load just drained; the next alloc call is its follow-up
     preemptions: int = 0  # request.num_preemptions when the last lookup was made
@@ -128,14 +129,16 @@ class OrbitKVScheduler:
             "delayed_frees": 0,
         }
         self.counters.update({"presence_misses": 0, "async_lookups": 0, "stale_lookups": 0})
-        self.lookup_seconds = 0.0  # time spent in successful lookups (vLLM connector stats)
+        # Seconds of successful lookups (vLLM connector stats): inline, the round trip;
+        # in the background, from its start until the scheduler took its answer.
+        self.lookup_seconds = 0.0
         self._stats = CounterDeltas(SCHEDULER_KEYS)
         # Background lookups (one thread: the session's connection serves one request at
         # a time anyway). Their leases are taken, or released, on the scheduler thread.
         self._lookups: ThreadPoolExecutor | None = None
         # Lookups whose request moved on (finished, native hit moved, preempted) before
         # their answer was taken: their leases are released once they complete.
-        self._orphans: list[Future[Lease | TpLease]] = []
+        self._orphans: list[PendingLookup | Future[Lease | TpLease]] = []
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -187,14 +190,13 @@ class OrbitKVScheduler:
     def _certainly_absent(self, st: _ReqState, first: bytes) -> bool:
         """The presence table (no message) says block `first` is not in the Manager."""
         try:
-            client = self.session.client()
-            if not client.has_presence:
-                return False
-            ns = self.session.shard_namespaces(st.salt)[0] if self.settings.query_control else None
-            if ns is None:
-                ns = self.session.namespace(st.salt)
             # With TP, shard 0 lacking the block empties the common prefix too.
-            return client.probably_present(ns, (first,)) == 0
+            if self.settings.query_control:
+                ns = self.session.shard_namespaces(st.salt)[0]
+            else:
+                ns = self.session.namespace(st.salt)
+            # Without a table (--presence-slots off) the answer is 1: "maybe".
+            return self.session.client().probably_present(ns, (first,)) == 0
         except Exception as exc:
             self._lookup_failed(exc)
             return True  # no Manager to ask: a miss, as a failed lookup would be
@@ -219,9 +221,19 @@ class OrbitKVScheduler:
             self.counters["presence_misses"] += 1
             return 0
         if self.settings.async_lookups:
-            if self._lookups is None:
-                self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orbitkv-lookup")
-            st.pending = self._lookups.submit(self._timed_lookup, st.salt, list(hashes))
+            try:
+                if self.settings.query_control:
+                    # TP lookups go through a Python thread (it needs the GIL to run).
+                    if self._lookups is None:
+                        self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orbitkv-lookup")
+                    st.pending = self._lookups.submit(self._lookup_call, st.salt, list(hashes))
+                else:
+                    # The client's own native thread: no GIL, no Python code while it waits.
+                    st.pending = self.session.client().start_lookup(self.session.namespace(st.salt), hashes)
+            except Exception as exc:
+                self._lookup_failed(exc)
+                return 0
+            st.pending_since = time.perf_counter()
             self.counters["async_lookups"] += 1
             return None
         t0 = time.perf_counter()
@@ -233,24 +245,20 @@ class OrbitKVScheduler:
         self.lookup_seconds += time.perf_counter() - t0
         return self._take(st, lease, len(hashes))
 
-    def _timed_lookup(self, salt: bytes, hashes: list[bytes]) -> Lease | TpLease:
-        t0 = time.perf_counter()
-        lease = self._lookup_call(salt, hashes)
-        self.lookup_seconds += time.perf_counter() - t0  # float += under the GIL
-        return lease
-
     def _collect(self, st: _ReqState) -> int | None:
         """The answer of `st`'s background lookup if it completed (None: not yet)."""
         fut = st.pending
         if fut is None or not fut.done():
             return None
         st.pending = None
-        exc = fut.exception()
-        if exc is not None:
+        try:
+            lease = fut.result()
+        except Exception as exc:
             self._lookup_failed(exc)
             return 0
+        self.lookup_seconds += time.perf_counter() - st.pending_since  # start to answer taken
         stop = min(len(st.request.block_hashes), (st.request.num_tokens - 1) // self.block_size)
-        return self._take(st, fut.result(), stop - st.lease_start)
+        return self._take(st, lease, stop - st.lease_start)
 
     def _orphan(self, st: _ReqState) -> None:
         """`st` no longer wants its background lookup: release its lease when it lands."""
@@ -263,13 +271,17 @@ class OrbitKVScheduler:
     def _reap_orphans(self) -> None:
         if not self._orphans:
             return
-        keep: list[Future[Lease | TpLease]] = []
+        keep: list[PendingLookup | Future[Lease | TpLease]] = []
         for fut in self._orphans:
             if not fut.done():
                 keep.append(fut)
-            elif fut.exception() is None:
-                self.counters["lookups"] += 1  # answered, just too late to be used
-                self._release_lease(fut.result())
+                continue
+            try:
+                lease = fut.result()
+            except Exception:
+                continue  # failed: it pinned nothing
+            self.counters["lookups"] += 1  # answered, just too late to be used
+            self._release_lease(lease)
         self._orphans = keep
 
     # ---- vLLM scheduler-side hooks -------------------------------------------------

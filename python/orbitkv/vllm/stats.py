@@ -30,7 +30,7 @@ SCHEDULER_KEYS: dict[str, str] = {
     "lookups": "Manager lookups made by the scheduler",
     "lookup_blocks": "Blocks asked for by those lookups",
     "hit_blocks": "Blocks found in OrbitKV (external prefix hits)",
-    "lookup_seconds": "Seconds spent in Manager lookups (on the scheduler thread or its lookup thread)",
+    "lookup_seconds": "Seconds of Manager lookups (inline: the round trip; background: start to answer taken)",
     "presence_misses": "Requests answered a miss from the presence table (no Manager message)",
     "async_lookups": "Lookups of probable hits sent from the background thread",
     "loads_started": "Asynchronous loads planned",

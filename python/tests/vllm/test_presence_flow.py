@@ -92,7 +92,8 @@ def test_a_probable_hit_is_answered_a_step_later_byte_exact(
         threads.append(threading.get_ident())  # observes only: the real lookup runs
         return real(self, salt, hashes)
 
-    monkeypatch.setattr(OrbitKVScheduler, "_lookup_call", spy)
+    monkeypatch.setattr(OrbitKVScheduler, "_lookup_call", spy)  # the inline (Python) lookup path
+    before = orbit_manager.stats()["lookups_total"]
     b = build(model_dir, orbit_manager)
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
@@ -103,7 +104,10 @@ def test_a_probable_hit_is_answered_a_step_later_byte_exact(
     so = b.schedule_admitting(r)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert [len(spec.block_ids) for spec in so.kv_connector_metadata.loads] == [FULL_BLOCKS]
-    assert threads and threading.get_ident() not in threads, "the lookup ran off the scheduler thread"
+    # The lookup reached the Manager, from the client's native lookup thread: the
+    # scheduler thread never made an inline lookup call.
+    assert orbit_manager.stats()["lookups_total"] == before + 1
+    assert threads == [], "no lookup ran on the scheduler thread"
     b.execute(so)
 
     def prefilled() -> bool:
