@@ -213,6 +213,8 @@ def admission_run(
         engine.worker.worker_side.session.client()
         time.sleep(PREFAULT_WAIT_S)
     per_req: dict[str, float] = {}
+    first_call: dict[str, float] = {}
+    calls: dict[str, int] = {}
     answered: dict[str, float] = {}
     fn = engine.connector.get_num_new_matched_tokens
 
@@ -221,6 +223,8 @@ def admission_run(
         r = fn(request, num_computed_tokens)
         t2 = time.perf_counter()
         per_req[request.request_id] = per_req.get(request.request_id, 0.0) + (t2 - t)
+        first_call.setdefault(request.request_id, t2 - t)
+        calls[request.request_id] = calls.get(request.request_id, 0) + 1
         if r[0] is not None and request.request_id not in answered:
             answered[request.request_id] = t2
         return r
@@ -258,6 +262,11 @@ def admission_run(
         "hook_us_per_request_median": statistics.median(costs),
         "hook_us_per_request_p90": statistics.quantiles(costs, n=10)[-1],
         "hook_us_per_request_mean": statistics.fmean(costs),
+        # The first call alone (the presence probe, or the lookup's hand-off) and how
+        # often vLLM asked per request (again after a `None`, or when it could not
+        # allocate the request's blocks yet).
+        "hook_first_call_us_median": statistics.median(first_call[r.request_id] * 1e6 for r in reqs),
+        "hook_calls_per_request_median": statistics.median(calls[r.request_id] for r in reqs),
         # Every schedule() + update_from_output() of the run (until all finished),
         # per request: what the burst cost the scheduler thread in all.
         "scheduler_thread_us_per_admitted_request": thread_s / len(reqs) * 1e6,
@@ -306,6 +315,8 @@ def admission_probe(
         v: {
             k: med(v, k)
             for k in (
+                "hook_first_call_us_median",
+                "hook_calls_per_request_median",
                 "hook_us_per_request_median",
                 "hook_us_per_request_p90",
                 "hook_us_per_request_mean",

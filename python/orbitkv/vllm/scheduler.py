@@ -216,10 +216,10 @@ class OrbitKVScheduler:
     def _lookup(self, st: _ReqState, start: int, stop: int) -> int | None:
         """Look up blocks [start, stop): the hit now, or None while a background
         lookup is in flight (vLLM asks again next step)."""
-        hashes = st.request.block_hashes[start:stop]
-        if self._certainly_absent(st, hashes[0]):
+        if self._certainly_absent(st, st.request.block_hashes[start]):
             self.counters["presence_misses"] += 1
             return 0
+        hashes = st.request.block_hashes[start:stop]
         if self.settings.async_lookups:
             try:
                 if self.settings.query_control:
