@@ -14,7 +14,6 @@ use orbitkv_shm::ShmError;
 use orbitkv_shm::presence::{PresenceStats, PresenceView, PresenceWriter, fingerprint, namespace_key};
 
 /// What the rest of the Manager sees: the fd for `HelloOk`, stats, keys.
-#[derive(Debug)]
 pub struct Presence {
     secret: [u8; 32],
     /// Read-only view of our own table (fd to pass, header stats).
@@ -24,11 +23,28 @@ pub struct Presence {
 }
 
 /// The sink inside `CacheState`.
-#[derive(Debug)]
 struct Publisher {
     secret: [u8; 32],
     keys: HashMap<NsId, [u8; PRESENCE_KEY_BYTES]>,
     writer: Arc<Mutex<PresenceWriter>>,
+}
+
+// Debug without the secret or the keys derived from it (a `CacheState` or
+// `Shared` may be logged with `{:?}`).
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("namespaces", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Presence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presence")
+            .field("stats", &self.view.stats())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PresenceSink for Publisher {
