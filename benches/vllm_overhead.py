@@ -433,6 +433,9 @@ def main() -> None:
             args.max_tokens,
             args.admission_reps,
         )
+        # A full presence table answers "maybe" for everything: misses become lookups.
+        st = manager.stats()
+        admission["manager_presence"] = {k: st[k] for k in ("presence_slots", "presence_entries", "presence_saturated")}
         if args.only_admission:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)

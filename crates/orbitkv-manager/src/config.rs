@@ -106,8 +106,8 @@ pub struct Args {
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
     /// Slots of the presence table clients read to answer "certainly absent" without a
-    /// message: a power of two (1024..=268435456), `auto` (twice the blocks of 16 KiB that
-    /// DRAM and SSD hold) or `off` [default: auto]
+    /// message: a power of two (1024..=268435456), `auto` (twice the 4 KiB extents of DRAM
+    /// and SSD: it cannot fill up) or `off` [default: auto]
     #[arg(long, env = "ORBITKV_PRESENCE_SLOTS")]
     pub presence_slots: Option<String>,
     /// TOML config file (keys as the long flags with underscores)
@@ -464,8 +464,11 @@ impl ManagerConfig {
         {
             "off" => 0,
             "auto" => {
+                // Every block takes at least one 4 KiB extent (DRAM arena and SSD file),
+                // so twice that many slots can never saturate: 16 bytes per 4 KiB cached
+                // (0.4 %), capped at 2^28 slots.
                 let bytes = dram_size.saturating_add(ssd.as_ref().map_or(0, |s| s.capacity));
-                orbitkv_shm::presence::slots_for(bytes / (16 << 10))
+                orbitkv_shm::presence::slots_for(bytes / orbitkv_core::ALIGN)
             }
             n => n
                 .parse::<u64>()
@@ -559,8 +562,8 @@ mod tests {
     #[test]
     fn presence_slots_auto_off_or_a_power_of_two() {
         let c = ManagerConfig::from_argv(["x", "--dram-size", "1GiB"]).expect("defaults");
-        // auto: twice the 16 KiB blocks of 1 GiB.
-        assert_eq!(c.presence_slots, 1 << 17);
+        // auto: twice the 4 KiB extents of 1 GiB.
+        assert_eq!(c.presence_slots, 1 << 19);
         let c = ManagerConfig::from_argv(["x", "--presence-slots", "off"]).expect("off");
         assert_eq!(c.presence_slots, 0);
         let c = ManagerConfig::from_argv(["x", "--presence-slots", "4096"]).expect("4096");
