@@ -65,4 +65,7 @@ if [[ -x "$VLLM_VENV/bin/python" ]]; then
     "$VLLM_VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings python/tests/native/test_torch_buffers.py
     echo "== the copy engine on CPU pages (orbitkv.kvcopy; inside the vLLM venv, without importing vLLM)"
     "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings python/tests/with_torch python/tests/gpu
+    echo "== the one-pass Triton copy kernel on CPU pages, under Triton's interpreter (the same cases, kernel=triton)"
+    TRITON_INTERPRET=1 "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings \
+        python/tests/with_torch/test_kvcopy_cpu.py -k triton
 fi

@@ -36,6 +36,12 @@ KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 #           on CUDA streams) for CUDA pages;
 #   torch - `orbitkv.kvcopy` for CPU pages too (the asynchronous protocol on CPU).
 COPY_ENGINES = ("auto", "torch")
+# `orbitkv.copy_kernel`: how `orbitkv.kvcopy` copies CUDA pages (`CopyEngine(kernel=)`):
+#   auto   - $ORBITKV_COPY_KERNEL if set, else the one-pass Triton kernel where Triton
+#            imports and the pages allow it, else torch (the choice is logged);
+#   triton - the one-pass Triton kernel; the worker fails at KV registration if it cannot run;
+#   torch  - two-pass torch index ops through a staging buffer.
+COPY_KERNELS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class OrbitKVSettings:
     kv_cache_layout: str | None = None
     load_workers: int = 2
     copy_engine: str = "auto"
+    copy_kernel: str = "auto"
     # Tensor parallelism (contract T1): one TP lookup per request over every rank's
     # shard, its lease handed to the workers by token. Needs --enable-query-control
     # on the Manager; required for tensor_parallel_size > 1.
@@ -82,6 +89,7 @@ _KEYS = {
     "kv_cache_layout",
     "load_workers",
     "copy_engine",
+    "copy_kernel",
     "query_control",
 }
 
@@ -176,6 +184,14 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
                 "(auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always)"
             )
         kwargs["copy_engine"] = engine
+    if "copy_kernel" in raw:
+        kernel = raw["copy_kernel"]
+        if kernel not in COPY_KERNELS:
+            raise OrbitKVConfigError(
+                f"{PREFIX}copy_kernel must be one of {list(COPY_KERNELS)}, got {kernel!r} "
+                "(triton: one-pass Triton kernel; torch: two-pass index ops; auto: triton where it runs)"
+            )
+        kwargs["copy_kernel"] = kernel
     if "query_control" in raw:
         kwargs["query_control"] = _expect_bool("query_control", raw["query_control"])
     return OrbitKVSettings(**kwargs)
