@@ -102,6 +102,10 @@ class CopyEngine:
         self._triton: Any = None  # the orbitkv.kvcopy.triton_copy module when selected
         self._runs: list[dict[int, Any]] = []  # per layer: element size -> Runs
         self.kernel, self.kernel_reason = self._select_kernel(kernel)
+        self._seg_rel: np.ndarray | None = None  # per segment: bytes from the lowest segment's start
+        self._base_seg = -1
+        if self.kernel == "triton":
+            self._address_segments()
         self._lock = threading.Lock()
         self._free_events: list[torch.cuda.Event] = []
         self._inflight: deque[_Handle] = deque()
@@ -147,6 +151,21 @@ class CopyEngine:
         if asked == "triton":
             raise CopyEngineError(f"the triton copy kernel cannot run here: {why}; use kernel='torch'")
         return "torch", f"auto: two-pass torch index ops ({why})"
+
+    def _address_segments(self) -> None:
+        """Let the one-pass kernel reach every segment from the lowest-addressed one (all
+        are mapped into the device's address space): byte distances, when all are
+        multiples of 8 (page-aligned mappings always are)."""
+        sizes = self.arena.sizes
+        if not sizes:
+            return
+        ptrs = {seg: self.arena.segment(seg).data_ptr() for seg in sizes}
+        base = min(ptrs, key=lambda seg: ptrs[seg])
+        rel = np.zeros(max(sizes) + 1, dtype=np.int64)
+        for seg, ptr in ptrs.items():
+            rel[seg] = ptr - ptrs[base]
+        if np.all(rel % 8 == 0):
+            self._seg_rel, self._base_seg = rel, base
 
     def _triton_unusable(self) -> str | None:
         """Why the one-pass kernel cannot copy these pages (None: it can; it is loaded then).
@@ -629,8 +648,16 @@ class CopyEngine:
     def _plan_one_pass(
         self, segs: np.ndarray, offs: np.ndarray, ids: np.ndarray
     ) -> tuple[list[tuple[int, int, slice, slice]], np.ndarray]:
-        """Per arena segment of a range: (segment, alignment of its slots, slot slice, id
-        slice) into one host index array shared by every layer."""
+        """Groups of a range, each (segment the kernel addresses from, alignment of its
+        slots, slot slice, id slice) into one host index array shared by every layer: one
+        group whose slots are byte offsets from the lowest-addressed segment (so one launch
+        per layer covers every segment), else one group per segment."""
+        if self._seg_rel is not None:  # one group: slots as byte offsets from the lowest segment
+            rel = self._seg_rel[segs] + offs
+            align = _lowbit(int(np.bitwise_or.reduce(rel)) | 8) if rel.size else 8
+            return [(self._base_seg, align, slice(0, rel.size), slice(rel.size, 2 * rel.size))], np.concatenate(
+                (rel, ids)
+            )
         uniq = np.unique(segs)
         if uniq.size == 1:
             groups = [(int(uniq[0]), np.arange(segs.size))]
