@@ -198,16 +198,20 @@ class CopyEngine:
         with torch.cuda.stream(self.load_stream):
             for li, layer in enumerate(self._layers):
                 elem = max(e for e in self._runs[li] if layer.offset % e == 0)
-                self._triton.warm_up(
-                    self._flat("seg", seg, elem),
-                    self._flat("layer", li, elem),
-                    index,
-                    layer_off=layer.offset,
-                    page_base=layer.pages.base,
-                    block_stride=layer.pages.block_stride,
-                    runs=self._runs[li][elem],
-                    elem=elem,
-                )
+                for to_pages in (True, False):
+                    self._triton.copy_runs(
+                        self._flat("seg", seg, elem),
+                        self._flat("layer", li, elem),
+                        index,
+                        index,
+                        layer_off=layer.offset,
+                        page_base=layer.pages.base,
+                        block_stride=layer.pages.block_stride,
+                        runs=self._runs[li][elem],
+                        elem=elem,
+                        to_pages=to_pages,
+                        warm_up=True,
+                    )
         self.load_stream.synchronize()
 
     @staticmethod

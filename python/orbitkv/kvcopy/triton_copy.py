@@ -74,51 +74,22 @@ def copy_runs(
     runs: Runs,
     elem: int,
     to_pages: bool,
+    warm_up: bool = False,
 ) -> None:
     """Copy `slots.numel()` blocks between `arena` and `pages` (1-D tensors of `elem`-byte
     elements, on the current stream): block j's cached layer bytes at byte
     `slots[j] + layer_off` of `arena`, its page at byte `page_base + ids[j] * block_stride`
-    of `pages`, made of `runs`."""
+    of `pages`, made of `runs`.
+
+    `warm_up=True` moves nothing: one program copying runs of 0 elements (`slots` and
+    `ids` need one valid entry), to compile the variant before the first real copy. The
+    integer arguments must be the real ones: their width (32 or 64 bits) is part of the
+    compiled variant."""
     n = slots.numel()
     if n == 0:
         return
-    _launch((n, runs.count, triton.cdiv(runs.run, _block(runs.run))), arena, pages, slots, ids, layer_off, page_base,
-            block_stride, runs, runs.run, elem, to_pages)
-
-
-def warm_up(
-    arena: torch.Tensor,
-    pages: torch.Tensor,
-    index: torch.Tensor,
-    *,
-    layer_off: int,
-    page_base: int,
-    block_stride: int,
-    runs: Runs,
-    elem: int,
-) -> None:
-    """Compile (once per process and variant) the kernels that copy `runs` in both
-    directions, by launches that move nothing (runs of 0 elements; `index`: one valid
-    int64), on the current stream. The integer arguments are the real ones: their width
-    (32 or 64 bits) is part of the compiled variant."""
-    for to_pages in (True, False):
-        _launch((1, 1, 1), arena, pages, index, index, layer_off, page_base, block_stride, runs, 0, elem, to_pages)
-
-
-def _launch(
-    grid: tuple[int, int, int],
-    arena: torch.Tensor,
-    pages: torch.Tensor,
-    slots: torch.Tensor,
-    ids: torch.Tensor,
-    layer_off: int,
-    page_base: int,
-    block_stride: int,
-    runs: Runs,
-    run: int,
-    elem: int,
-    to_pages: bool,
-) -> None:
+    block = _block(runs.run)
+    grid = (1, 1, 1) if warm_up else (n, runs.count, triton.cdiv(runs.run, block))
     _copy_runs[grid](
         arena,
         pages,
@@ -132,8 +103,8 @@ def _launch(
         runs.strides[0],
         runs.strides[1],
         runs.strides[2],
-        run,
+        0 if warm_up else runs.run,
         TO_PAGES=to_pages,
         ELEM=elem,
-        BLOCK=_block(runs.run),
+        BLOCK=block,
     )

@@ -100,6 +100,12 @@ def _expect_str(key: str, value: Any) -> str:
     return value
 
 
+def _expect_choice(key: str, value: Any, choices: tuple[str, ...], meaning: str) -> str:
+    if value not in choices:
+        raise OrbitKVConfigError(f"{PREFIX}{key} must be one of {list(choices)}, got {value!r} ({meaning})")
+    return str(value)
+
+
 def _expect_int(key: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise OrbitKVConfigError(f"{PREFIX}{key} must be an integer >= {minimum}, got {value!r}")
@@ -177,21 +183,19 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
             raise OrbitKVConfigError(f"{PREFIX}kv_cache_layout must be one of {list(KV_CACHE_LAYOUTS)}, got {layout!r}")
         kwargs["kv_cache_layout"] = layout
     if "copy_engine" in raw:
-        engine = raw["copy_engine"]
-        if engine not in COPY_ENGINES:
-            raise OrbitKVConfigError(
-                f"{PREFIX}copy_engine must be one of {list(COPY_ENGINES)}, got {engine!r} "
-                "(auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always)"
-            )
-        kwargs["copy_engine"] = engine
+        kwargs["copy_engine"] = _expect_choice(
+            "copy_engine",
+            raw["copy_engine"],
+            COPY_ENGINES,
+            "auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always",
+        )
     if "copy_kernel" in raw:
-        kernel = raw["copy_kernel"]
-        if kernel not in COPY_KERNELS:
-            raise OrbitKVConfigError(
-                f"{PREFIX}copy_kernel must be one of {list(COPY_KERNELS)}, got {kernel!r} "
-                "(triton: one-pass Triton kernel; torch: two-pass index ops; auto: triton where it runs)"
-            )
-        kwargs["copy_kernel"] = kernel
+        kwargs["copy_kernel"] = _expect_choice(
+            "copy_kernel",
+            raw["copy_kernel"],
+            COPY_KERNELS,
+            "triton: one-pass Triton kernel; torch: two-pass index ops; auto: triton where it runs",
+        )
     if "query_control" in raw:
         kwargs["query_control"] = _expect_bool("query_control", raw["query_control"])
     return OrbitKVSettings(**kwargs)

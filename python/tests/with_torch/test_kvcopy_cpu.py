@@ -310,6 +310,31 @@ def test_kernel_choice_is_explicit_and_refused_where_it_cannot_run(manager, monk
         arena.close()
 
 
+def test_triton_warm_up_launch_moves_nothing() -> None:
+    """The launches `CopyEngine()` makes to compile the one-pass kernels copy nothing."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernel runs on CPU pages only under TRITON_INTERPRET=1 (scripts/test.sh sets it)")
+    pytest.importorskip("triton", reason="triton is not installed in this environment")
+    from orbitkv.kvcopy import triton_copy
+    from orbitkv.kvcopy.runs import page_runs
+
+    arena = torch.arange(512, dtype=torch.int64)
+    pages = -torch.arange(512, dtype=torch.int64)
+    before_a, before_p = arena.clone(), pages.clone()
+    runs = page_runs((2, 16, 64), (2048, 64, 1), 8)
+    assert runs is not None
+    index = torch.zeros(1, dtype=torch.int64)
+    for to_pages in (True, False):
+        triton_copy.copy_runs(arena, pages, index, index, layer_off=0, page_base=0, block_stride=2048, runs=runs,
+                              elem=8, to_pages=to_pages, warm_up=True)
+    assert torch.equal(arena, before_a) and torch.equal(pages, before_p)
+    triton_copy.copy_runs(arena, pages, index, index, layer_off=0, page_base=0, block_stride=2048, runs=runs,
+                          elem=8, to_pages=True)  # the same call without warm_up copies block 0:
+    # its page is two runs of 128 elements (K and V planes 256 elements apart)
+    assert torch.equal(pages[:128], arena[:128]) and torch.equal(pages[256:384], arena[128:256])
+    assert torch.equal(pages[128:256], before_p[128:256]) and torch.equal(pages[384:], before_p[384:])
+
+
 def test_page_runs_merge_dims_and_refuse_what_the_kernel_cannot_walk() -> None:
     from orbitkv.kvcopy.runs import page_runs
 
