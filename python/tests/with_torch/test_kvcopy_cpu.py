@@ -213,6 +213,7 @@ def test_checks_cover_every_range_of_a_batch(manager, monkeypatch) -> None:  # t
     """Batches split into ranges (checked one by one for loads): an error in any range is
     found, named by its position in the whole batch; slot overlaps between any two slots
     of a save, in one bucket, in neighbouring buckets, or found by the sort fallback."""
+    import orbitkv.kvcopy.checks as checks_mod
     import orbitkv.kvcopy.engine as engine_mod
 
     s = SHAPES["aligned"]
@@ -243,7 +244,7 @@ def test_checks_cover_every_range_of_a_batch(manager, monkeypatch) -> None:  # t
         with pytest.raises(ValueError, match=r"slots 3 .* and 6 .* overlap"):
             engine.save(list(range(8)), [*spaced[:6], (seg, 6 * bb - bb // 2), spaced[7]])  # the next bucket
         engine.save(list(range(8)), [*spaced[:6], (seg, 5 * bb), spaced[7]])  # touching, not overlapping
-        monkeypatch.setattr(engine_mod, "BUCKETS_PER_SLOT", 0)  # buckets outnumber slots: the sort
+        monkeypatch.setattr(checks_mod, "BUCKETS_PER_SLOT", 0)  # buckets outnumber slots: the sort
         with pytest.raises(ValueError, match=r"slots 1 .* and 7 .* overlap"):
             engine.save(list(range(8)), [*spaced[:7], (seg, 2 * bb + 3)])
         engine.save(list(range(8)), spaced)
