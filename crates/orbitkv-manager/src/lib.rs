@@ -97,7 +97,9 @@ impl Manager {
             None => None,
         };
         let peers = match &config.peers {
-            Some(p) => Some(peer::PeerTier::new(p.clone()).map_err(ManagerError::Peer)?),
+            Some(p) => {
+                Some(peer::PeerTier::new(p.clone(), config.allow_uids.clone()).map_err(ManagerError::Peer)?)
+            }
             None => None,
         };
         let mut shared = Shared::new(config, segments, cache, below);

@@ -683,3 +683,46 @@ fn mutual_tls_serves_and_a_wrong_certificate_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn plain_loopback_refuses_a_peer_of_another_uid() {
+    let is_root = orbitkv_shm::peer::my_uid() == 0;
+    let has_setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    if !is_root || !has_setpriv {
+        eprintln!("SKIPPED: needs root and setpriv to connect as another uid (root: {is_root}, setpriv: {has_setpriv})");
+        return;
+    }
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &[]);
+    save(&a, 14, &blocks(140, 2));
+    // uid 65534 connects to A's plain peer port and sends a valid Fetch.
+    let req = PeerRequest::Fetch {
+        fingerprint: FP,
+        shard: 0,
+        salt: orbitkv_client::namespace_salt(b""),
+        block_bytes: BB as u64,
+        generation: 0,
+        hashes: hashes(14, 2),
+    };
+    let mut frame = Vec::new();
+    write_frame(&mut frame, req.kind(), 1, &req.encode()).expect("frame");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("fetch.bin");
+    std::fs::write(&f, &frame).expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c"])
+        .arg(format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{pa}; cat {} >&3; timeout 5 cat <&3 | wc -c",
+            f.display()
+        ))
+        .output()
+        .expect("setpriv");
+    let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(got, "0", "no reply bytes to another uid: {out:?}");
+    assert_eq!(source_stat(&a, "refused"), 1);
+    assert_eq!(source_stat(&a, "fetches"), 0);
+    assert_eq!(a.stats()["live_leases"], 0);
+}

@@ -74,6 +74,8 @@ pub struct SourceCounters {
 /// The peer tier of one Manager.
 pub struct PeerTier {
     pub settings: PeerSettings,
+    /// Other uids trusted on plain loopback (`--allow-uid`).
+    pub allowed_uids: Vec<u32>,
     tls: Option<Tls>,
     /// Static peers plus the ones etcd knows, each with its health.
     peers: Mutex<BTreeMap<String, PeerHealth>>,
@@ -105,7 +107,7 @@ pub enum PeerError {
 }
 
 impl PeerTier {
-    pub fn new(settings: PeerSettings) -> Result<PeerTier, String> {
+    pub fn new(settings: PeerSettings, allowed_uids: Vec<u32>) -> Result<PeerTier, String> {
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
         let peers = settings
             .peers
@@ -114,6 +116,7 @@ impl PeerTier {
             .collect();
         Ok(PeerTier {
             settings,
+            allowed_uids,
             tls,
             peers: Mutex::new(peers),
             pool: Mutex::new(BTreeMap::new()),
@@ -275,6 +278,7 @@ impl PeerTier {
             addr,
             self.tls.as_ref(),
             self.settings.timeout,
+            &self.allowed_uids,
         )?)
     }
 

@@ -82,7 +82,7 @@ fn serve(shared: &Shared, stream: TcpStream) {
         peer.untrack(id);
         return;
     }
-    match transport::accept(stream, peer.tls(), peer.settings.timeout) {
+    match transport::accept(stream, peer.tls(), peer.settings.timeout, &peer.allowed_uids) {
         Ok(mut conn) => {
             peer.source.connections.fetch_add(1, Ordering::Relaxed);
             log!(
@@ -105,10 +105,7 @@ fn serve(shared: &Shared, stream: TcpStream) {
         }
         Err(e) => {
             peer.source.refused.fetch_add(1, Ordering::Relaxed);
-            warn_sampled!(
-                REFUSALS.inc(),
-                "refusing peer {remote}: TLS handshake failed: {e}"
-            );
+            warn_sampled!(REFUSALS.inc(), "refusing peer {remote}: {e}");
         }
     }
     peer.untrack(id);
