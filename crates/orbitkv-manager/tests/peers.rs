@@ -689,7 +689,9 @@ fn plain_loopback_refuses_a_peer_of_another_uid() {
     let is_root = orbitkv_shm::peer::my_uid() == 0;
     let has_setpriv = Command::new("setpriv").arg("--version").output().is_ok();
     if !is_root || !has_setpriv {
-        eprintln!("SKIPPED: needs root and setpriv to connect as another uid (root: {is_root}, setpriv: {has_setpriv})");
+        eprintln!(
+            "SKIPPED: needs root and setpriv to connect as another uid (root: {is_root}, setpriv: {has_setpriv})"
+        );
         return;
     }
     let pa = free_port();

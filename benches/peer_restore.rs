@@ -1,0 +1,404 @@
+//! Peer-restore benchmark (issue 12): restore through Manager B of blocks
+//! saved on Manager A (B's lookup fills from A over the peer transport, then
+//! B's client copies out as for a local hit), beside, in the same run and on
+//! the same loopback, a plain TCP copy of the same bytes and a TLS-only copy
+//! (rustls, the same certificates and cipher suites as the peer transport).
+//! Both Managers run in this process; each trial uses fresh block hashes, so
+//! every restore crosses the wire.
+//!
+//! Usage: peer_restore [OUT.json] [--total-mib N] [--block-kib N] [--trials N]
+//! Needs the `openssl` command for the TLS rows (skipped with the reason in the JSON otherwise).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orbitkv_client::Client;
+use orbitkv_manager::{Manager, ManagerConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn gbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("port: {e}"))
+}
+
+fn run(dir: &Path, args: &[&str]) -> bool {
+    Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A CA and one certificate (IP 127.0.0.1, client and server use) for both ends.
+fn make_pki(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = run(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "ca.key",
+        ],
+    ) && run(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=bench-ca",
+            "-days",
+            "1",
+            "-out",
+            "ca.crt",
+        ],
+    ) && std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .is_ok()
+        && run(
+            dir,
+            &[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                "m.key",
+            ],
+        )
+        && run(
+            dir,
+            &["pkcs8", "-topk8", "-nocrypt", "-in", "m.key", "-out", "m.pk8"],
+        )
+        && run(
+            dir,
+            &["req", "-new", "-key", "m.key", "-subj", "/CN=m", "-out", "m.csr"],
+        )
+        && run(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "m.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "ext.cnf",
+                "-out",
+                "m.crt",
+            ],
+        );
+    ok && std::fs::set_permissions(dir.join("m.pk8"), std::fs::Permissions::from_mode(0o600)).is_ok()
+}
+
+fn manager(dir: &Path, name: &str, arena: usize, extra: &[String]) -> (Manager, std::path::PathBuf) {
+    let sock = dir.join(format!("{name}.sock"));
+    let mut argv: Vec<String> = vec![
+        "bench".into(),
+        "--socket".into(),
+        sock.display().to_string(),
+        "--dram-size".into(),
+        arena.to_string(),
+        "--metrics-addr".into(),
+        "off".into(),
+        "--log-level".into(),
+        "warn".into(),
+    ];
+    argv.extend(extra.iter().cloned());
+    let cfg = ManagerConfig::from_argv(argv).unwrap_or_else(|e| panic!("config: {e}"));
+    (
+        Manager::start(cfg).unwrap_or_else(|e| panic!("manager: {e}")),
+        sock,
+    )
+}
+
+fn tls_args(pki: &Path) -> Vec<String> {
+    let p = |f: &str| pki.join(f).display().to_string();
+    vec![
+        "--peer-tls-cert".into(),
+        p("m.crt"),
+        "--peer-tls-key".into(),
+        p("m.pk8"),
+        "--peer-tls-ca".into(),
+        p("ca.crt"),
+    ]
+}
+
+fn hash(t: u32, i: u32) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[0..4].copy_from_slice(&t.to_le_bytes());
+    h[4..8].copy_from_slice(&i.to_le_bytes());
+    h
+}
+
+/// Peer restores through B of `src` saved on A: GB/s per trial (restore = B's
+/// lookup with the peer fill + acquire + copy out + release).
+fn peer_restores(pki: Option<&Path>, src: &[Vec<u8>], trials: u32, root: &Path) -> Vec<f64> {
+    let bs = src[0].len();
+    let total = bs * src.len();
+    let arena = (total * 3).next_multiple_of(1 << 20).max(64 << 20);
+    let port = free_port();
+    let tls = pki.map(tls_args).unwrap_or_default();
+    let mut a_args = vec!["--peer-listen".to_string(), format!("127.0.0.1:{port}")];
+    a_args.extend(tls.iter().cloned());
+    let mut b_args = vec!["--peer".to_string(), format!("127.0.0.1:{port}")];
+    b_args.extend(tls.iter().cloned());
+    let tag = if pki.is_some() { "tls" } else { "plain" };
+    let (a, a_sock) = manager(root, &format!("a-{tag}"), arena, &a_args);
+    let (b, b_sock) = manager(root, &format!("b-{tag}"), arena, &b_args);
+    let ca = Client::connect(&a_sock, None, Duration::from_secs(30)).unwrap_or_else(|e| panic!("A: {e}"));
+    let cb = Client::connect(&b_sock, None, Duration::from_secs(30)).unwrap_or_else(|e| panic!("B: {e}"));
+    let na = ca
+        .register_namespace([9; 32], bs as u64, 0, [0; 32])
+        .unwrap_or_else(|e| panic!("ns: {e}"));
+    let nb = cb
+        .register_namespace([9; 32], bs as u64, 0, [0; 32])
+        .unwrap_or_else(|e| panic!("ns: {e}"));
+    let srcs: Vec<&[u8]> = src.iter().map(|v| v.as_slice()).collect();
+    let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![0u8; v.len()]).collect();
+    let mut out = Vec::new();
+    for t in 0..trials {
+        let hashes: Vec<[u8; 32]> = (0..src.len() as u32).map(|i| hash(t, i)).collect();
+        let r = ca
+            .save(&na, &hashes, &srcs)
+            .unwrap_or_else(|e| panic!("save: {e}"));
+        assert_eq!(r.stored as usize, src.len(), "A's arena too small");
+        for d in dst.iter_mut() {
+            d.fill(0);
+        }
+        let mut dsts: Vec<&mut [u8]> = dst.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let t0 = Instant::now();
+        let got = cb
+            .restore(&nb, &hashes, &mut dsts)
+            .unwrap_or_else(|e| panic!("restore: {e}"));
+        let d = t0.elapsed();
+        assert_eq!(got as usize, src.len(), "every block through the peer");
+        assert!(dst == src, "restored bytes differ");
+        out.push(gbps(total, d));
+    }
+    drop(ca);
+    drop(cb);
+    b.shutdown();
+    a.shutdown();
+    out
+}
+
+/// Plain TCP copy of the same bytes: one connection per trial, sender writes
+/// each block, receiver reads into its own buffers.
+fn tcp_copies(src: &[Vec<u8>], trials: u32) -> Vec<f64> {
+    let total: usize = src.iter().map(Vec::len).sum();
+    let mut out = Vec::new();
+    for _ in 0..trials {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+        let data: Vec<Vec<u8>> = src.to_vec();
+        let sender = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+            let _ = s.set_nodelay(true);
+            for b in &data {
+                s.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
+            }
+        });
+        // Touched before the clock starts (as the peer restore's buffers are).
+        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
+        let t0 = Instant::now();
+        let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
+        let _ = s.set_nodelay(true);
+        for d in dst.iter_mut() {
+            s.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
+        }
+        out.push(gbps(total, t0.elapsed()));
+        let _ = sender.join();
+        assert!(dst == src, "copied bytes differ");
+    }
+    out
+}
+
+/// The same over rustls (TLS 1.3, ring, mutual authentication), handshake included.
+fn tls_copies(pki: &Path, src: &[Vec<u8>], trials: u32) -> Vec<f64> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("m.crt"))
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .unwrap_or_else(|e| panic!("cert: {e}"));
+    let key = PrivateKeyDer::from_pem_file(pki.join("m.pk8")).unwrap_or_else(|e| panic!("key: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.join("ca.crt"))
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .unwrap_or_else(|e| panic!("ca: {e}"))
+    {
+        roots.add(c).unwrap_or_else(|e| panic!("ca: {e}"));
+    }
+    let roots = Arc::new(roots);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .build()
+            .unwrap_or_else(|e| panic!("verifier: {e}"));
+    let server = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map(|b| {
+                b.with_client_cert_verifier(verifier)
+                    .with_single_cert(certs.clone(), key.clone_key())
+            })
+            .unwrap_or_else(|e| panic!("server: {e}"))
+            .unwrap_or_else(|e| panic!("server: {e}")),
+    );
+    let client = Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map(|b| b.with_root_certificates(roots).with_client_auth_cert(certs, key))
+            .unwrap_or_else(|e| panic!("client: {e}"))
+            .unwrap_or_else(|e| panic!("client: {e}")),
+    );
+    let total: usize = src.iter().map(Vec::len).sum();
+    let mut out = Vec::new();
+    for _ in 0..trials {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+        let data: Vec<Vec<u8>> = src.to_vec();
+        let sc = server.clone();
+        let sender = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+            let _ = s.set_nodelay(true);
+            let conn = rustls::ServerConnection::new(sc).unwrap_or_else(|e| panic!("tls: {e}"));
+            let mut t = rustls::StreamOwned::new(conn, s);
+            for b in &data {
+                t.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
+            }
+            t.flush().unwrap_or_else(|e| panic!("flush: {e}"));
+            t.conn.send_close_notify();
+            let _ = t.conn.complete_io(&mut t.sock);
+        });
+        // Touched before the clock starts (as the peer restore's buffers are).
+        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
+        let t0 = Instant::now();
+        let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
+        let _ = s.set_nodelay(true);
+        let name = ServerName::try_from("127.0.0.1").unwrap_or_else(|e| panic!("name: {e}"));
+        let conn = rustls::ClientConnection::new(client.clone(), name).unwrap_or_else(|e| panic!("tls: {e}"));
+        let mut t = rustls::StreamOwned::new(conn, s);
+        for d in dst.iter_mut() {
+            t.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
+        }
+        out.push(gbps(total, t0.elapsed()));
+        let _ = sender.join();
+        assert!(dst == src, "copied bytes differ");
+    }
+    out
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let out = args
+        .get(1)
+        .filter(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_else(|| "bench-results/peer_restore.json".into());
+    let opt = |name: &str, default: usize| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let total = opt("--total-mib", 128) << 20;
+    let bs = opt("--block-kib", 256) << 10;
+    let trials = opt("--trials", 5).max(1) as u32;
+    let n = (total / bs).max(1);
+    let src: Vec<Vec<u8>> = (0..n)
+        .map(|i| (0..bs).map(|j| (i * 131 + j * 7) as u8).collect())
+        .collect();
+    let root = std::env::temp_dir().join(format!("orbitkv-peer-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("mkdir: {e}"));
+    let pki = root.join("pki");
+    let _ = std::fs::create_dir_all(&pki);
+    let have_tls = make_pki(&pki);
+
+    let tcp = median(tcp_copies(&src, trials));
+    let peer_plain = median(peer_restores(None, &src, trials, &root));
+    let (tls, peer_tls, tls_note) = if have_tls {
+        (
+            Some(median(tls_copies(&pki, &src, trials))),
+            Some(median(peer_restores(Some(&pki), &src, trials, &root))),
+            None,
+        )
+    } else {
+        (
+            None,
+            None,
+            Some("skipped: the openssl command (to make certificates) is not installed"),
+        )
+    };
+    let _ = std::fs::remove_dir_all(&root);
+    println!(
+        "bytes per trial {} ({} blocks of {} KiB), {trials} trials, median GB/s:",
+        n * bs,
+        n,
+        bs >> 10
+    );
+    println!("  plain TCP copy          {tcp:>8.2}");
+    println!(
+        "  peer restore (plain)    {peer_plain:>8.2}   {:.2}x of the TCP copy",
+        peer_plain / tcp
+    );
+    if let (Some(t), Some(p)) = (tls, peer_tls) {
+        println!("  TLS-only copy           {t:>8.2}");
+        println!(
+            "  peer restore (mTLS)     {p:>8.2}   {:.2}x of the TLS copy",
+            p / t
+        );
+    }
+    let doc = serde_json::json!({
+        "bench": "peer_restore",
+        "what": "restore through Manager B of blocks saved on Manager A: B's lookup fetches from A over the peer transport into B's arena (checksummed), then acquire + copy out + release as for a local hit; median of trials, fresh hashes per trial, both Managers in this process on loopback",
+        "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers",
+        "bytes_per_trial": n * bs,
+        "block_bytes": bs,
+        "trials": trials,
+        "tcp_copy_gbps": tcp,
+        "peer_restore_plain_gbps": peer_plain,
+        "peer_plain_vs_tcp": peer_plain / tcp,
+        "tls_copy_gbps": tls,
+        "peer_restore_tls_gbps": peer_tls,
+        "peer_tls_vs_tls": tls.zip(peer_tls).map(|(t, p)| p / t),
+        "tls_note": tls_note,
+    });
+    if let Some(parent) = Path::new(&out).parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("write {out}: {e}"));
+    println!("wrote {out}");
+}
