@@ -5,11 +5,13 @@
 //! stay in `orbitkv_core` (`spill_candidates`, `acquire`, `ssd_droppable`,
 //! `take_ssd_removals`); this module only moves bytes and reports back.
 //!
-//! A new tier (peer Managers) is a new `impl Tier`; the session and worker
-//! code drive any tier the same way.
+//! The peer tier (`crate::peer`) fills DRAM on a miss rather than staging
+//! blocks the cache already knows, so it is not an `impl Tier`; its byte moves
+//! into and out of arena slots are the two functions below.
 //!
 //! The only `unsafe` of the Manager: borrowing arena slots as slices for the
-//! SSD engine, each under the cache-protocol right that freezes the slot.
+//! SSD engine and for peer transfers, each under the cache-protocol right that
+//! freezes the slot.
 #![allow(unsafe_code)]
 
 use std::io::Write;
