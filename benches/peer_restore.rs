@@ -163,11 +163,17 @@ fn hash(t: u32, i: u32) -> [u8; 32] {
     h
 }
 
-/// Peer restores through B of `src` saved on A: GB/s per trial (restore = B's
-/// lookup with the peer fill + acquire + copy out + release).
-fn peer_restores(pki: Option<&Path>, src: &[Vec<u8>], trials: u32, root: &Path) -> Vec<f64> {
-    let bs = src[0].len();
-    let total = bs * src.len();
+/// Managers A (source) and B (reader) with a client each.
+struct Pair {
+    a: Manager,
+    b: Manager,
+    ca: Client,
+    cb: Client,
+    na: orbitkv_client::Namespace,
+    nb: orbitkv_client::Namespace,
+}
+
+fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path) -> Pair {
     let arena = (total * 3).next_multiple_of(1 << 20).max(64 << 20);
     let port = free_port();
     let tls = pki.map(tls_args).unwrap_or_default();
@@ -186,41 +192,47 @@ fn peer_restores(pki: Option<&Path>, src: &[Vec<u8>], trials: u32, root: &Path) 
     let nb = cb
         .register_namespace([9; 32], bs as u64, 0, [0; 32])
         .unwrap_or_else(|e| panic!("ns: {e}"));
-    let srcs: Vec<&[u8]> = src.iter().map(|v| v.as_slice()).collect();
-    let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![0u8; v.len()]).collect();
-    let mut out = Vec::new();
-    for t in 0..trials {
+    Pair { a, b, ca, cb, na, nb }
+}
+
+impl Pair {
+    /// One peer restore through B of `src` saved on A under fresh hashes: GB/s
+    /// (restore = B's lookup with the peer fill + acquire + copy out + release).
+    fn trial(&self, t: u32, src: &[Vec<u8>]) -> f64 {
+        let total: usize = src.iter().map(Vec::len).sum();
+        let srcs: Vec<&[u8]> = src.iter().map(|v| v.as_slice()).collect();
         let hashes: Vec<[u8; 32]> = (0..src.len() as u32).map(|i| hash(t, i)).collect();
-        let r = ca
-            .save(&na, &hashes, &srcs)
+        let r = self
+            .ca
+            .save(&self.na, &hashes, &srcs)
             .unwrap_or_else(|e| panic!("save: {e}"));
         assert_eq!(r.stored as usize, src.len(), "A's arena too small");
-        for d in dst.iter_mut() {
-            d.fill(0);
-        }
+        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
         let mut dsts: Vec<&mut [u8]> = dst.iter_mut().map(|v| v.as_mut_slice()).collect();
         let t0 = Instant::now();
-        let got = cb
-            .restore(&nb, &hashes, &mut dsts)
+        let got = self
+            .cb
+            .restore(&self.nb, &hashes, &mut dsts)
             .unwrap_or_else(|e| panic!("restore: {e}"));
         let d = t0.elapsed();
         assert_eq!(got as usize, src.len(), "every block through the peer");
         assert!(dst == src, "restored bytes differ");
-        out.push(gbps(total, d));
+        gbps(total, d)
     }
-    drop(ca);
-    drop(cb);
-    b.shutdown();
-    a.shutdown();
-    out
+
+    fn stop(self) {
+        drop(self.ca);
+        drop(self.cb);
+        self.b.shutdown();
+        self.a.shutdown();
+    }
 }
 
-/// Plain TCP copy of the same bytes: one connection per trial, sender writes
-/// each block, receiver reads into its own buffers.
-fn tcp_copies(src: &[Vec<u8>], trials: u32) -> Vec<f64> {
+/// Plain TCP copy of the same bytes: one connection, sender writes each
+/// block, receiver reads into its own buffers.
+fn tcp_copy(src: &[Vec<u8>]) -> f64 {
     let total: usize = src.iter().map(Vec::len).sum();
-    let mut out = Vec::new();
-    for _ in 0..trials {
+    {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
         let data: Vec<Vec<u8>> = src.to_vec();
@@ -239,15 +251,15 @@ fn tcp_copies(src: &[Vec<u8>], trials: u32) -> Vec<f64> {
         for d in dst.iter_mut() {
             s.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
         }
-        out.push(gbps(total, t0.elapsed()));
+        let g = gbps(total, t0.elapsed());
         let _ = sender.join();
         assert!(dst == src, "copied bytes differ");
+        g
     }
-    out
 }
 
 /// The same over rustls (TLS 1.3, ring, mutual authentication), handshake included.
-fn tls_copies(pki: &Path, src: &[Vec<u8>], trials: u32) -> Vec<f64> {
+fn tls_configs(pki: &Path) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("m.crt"))
         .and_then(|i| i.collect::<Result<_, _>>())
         .unwrap_or_else(|e| panic!("cert: {e}"));
@@ -282,9 +294,13 @@ fn tls_copies(pki: &Path, src: &[Vec<u8>], trials: u32) -> Vec<f64> {
             .unwrap_or_else(|e| panic!("client: {e}"))
             .unwrap_or_else(|e| panic!("client: {e}")),
     );
+    (server, client)
+}
+
+fn tls_copy(cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>), src: &[Vec<u8>]) -> f64 {
+    let (server, client) = cfg;
     let total: usize = src.iter().map(Vec::len).sum();
-    let mut out = Vec::new();
-    for _ in 0..trials {
+    {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
         let data: Vec<Vec<u8>> = src.to_vec();
@@ -312,11 +328,11 @@ fn tls_copies(pki: &Path, src: &[Vec<u8>], trials: u32) -> Vec<f64> {
         for d in dst.iter_mut() {
             t.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
         }
-        out.push(gbps(total, t0.elapsed()));
+        let g = gbps(total, t0.elapsed());
         let _ = sender.join();
         assert!(dst == src, "copied bytes differ");
+        g
     }
-    out
 }
 
 fn main() {
@@ -346,14 +362,25 @@ fn main() {
     let _ = std::fs::create_dir_all(&pki);
     let have_tls = make_pki(&pki);
 
-    let tcp = median(tcp_copies(&src, trials));
-    let peer_plain = median(peer_restores(None, &src, trials, &root));
+    // Interleaved per trial, so drift on a shared machine hits every row alike.
+    let plain_pair = pair(None, bs, n * bs, &root);
+    let tls_setup = have_tls.then(|| (tls_configs(&pki), pair(Some(&pki), bs, n * bs, &root)));
+    let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for t in 0..trials {
+        tcp.push(tcp_copy(&src));
+        plain.push(plain_pair.trial(t, &src));
+        if let Some((cfg, p)) = &tls_setup {
+            tls.push(tls_copy(cfg, &src));
+            ptls.push(p.trial(t, &src));
+        }
+    }
+    plain_pair.stop();
+    if let Some((_, p)) = tls_setup {
+        p.stop();
+    }
+    let (tcp, peer_plain) = (median(tcp), median(plain));
     let (tls, peer_tls, tls_note) = if have_tls {
-        (
-            Some(median(tls_copies(&pki, &src, trials))),
-            Some(median(peer_restores(Some(&pki), &src, trials, &root))),
-            None,
-        )
+        (Some(median(tls)), Some(median(ptls)), None)
     } else {
         (
             None,
@@ -382,7 +409,7 @@ fn main() {
     }
     let doc = serde_json::json!({
         "bench": "peer_restore",
-        "what": "restore through Manager B of blocks saved on Manager A: B's lookup fetches from A over the peer transport into B's arena (checksummed), then acquire + copy out + release as for a local hit; median of trials, fresh hashes per trial, both Managers in this process on loopback",
+        "what": "restore through Manager B of blocks saved on Manager A: B's lookup fetches from A over the peer transport into B's arena (checksummed), then acquire + copy out + release as for a local hit; median of interleaved trials, fresh hashes per trial, both Managers in this process on loopback",
         "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers",
         "bytes_per_trial": n * bs,
         "block_bytes": bs,
