@@ -728,3 +728,23 @@ fn plain_loopback_refuses_a_peer_of_another_uid() {
     assert_eq!(source_stat(&a, "fetches"), 0);
     assert_eq!(a.stats()["live_leases"], 0);
 }
+
+#[test]
+fn a_restarted_source_is_reached_again_on_a_fresh_connection() {
+    let pa = free_port();
+    let mut a = manager(Some(pa), &[], &[]);
+    let b = manager(None, &[pa], &[]);
+    save(&a, 15, &blocks(150, 2));
+    assert_eq!(restore(&b, 15, 2), (2, blocks(150, 2)));
+    // B keeps that connection pooled; A dies and comes back on the same port.
+    a.child.kill().expect("SIGKILL A");
+    let _ = a.child.wait();
+    let a = manager(Some(pa), &[], &[]);
+    save(&a, 16, &blocks(160, 3));
+    assert_eq!(
+        restore(&b, 16, 3),
+        (3, blocks(160, 3)),
+        "the dead pooled connection is replaced, not reported as a miss"
+    );
+    assert_eq!(peer_stat(&b, "errors"), 0);
+}
