@@ -703,6 +703,74 @@ impl ManagerConfig {
 mod tests {
     use super::*;
 
+    fn peer_cfg(extra: &[&str]) -> Result<ManagerConfig, ConfigError> {
+        let mut argv = vec!["x", "--socket", "/nonexistent/s.sock"];
+        argv.extend_from_slice(extra);
+        ManagerConfig::from_argv(argv)
+    }
+
+    #[test]
+    fn peer_settings_validate() {
+        let c = peer_cfg(&["--peer-listen", "127.0.0.1:7470", "--peer", "[::1]:7471"]).expect("loopback");
+        let p = c.peers.expect("peers");
+        assert_eq!(p.advertise.as_deref(), Some("127.0.0.1:7470"));
+        assert!(p.tls.is_none() && p.etcd.is_none());
+        assert!(peer_cfg(&[]).expect("none").peers.is_none());
+        for bad in [
+            &["--peer-listen", "10.0.0.1:7470"][..],
+            &["--peer", "localhost:7470"][..],
+            &["--peer", "127.0.0.1:1", "--peer-tls-cert", "a.crt"][..],
+            &["--peer", "nonsense"][..],
+            &[
+                "--peer-tls-cert",
+                "a",
+                "--peer-tls-key",
+                "b",
+                "--peer-tls-ca",
+                "c",
+            ][..],
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379",
+            ][..],
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "https://127.0.0.1:2379",
+            ][..],
+            &[
+                "--peer",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "http://127.0.0.1:2379",
+            ][..],
+            &["--peer", "127.0.0.1:1", "--peer-timeout-ms", "0"][..],
+        ] {
+            assert!(peer_cfg(bad).is_err(), "{bad:?} must be refused");
+        }
+        let c = peer_cfg(&[
+            "--peer-listen",
+            "10.0.0.1:7470",
+            "--peer",
+            "host-b.example:7470",
+            "--peer-tls-cert",
+            "a.crt",
+            "--peer-tls-key",
+            "a.key",
+            "--peer-tls-ca",
+            "ca.crt",
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379,127.0.0.1:2380",
+        ])
+        .expect("off loopback with TLS");
+        let p = c.peers.expect("peers");
+        assert!(p.tls.is_some());
+        assert_eq!(p.etcd.expect("etcd").endpoints.len(), 2);
+    }
+
     #[test]
     fn sizes_parse() {
         assert_eq!(parse_size("1GiB").ok(), Some(1 << 30));
