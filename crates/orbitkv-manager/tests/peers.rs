@@ -331,6 +331,15 @@ fn the_source_lease_lives_until_completion_and_no_longer() {
     eventually("released", || a.stats()["live_leases"] == 0);
     assert_eq!(source_stat(&a, "leases_done"), 2);
 
+    // Cancel: the reader reports it did not keep the bytes; released at once.
+    let (mut s3, lease, _) = fetch_by_hand(pa, 6, 3);
+    eventually("pinned", || a.stats()["live_leases"] == 1);
+    let cancel = PeerRequest::Done { lease, stored: false };
+    write_frame(&mut s3, cancel.kind(), 2, &cancel.encode()).expect("cancel");
+    eventually("released on cancel", || a.stats()["live_leases"] == 0);
+    assert_eq!(source_stat(&a, "leases_done"), 3);
+    drop(s3);
+
     // Connection loss: released at once.
     let (s, _, _) = fetch_by_hand(pa, 6, 3);
     eventually("pinned", || a.stats()["live_leases"] == 1);
