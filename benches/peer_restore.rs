@@ -197,8 +197,9 @@ fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path) -> Pair {
 
 impl Pair {
     /// One peer restore through B of `src` saved on A under fresh hashes: GB/s
-    /// (restore = B's lookup with the peer fill + acquire + copy out + release).
-    fn trial(&self, t: u32, src: &[Vec<u8>]) -> f64 {
+    /// of the restore (B's lookup with the peer fill + acquire + copy out +
+    /// release) and of its fill alone (the lookup: bytes into B's arena).
+    fn trial(&self, t: u32, src: &[Vec<u8>]) -> (f64, f64) {
         let total: usize = src.iter().map(Vec::len).sum();
         let srcs: Vec<&[u8]> = src.iter().map(|v| v.as_slice()).collect();
         let hashes: Vec<[u8; 32]> = (0..src.len() as u32).map(|i| hash(t, i)).collect();
@@ -210,14 +211,23 @@ impl Pair {
         let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
         let mut dsts: Vec<&mut [u8]> = dst.iter_mut().map(|v| v.as_mut_slice()).collect();
         let t0 = Instant::now();
-        let got = self
+        let mut lease = self
             .cb
-            .restore(&self.nb, &hashes, &mut dsts)
-            .unwrap_or_else(|e| panic!("restore: {e}"));
+            .lease(&self.nb, &hashes)
+            .unwrap_or_else(|e| panic!("lookup: {e}"));
+        let filled = t0.elapsed();
+        assert_eq!(
+            lease.hit_blocks() as usize,
+            src.len(),
+            "every block through the peer"
+        );
+        lease
+            .copy_out(self.nb.block_bytes, 0, &mut dsts)
+            .unwrap_or_else(|e| panic!("copy: {e}"));
+        lease.release().unwrap_or_else(|e| panic!("release: {e}"));
         let d = t0.elapsed();
-        assert_eq!(got as usize, src.len(), "every block through the peer");
         assert!(dst == src, "restored bytes differ");
-        gbps(total, d)
+        (gbps(total, d), gbps(total, filled))
     }
 
     fn stop(self) {
@@ -366,23 +376,34 @@ fn main() {
     let plain_pair = pair(None, bs, n * bs, &root);
     let tls_setup = have_tls.then(|| (tls_configs(&pki), pair(Some(&pki), bs, n * bs, &root)));
     let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut plain_fill, mut tls_fill) = (Vec::new(), Vec::new());
     for t in 0..trials {
         tcp.push(tcp_copy(&src));
-        plain.push(plain_pair.trial(t, &src));
+        let (r, f) = plain_pair.trial(t, &src);
+        plain.push(r);
+        plain_fill.push(f);
         if let Some((cfg, p)) = &tls_setup {
             tls.push(tls_copy(cfg, &src));
-            ptls.push(p.trial(t, &src));
+            let (r, f) = p.trial(t, &src);
+            ptls.push(r);
+            tls_fill.push(f);
         }
     }
     plain_pair.stop();
     if let Some((_, p)) = tls_setup {
         p.stop();
     }
-    let (tcp, peer_plain) = (median(tcp), median(plain));
-    let (tls, peer_tls, tls_note) = if have_tls {
-        (Some(median(tls)), Some(median(ptls)), None)
+    let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
+    let (tls, peer_tls, fill_tls, tls_note) = if have_tls {
+        (
+            Some(median(tls)),
+            Some(median(ptls)),
+            Some(median(tls_fill)),
+            None,
+        )
     } else {
         (
+            None,
             None,
             None,
             Some("skipped: the openssl command (to make certificates) is not installed"),
@@ -400,12 +421,19 @@ fn main() {
         "  peer restore (plain)    {peer_plain:>8.2}   {:.2}x of the TCP copy",
         peer_plain / tcp
     );
+    println!(
+        "    of which the fill     {fill_plain:>8.2}   {:.2}x (bytes into B's arena)",
+        fill_plain / tcp
+    );
     if let (Some(t), Some(p)) = (tls, peer_tls) {
         println!("  TLS-only copy           {t:>8.2}");
         println!(
             "  peer restore (mTLS)     {p:>8.2}   {:.2}x of the TLS copy",
             p / t
         );
+        if let Some(f) = fill_tls {
+            println!("    of which the fill     {f:>8.2}   {:.2}x", f / t);
+        }
     }
     let doc = serde_json::json!({
         "bench": "peer_restore",
@@ -417,6 +445,10 @@ fn main() {
         "tcp_copy_gbps": tcp,
         "peer_restore_plain_gbps": peer_plain,
         "peer_plain_vs_tcp": peer_plain / tcp,
+        "peer_fill_plain_gbps": fill_plain,
+        "peer_fill_plain_vs_tcp": fill_plain / tcp,
+        "peer_fill_tls_gbps": fill_tls,
+        "peer_fill_tls_vs_tls": tls.zip(fill_tls).map(|(t, f)| f / t),
         "tls_copy_gbps": tls,
         "peer_restore_tls_gbps": peer_tls,
         "peer_tls_vs_tls": tls.zip(peer_tls).map(|(t, p)| p / t),
