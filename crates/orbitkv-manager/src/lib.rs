@@ -10,6 +10,7 @@ mod framing;
 #[macro_use]
 pub mod log;
 mod metrics;
+mod peer;
 mod server;
 mod session;
 mod shared;
@@ -39,6 +40,10 @@ pub enum ManagerError {
     Metrics { addr: SocketAddr, err: std::io::Error },
     #[error("opening the SSD tier: {0}")]
     Ssd(#[from] orbitkv_ssd::SsdError),
+    #[error("peer tier: {0}")]
+    Peer(String),
+    #[error("binding the peer listener {addr}: {err}")]
+    PeerBind { addr: SocketAddr, err: std::io::Error },
     #[error("starting a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -91,7 +96,15 @@ impl Manager {
             Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,
         };
-        let shared = Arc::new(Shared::new(config, segments, cache, below));
+        let peers = match &config.peers {
+            Some(p) => {
+                Some(peer::PeerTier::new(p.clone(), config.allow_uids.clone()).map_err(ManagerError::Peer)?)
+            }
+            None => None,
+        };
+        let mut shared = Shared::new(config, segments, cache, below);
+        shared.peers = peers;
+        let shared = Arc::new(shared);
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -117,6 +130,20 @@ impl Manager {
         if shared.tier.is_some() {
             let sh = shared.clone();
             threads.push(spawn("orbitkv-ssd", Box::new(move || tier::worker(sh)))?);
+        }
+        let mut peer_threads = Vec::new();
+        let mut peer_spawn = |name: &str, f: Box<dyn FnOnce() + Send>| peer_threads.push(spawn(name, f));
+        peer::start(&shared, &mut peer_spawn).map_err(|err| ManagerError::PeerBind {
+            addr: shared
+                .config
+                .peers
+                .as_ref()
+                .and_then(|p| p.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            err,
+        })?;
+        for t in peer_threads {
+            threads.push(t?);
         }
         log!(
             Info,
@@ -150,6 +177,7 @@ impl Manager {
         if let Some(addr) = self.metrics_addr() {
             let _ = std::net::TcpStream::connect(addr); // wake the blocking accept
         }
+        peer::wake_listener(&self.shared); // and the peer listener; closes peer connections
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

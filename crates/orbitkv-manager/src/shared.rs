@@ -55,6 +55,8 @@ pub struct Shared {
     pub staged: Condvar,
     /// The tier below DRAM (the SSD), when configured.
     pub tier: Option<Box<dyn Tier>>,
+    /// Peer Managers (filled on a local miss; our blocks served to them), when configured.
+    pub peers: Option<crate::peer::PeerTier>,
     pub quarantine: Mutex<Vec<Quarantined>>,
     pub restore_faults: AtomicU32,
     pub commit_faults: AtomicU32,
@@ -82,6 +84,7 @@ impl Shared {
             cache: Mutex::new(cache),
             staged: Condvar::new(),
             tier,
+            peers: None,
             quarantine: Mutex::new(Vec::new()),
             restore_faults: AtomicU32::new(0),
             commit_faults: AtomicU32::new(0),
