@@ -262,6 +262,20 @@ fn real_main() -> Result<(), String> {
                         }
                     }
                 }
+                for window in [1u64, 5, 20, 50] {
+                    for sample_x in [2u64, 8, 32] {
+                        for deep in [false, true] {
+                            let p = Policy::tinylfu_tuned(cap * BLOCK, window, sample_x, deep);
+                            let r = run_core(&trace, cap, p)?.rate();
+                            println!(
+                                "    tinylfu window {window:>2}% sample {sample_x:>2}x deepest_first {deep:<5} {r:.3} ({:.2}×opt)",
+                                r / opt
+                            );
+                            row["sweep"][format!("tinylfu/window{window}/sample{sample_x}x/deep{deep}")] =
+                                serde_json::json!(r);
+                        }
+                    }
+                }
             }
             rows.push(row);
         }

@@ -11,6 +11,7 @@ pub struct Lru<K> {
     stamps: Map<K, (u64, u64)>, // key -> (stamp, weight)
     order: BTreeSet<(u64, K)>,
     clock: u64,
+    bytes: u64,
 }
 
 impl<K: Copy + Eq + Hash + Ord> Lru<K> {
@@ -19,11 +20,17 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
             stamps: Map::default(),
             order: BTreeSet::new(),
             clock: 0,
+            bytes: 0,
         }
     }
 
     pub fn len(&self) -> usize {
         self.stamps.len()
+    }
+
+    /// The tracked entries' weight.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -32,6 +39,11 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
 
     pub fn contains(&self, key: &K) -> bool {
         self.stamps.contains_key(key)
+    }
+
+    /// A tracked entry's weight.
+    pub fn weight(&self, key: &K) -> Option<u64> {
+        self.stamps.get(key).map(|&(_, w)| w)
     }
 
     /// Track a new entry of `weight` bytes as the most recently used.
@@ -48,15 +60,18 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
 
     fn stamp(&mut self, key: K, weight: u64) {
         self.clock += 1;
-        if let Some((old, _)) = self.stamps.insert(key, (self.clock, weight)) {
+        self.bytes += weight;
+        if let Some((old, w)) = self.stamps.insert(key, (self.clock, weight)) {
             self.order.remove(&(old, key));
+            self.bytes -= w;
         }
         self.order.insert((self.clock, key));
     }
 
     pub fn remove(&mut self, key: &K) {
-        if let Some((old, _)) = self.stamps.remove(key) {
+        if let Some((old, w)) = self.stamps.remove(key) {
             self.order.remove(&(old, *key));
+            self.bytes -= w;
         }
     }
 
@@ -64,7 +79,9 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
     pub fn evict_one(&mut self, mut pinned: impl FnMut(&K) -> bool) -> Option<K> {
         let victim = self.order.iter().find(|(_, k)| !pinned(k)).copied()?;
         self.order.remove(&victim);
-        self.stamps.remove(&victim.1);
+        if let Some((_, w)) = self.stamps.remove(&victim.1) {
+            self.bytes -= w;
+        }
         Some(victim.1)
     }
 

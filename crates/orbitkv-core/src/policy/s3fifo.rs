@@ -93,6 +93,11 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.entries.len()
     }
 
+    /// The tracked entries' weight.
+    pub fn bytes(&self) -> u64 {
+        self.small_bytes + self.main_bytes
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
