@@ -137,12 +137,11 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
 
     /// Record a hit.
     pub fn touch(&mut self, key: &K) {
-        let Some(weight) = self.lru.weight(key) else {
+        let Some(weight) = self.lru.touch(key) else {
             return;
         };
-        self.shadow_access(*key, weight);
         self.s3.touch(key);
-        self.lru.touch(key);
+        self.shadow_access(*key, weight);
     }
 
     /// Forget an entry (explicit removal, not eviction).

@@ -29,10 +29,9 @@ pub enum PolicyKind {
     /// S3-FIFO told deepest block first (a chain's tail leaves before its head),
     /// with a ghost history of 4× the capacity for returns after long gaps.
     S3FifoChain,
-    /// The default: S3-FIFO whose small queue (5–50 % of the capacity) grows when
-    /// its evictions come back and shrinks when main's do (ARC's adaptation), told
+    /// S3-FIFO whose small queue (5–50 % of the capacity) grows when its
+    /// evictions come back and shrinks when main's do (ARC's adaptation), told
     /// deepest block first, a ghost history of 1× the capacity.
-    #[default]
     S3FifoAdaptive,
     /// LRU, blocks told in chain order (a request's deepest block is the most recent).
     Lru,
@@ -42,8 +41,11 @@ pub enum PolicyKind {
     /// frequency sketch with a doorkeeper whose aging period is 8× the capacity in
     /// entries (it remembers returns after long gaps); told deepest block first.
     TinyLfu,
-    /// Set dueling: `s3fifo-adaptive` and LRU both track every block; sampled
-    /// shadow caches of each decide which one evicts; told deepest block first.
+    /// The default. Set dueling: S3-FIFO (4× ghost) and LRU both track every
+    /// block; sampled shadow caches of five candidates (S3-FIFO with a 5, 10, 20
+    /// or 40 % small queue, LRU) pick which one evicts and S3-FIFO's small-queue
+    /// share; told deepest block first.
+    #[default]
     Duel,
 }
 
@@ -210,7 +212,9 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         let deepest_first = self.deepest_first();
         let mut touch = |k: &K| match self {
             Policy::S3Fifo { p, .. } => p.touch(k),
-            Policy::Lru { p, .. } => p.touch(k),
+            Policy::Lru { p, .. } => {
+                p.touch(k);
+            }
             Policy::TinyLfu { p, .. } => p.touch(k),
             Policy::Duel { p, .. } => p.touch(k),
         };
