@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use orbitkv_core::policy::{Policy, PolicyKind};
-use orbitkv_core::{BlockKey, CacheState, Fingerprint, NamespaceKey};
+use orbitkv_core::{AcquireStep, BlockKey, CacheState, Fingerprint, NamespaceKey, SpillPolicy, TierKey};
 
 const BLOCK: u64 = 64 << 10;
 
@@ -89,6 +89,137 @@ fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockKey>) -> Resu
         }
         let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
         cache.commit_save(s, id).map_err(|e| e.to_string())?;
+    }
+    Ok(t)
+}
+
+/// Hit rates of a two-tier replay: all served blocks, and those read from SSD.
+#[derive(Default, Clone, Copy, Debug)]
+struct TierTally {
+    requested: u64,
+    served: u64,
+    from_ssd: u64,
+    spilled: u64,
+    dropped_from_ssd: u64,
+}
+
+/// The SSD store's side of the Manager (`orbitkv-ssd`): a capacity in blocks,
+/// least recently written or read copies proposed first when it is full.
+struct SsdStore {
+    capacity: u64,
+    stamp: HashMap<TierKey, u64>,
+    order: std::collections::BTreeMap<u64, TierKey>,
+    clock: u64,
+}
+
+impl SsdStore {
+    fn touch(&mut self, k: TierKey) {
+        self.clock += 1;
+        if let Some(old) = self.stamp.insert(k, self.clock) {
+            self.order.remove(&old);
+        }
+        self.order.insert(self.clock, k);
+    }
+
+    fn remove(&mut self, k: &TierKey) {
+        if let Some(old) = self.stamp.remove(k) {
+            self.order.remove(&old);
+        }
+    }
+
+    fn oldest(&self, n: usize) -> Vec<TierKey> {
+        self.order.values().take(n).copied().collect()
+    }
+}
+
+/// `run_core` with an SSD tier of `ssd` blocks behind `dram` blocks of DRAM, with
+/// the Manager's default spill policy (`evict`: the coldest eighth of DRAM is
+/// copied to SSD once free DRAM falls under an eighth, so eviction demotes it).
+/// Every spill completes before the next request: a disk that keeps up, which the
+/// real replay's disk does not (`docs/performance.md`); this isolates the policy.
+fn run_core_tiered(
+    trace: &[Vec<u64>],
+    dram: u64,
+    ssd: u64,
+    policy: Policy<BlockKey>,
+) -> Result<TierTally, String> {
+    let mut cache = CacheState::with_policy_instance(&[dram * BLOCK], policy);
+    cache.enable_ssd_with(0, SpillPolicy::Evict);
+    let mut store = SsdStore {
+        capacity: ssd,
+        stamp: HashMap::new(),
+        order: std::collections::BTreeMap::new(),
+        clock: 0,
+    };
+    let s = cache.open_session();
+    let key = NamespaceKey {
+        fingerprint: Fingerprint([7; 32]),
+        shard: 0,
+        salt: [0; 32],
+    };
+    let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
+    let mut t = TierTally::default();
+    for req in trace {
+        let hashes: Vec<[u8; 32]> = req.iter().map(|&id| hash_of(id)).collect();
+        let r = cache.lookup(s, ns, &hashes).map_err(|e| e.to_string())?;
+        t.requested += hashes.len() as u64;
+        if let Some(l) = r.lease {
+            let mut served = true;
+            loop {
+                match cache.acquire(s, l) {
+                    Ok(AcquireStep::Stage(jobs)) => {
+                        for j in &jobs {
+                            store.touch(j.tier_key);
+                            cache.finish_stage(j, true);
+                        }
+                    }
+                    Ok(AcquireStep::Ready(_)) => break,
+                    Ok(AcquireStep::Wait) | Ok(AcquireStep::Lost { .. }) | Err(_) => {
+                        served = false; // no room to stage: the engine recomputes
+                        break;
+                    }
+                }
+            }
+            if served {
+                t.served += u64::from(r.hit_blocks);
+                t.from_ssd += r.ssd_blocks.len() as u64;
+            }
+            cache.release(s, l).map_err(|e| e.to_string())?;
+            if !served {
+                // Save what was not served, as an engine would after recomputing.
+                let (id, _) = cache.begin_save(s, ns, &hashes).map_err(|e| e.to_string())?;
+                cache.commit_save(s, id).map_err(|e| e.to_string())?;
+            }
+        }
+        let rest = &hashes[r.hit_blocks as usize..];
+        if !rest.is_empty() {
+            let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
+            cache.commit_save(s, id).map_err(|e| e.to_string())?;
+        }
+        loop {
+            let jobs = cache.spill_candidates(1024);
+            if jobs.is_empty() {
+                break;
+            }
+            for j in &jobs {
+                if store.stamp.len() as u64 >= store.capacity {
+                    let proposed = store.oldest(64);
+                    for k in cache.ssd_droppable(&proposed) {
+                        store.remove(&k);
+                        t.dropped_from_ssd += 1;
+                    }
+                }
+                let fits = (store.stamp.len() as u64) < store.capacity;
+                if fits {
+                    store.touch(j.tier_key);
+                    t.spilled += 1;
+                }
+                cache.spill_done(j, fits);
+            }
+        }
+        for k in cache.take_ssd_removals() {
+            store.remove(&k);
+        }
     }
     Ok(t)
 }
@@ -336,6 +467,7 @@ fn real_main() -> Result<(), String> {
     let mut sweep = false;
     let mut generate: Vec<u64> = Vec::new();
     let mut cost = false;
+    let mut ssd = 0u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -361,9 +493,10 @@ fn real_main() -> Result<(), String> {
             "--generate" => generate.push(val()?.parse::<u64>().map_err(|e| format!("--generate: {e}"))?),
             "--sweep" => sweep = true,
             "--cost" => cost = true,
+            "--ssd" => ssd = val()?.parse::<u64>().map_err(|e| format!("--ssd: {e}"))?,
             "-h" | "--help" => {
                 println!(
-                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--capacity N,N] [--policy a,b] [--sweep] [--cost] [--out JSON]"
+                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS] [--sweep] [--cost] [--out JSON]"
                 );
                 println!(
                     "policies: {}",
@@ -415,12 +548,38 @@ fn real_main() -> Result<(), String> {
     for (name, trace) in &inputs {
         let trace = trace.as_slice();
         for &cap in &caps {
-            let lru = run_lru(&trace, cap).rate();
-            let opt = run_opt(&trace, cap).rate();
-            let oracle = run_oracle_admit_lru(&trace, cap).rate();
-            print!("{name:>14} cap {cap:>6}  lru {lru:.3}  opt {opt:.3}  oracle-admit-lru {oracle:.3}");
-            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "requests": trace.len(),
-                "lru": lru, "optimum": opt, "oracle_admission_lru": oracle, "policies": {}, "sweep": {}});
+            // With an SSD tier the references get DRAM + SSD as one capacity.
+            let total = cap + ssd;
+            let lru = run_lru(&trace, total).rate();
+            let opt = run_opt(&trace, total).rate();
+            let oracle = run_oracle_admit_lru(&trace, total).rate();
+            print!(
+                "{name:>14} cap {cap:>6} ssd {ssd:>6}  lru {lru:.3}  opt {opt:.3}  oracle-admit-lru {oracle:.3}"
+            );
+            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "ssd_blocks": ssd,
+                "requests": trace.len(), "lru": lru, "optimum": opt, "oracle_admission_lru": oracle,
+                "policies": {}, "sweep": {}});
+            if ssd > 0 {
+                for &k in &kinds {
+                    let t = run_core_tiered(&trace, cap, ssd, Policy::new(k, cap * BLOCK))?;
+                    let (r, from_ssd) = (
+                        t.served as f64 / t.requested.max(1) as f64,
+                        t.from_ssd as f64 / t.requested.max(1) as f64,
+                    );
+                    print!(
+                        "  {} {r:.3} (dram {:.3} + ssd {from_ssd:.3}; {:.2}×opt)",
+                        k.name(),
+                        r - from_ssd,
+                        r / opt
+                    );
+                    row["policies"][k.name()] = serde_json::json!({"hit_rate": r, "hit_rate_ssd": from_ssd,
+                        "hit_rate_dram": r - from_ssd, "vs_optimum": r / opt, "vs_lru": r / lru,
+                        "spilled_blocks": t.spilled, "ssd_dropped_blocks": t.dropped_from_ssd});
+                }
+                println!();
+                rows.push(row);
+                continue;
+            }
             for &k in &kinds {
                 let t0 = Instant::now();
                 let r = run_core(&trace, cap, Policy::new(k, cap * BLOCK))?.rate();
@@ -600,6 +759,24 @@ mod tests {
                 .expect("replay")
                 .rate();
             assert!(duel >= lru, "seed {seed} cap {cap}: duel {duel} < lru {lru}");
+        }
+    }
+
+    #[test]
+    fn an_ssd_tier_serves_more_than_dram_alone_and_never_above_the_optimum() {
+        let trace = generated(12, 6000);
+        for kind in [PolicyKind::Duel, PolicyKind::Lru] {
+            let dram = run_core(&trace, 256, Policy::new(kind, 256 * BLOCK)).expect("dram");
+            let tiered = run_core_tiered(&trace, 256, 1024, Policy::new(kind, 256 * BLOCK)).expect("tiers");
+            assert_eq!(tiered.requested, dram.requested);
+            assert!(tiered.from_ssd > 0 && tiered.spilled > 0, "{kind}: {tiered:?}");
+            assert!(tiered.served > dram.served, "{kind}: {tiered:?} vs {dram:?}");
+            assert!(tiered.from_ssd <= tiered.served);
+            let opt = run_opt(&trace, 256 + 1024);
+            assert!(
+                tiered.served <= opt.served,
+                "{kind}: {tiered:?} above the optimum {opt:?}"
+            );
         }
     }
 }
