@@ -550,9 +550,9 @@ fn real_main() -> Result<(), String> {
         for &cap in &caps {
             // With an SSD tier the references get DRAM + SSD as one capacity.
             let total = cap + ssd;
-            let lru = run_lru(&trace, total).rate();
-            let opt = run_opt(&trace, total).rate();
-            let oracle = run_oracle_admit_lru(&trace, total).rate();
+            let lru = run_lru(trace, total).rate();
+            let opt = run_opt(trace, total).rate();
+            let oracle = run_oracle_admit_lru(trace, total).rate();
             print!(
                 "{name:>14} cap {cap:>6} ssd {ssd:>6}  lru {lru:.3}  opt {opt:.3}  oracle-admit-lru {oracle:.3}"
             );
@@ -561,7 +561,7 @@ fn real_main() -> Result<(), String> {
                 "policies": {}, "sweep": {}});
             if ssd > 0 {
                 for &k in &kinds {
-                    let t = run_core_tiered(&trace, cap, ssd, Policy::new(k, cap * BLOCK))?;
+                    let t = run_core_tiered(trace, cap, ssd, Policy::new(k, cap * BLOCK))?;
                     let (r, from_ssd) = (
                         t.served as f64 / t.requested.max(1) as f64,
                         t.from_ssd as f64 / t.requested.max(1) as f64,
@@ -582,7 +582,7 @@ fn real_main() -> Result<(), String> {
             }
             for &k in &kinds {
                 let t0 = Instant::now();
-                let r = run_core(&trace, cap, Policy::new(k, cap * BLOCK))?.rate();
+                let r = run_core(trace, cap, Policy::new(k, cap * BLOCK))?.rate();
                 print!("  {} {r:.3} ({:.2}×opt)", k.name(), r / opt);
                 row["policies"][k.name()] = serde_json::json!({"hit_rate": r, "vs_optimum": r / opt,
                     "vs_lru": r / lru, "seconds": t0.elapsed().as_secs_f64()});
@@ -593,7 +593,7 @@ fn real_main() -> Result<(), String> {
                     for ghost_x in [1u64, 4, 16] {
                         for deep in [false, true] {
                             let p = Policy::s3fifo_tuned(cap * BLOCK, small, ghost_x * cap * BLOCK, deep);
-                            let r = run_core(&trace, cap, p)?.rate();
+                            let r = run_core(trace, cap, p)?.rate();
                             println!(
                                 "    s3fifo small {small:>2}% ghost {ghost_x:>2}x deepest_first {deep:<5} {r:.3} ({:.2}×opt)",
                                 r / opt
@@ -607,7 +607,7 @@ fn real_main() -> Result<(), String> {
                     for sample_x in [2u64, 8, 32] {
                         for deep in [false, true] {
                             let p = Policy::tinylfu_tuned(cap * BLOCK, window, sample_x, deep);
-                            let r = run_core(&trace, cap, p)?.rate();
+                            let r = run_core(trace, cap, p)?.rate();
                             println!(
                                 "    tinylfu window {window:>2}% sample {sample_x:>2}x deepest_first {deep:<5} {r:.3} ({:.2}×opt)",
                                 r / opt

@@ -88,7 +88,7 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
 
     /// One access of a sampled key to every shadow.
     fn shadow_access(&mut self, key: K, weight: u64) {
-        if self.hasher.hash_one(key) % SAMPLE != 0 {
+        if !self.hasher.hash_one(key).is_multiple_of(SAMPLE) {
             return;
         }
         let cap = self.shadow_capacity;

@@ -98,7 +98,7 @@ pub enum Policy<K> {
     S3Fifo { p: S3Fifo<K>, deepest_first: bool },
     Lru { p: Lru<K>, deepest_first: bool },
     TinyLfu { p: TinyLfu<K>, deepest_first: bool },
-    Duel { p: Duel<K>, deepest_first: bool },
+    Duel { p: Box<Duel<K>>, deepest_first: bool },
 }
 
 impl<K: Copy + Eq + Hash + Ord> Policy<K> {
@@ -143,7 +143,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             },
             PolicyKind::TinyLfu => Self::tinylfu_tuned(capacity_bytes, 1, 8, true),
             PolicyKind::Duel => Policy::Duel {
-                p: Duel::new(capacity_bytes),
+                p: Box::new(Duel::new(capacity_bytes)),
                 deepest_first: true,
             },
         }
