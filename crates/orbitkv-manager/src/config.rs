@@ -101,8 +101,8 @@ pub struct Args {
     /// write-behind; a restart recovers more) [default: evict]
     #[arg(long)]
     pub ssd_write_policy: Option<String>,
-    /// Which DRAM blocks leave first: s3fifo-adaptive, s3fifo, s3fifo-chain, lru or
-    /// lru-chain (docs/performance.md compares them on traces) [default: s3fifo-adaptive]
+    /// Which DRAM blocks leave first: duel, s3fifo-adaptive, s3fifo, s3fifo-chain, lru,
+    /// lru-chain or tinylfu (docs/performance.md compares them on traces) [default: duel]
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
     /// Serve this Manager's blocks to peer Managers on this TCP address (host:port). Only a
@@ -808,12 +808,14 @@ mod tests {
     fn cache_policy_defaults_parses_and_names_the_choices() {
         use orbitkv_core::policy::PolicyKind;
         let c = ManagerConfig::from_argv(["x"]).expect("defaults");
-        assert_eq!(c.cache_policy, PolicyKind::S3FifoAdaptive);
+        assert_eq!(c.cache_policy, PolicyKind::Duel);
         let c = ManagerConfig::from_argv(["x", "--cache-policy", "lru"]).expect("lru");
         assert_eq!(c.cache_policy, PolicyKind::Lru);
         let e = ManagerConfig::from_argv(["x", "--cache-policy", "mru"]).expect_err("unknown");
         assert!(
-            e.to_string().contains("\"mru\"") && e.to_string().contains("s3fifo-adaptive"),
+            e.to_string().contains("\"mru\"")
+                && e.to_string().contains("duel")
+                && e.to_string().contains("s3fifo-adaptive"),
             "{e}"
         );
     }
