@@ -307,7 +307,7 @@ class OrbitKVLinker(UnifiedCacheLinker):
         self._batches: deque[_Batch] = deque()
         self._batch_index = -1
         self._offloads: deque[_Offload] = deque()
-        self.suppress_offload = False  # set by the cache while inserting a caller extra-key request
+        self.suppress_offload = False  # set by the cache while inserting a rejected (caller extra_key) request
         # The released wrapper driving this linker (set by build_tree_cache): its hit
         # markers say which lookup leases SGLang may still consume.
         self.wrapper: Any = None
@@ -324,6 +324,7 @@ class OrbitKVLinker(UnifiedCacheLinker):
                 "offloaded_blocks",
                 "offload_failures",
                 "offloads_suppressed",
+                "extra_key_rejected",
             ),
             0,
         )
@@ -671,10 +672,36 @@ def caller_extra_key(req: Any) -> bool:
     return extra != lora_id
 
 
+EXTRA_KEY_REJECTED = (
+    "OrbitKV SGLang backend: a caller-supplied extra_key is rejected with --radix-cache-backend orbitkv "
+    "(SGLang concatenates it with the LoRA id, so it could alias another adapter's or tenant's cached KV); "
+    "use cache_salt to isolate tenants"
+)
+
+
+def reject_caller_extra_key(req: Any) -> bool:
+    """Fail `req` (HTTP 400, naming `extra_key`) the way the release fails a request
+    mid-flight (`Req.to_finish = FINISH_ABORT`, "abort method 3"): the request runs its
+    prefill without OrbitKV, is finished with the error after that step, and nothing it
+    computed is inserted into the tree (`skip_radix_cache_insert`) or offloaded. Raising
+    here instead would stop the scheduler (its event loop SIGQUITs the server on any
+    exception). Returns True the first time a request is rejected."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    req.skip_radix_cache_insert = True
+    if req.finished() or isinstance(req.to_finish, FINISH_ABORT):
+        return False
+    req.to_finish = FINISH_ABORT(EXTRA_KEY_REJECTED, HTTPStatus.BAD_REQUEST, "BadRequestError")
+    logger.error("%s (rid=%s)", EXTRA_KEY_REJECTED, req.rid)
+    return True
+
+
 class OrbitKVRadixCache(UnifiedRadixCache):
-    """The released `UnifiedRadixCache` plus one guard: a request with a caller
-    `extra_key` is never looked up in, nor offloaded to, OrbitKV (K3: plain string
-    concatenation with the LoRA id could alias another adapter's or tenant's entries).
+    """The released `UnifiedRadixCache` plus one guard (K3): a request with a caller
+    `extra_key` is rejected at its first match (see `reject_caller_extra_key`); it is
+    never looked up in OrbitKV, and nothing it computes is inserted or offloaded.
     Everything else is the released class."""
 
     orbitkv_linker: OrbitKVLinker
@@ -684,7 +711,9 @@ class OrbitKVRadixCache(UnifiedRadixCache):
         if req is not None and caller_extra_key(req):
             from dataclasses import replace
 
-            params = replace(params, req=None)  # native HBM matching only
+            if reject_caller_extra_key(req):
+                self.orbitkv_linker.stats["extra_key_rejected"] += 1
+            params = replace(params, req=None)  # no external lookup for a rejected request
         return super().match_prefix(params)
 
     def insert_req(self, req: Any, **kwargs: Any) -> Any:

@@ -50,6 +50,7 @@ class Served:
     computed: int
     mismatched_bytes: int  # restored/matched bytes that differ from what the request computes
     req: Any = field(repr=False, default=None)
+    finished_reason: Any = None  # set when the request was failed (Req.to_finish) during the step
 
 
 def _tokens_bytes(tokens: list[int]) -> bytes:
@@ -261,12 +262,17 @@ class Engine:
                 mismatched += int((got != self.expected(tokens, pos, buf, lora_id)).sum())
         for counter in self.registered:
             counter.set_consumer(-1)
-        finish_req(self.cache, req, n)
-        if alloc_len > rest:  # the last page's unused tail (release_kv_cache's over-allocation free)
-            pass
+        if req.to_finish is not None:
+            # process_batch_result: a request failed during the step finishes with its reason.
+            req.update_finish_state()
+        if req.skip_radix_cache_insert:  # release_kv_cache(is_insert=False)
+            self.cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, n)])
+            self.cache.unpin(req)
+        else:
+            finish_req(self.cache, req, n)
         self.req_pool.free(req)
         self.step()
-        return Served(req.rid, req.orbit_device_hit, req.orbit_loaded, rest, mismatched, req)
+        return Served(req.rid, req.orbit_device_hit, req.orbit_loaded, rest, mismatched, req, req.finished_reason)
 
     def serve(self, tokens: list[int], **kw: Any) -> Served:
         lora_id = kw.get("lora_id")

@@ -310,17 +310,62 @@ def test_lora_set_change_moves_the_namespace(orbit_manager: ManagerProcess, tmp_
         e.close()
 
 
-def test_caller_extra_key_bypasses_orbitkv(orbit_manager: ManagerProcess) -> None:
+def test_caller_extra_key_is_rejected(orbit_manager: ManagerProcess) -> None:
+    """K3: a caller `extra_key` fails that request with HTTP 400 naming `extra_key`, at
+    its first match (the release's mid-flight abort, `Req.to_finish`); the cache keeps
+    serving other requests. It is never looked up in OrbitKV, and nothing it computed
+    is inserted into the tree or offloaded."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
     sock = str(orbit_manager.socket_path)
     tokens = prompt(15, 3)
+    Engine(sock).serve(tokens)  # OrbitKV holds this prefix (no extra_key)
     a = Engine(sock)
-    got = a.serve(tokens, extra_key="caller-key")
+    req = a.admit(tokens, extra_key="caller-key")
+    # Rejected at the match, before admission: no lookup, no load.
+    assert isinstance(req.to_finish, FINISH_ABORT) and req.orbit_loaded == 0
+    got = a.run(req, tokens)
+    reason = got.finished_reason
+    assert isinstance(reason, FINISH_ABORT), reason
+    assert reason.status_code == HTTPStatus.BAD_REQUEST and reason.err_type == "BadRequestError"
+    assert "extra_key" in reason.message and "cache_salt" in reason.message
     assert got.mismatched_bytes == 0
-    assert a.linker.stats["lookups"] == 0  # never looked up
-    assert a.linker.stats["offloads_suppressed"] >= 1 and a.linker.stats["offloaded_blocks"] == 0
-    assert orbit_manager.stats()["dram_visible_blocks"] == 0
-    assert a.serve(tokens, extra_key="caller-key").device_hit == 3 * PAGE  # native reuse stays
+    assert a.linker.stats["lookups"] == 0 and a.linker.stats["extra_key_rejected"] == 1
+    assert a.linker.stats["offloaded_blocks"] == 0
+    # Not inserted into the tree: the same request again is matched from nothing, and
+    # rejected again (with LoRA, the caller part is still there: same outcome).
+    again = a.serve(tokens, extra_key="caller-key")
+    assert again.device_hit == 0 and isinstance(again.finished_reason, FINISH_ABORT)
+    assert a.linker.stats["extra_key_rejected"] == 2 and a.linker.stats["lookups"] == 0
+    # The same cache serves the next ordinary request: restored from OrbitKV, exact.
+    ok = a.serve(tokens)
+    assert ok.finished_reason is None
+    assert (ok.external_hit, ok.mismatched_bytes) == (3 * PAGE, 0)
+    assert_drained(a, manager=orbit_manager)
+    assert orbit_manager.stats()["dram_visible_blocks"] == 3  # only the plain request's pages
     a.close()
+
+
+def test_lora_id_alone_is_not_a_caller_extra_key(orbit_manager: ManagerProcess, tmp_path: Path) -> None:
+    """SGLang writes the LoRA id into `extra_key`: that alone is not rejected, a caller
+    key next to it is."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    sock = str(orbit_manager.socket_path)
+    path = _adapter(tmp_path / "ad", b"weights" * 64)
+    e = Engine(sock, server_args={"lora_paths": [f"ad={path}"]})
+    lora_id = e.lora_refs[0].lora_id
+    tokens = prompt(19, 3)
+    got = e.serve(tokens, lora_id=lora_id)
+    assert got.finished_reason is None and got.req.extra_key == lora_id
+    assert e.linker.stats["offloaded_blocks"] == 3
+    bad = e.serve(prompt(20, 3), lora_id=lora_id, extra_key="caller-key")
+    assert isinstance(bad.finished_reason, FINISH_ABORT) and "extra_key" in bad.finished_reason.message
+    assert e.linker.stats["offloaded_blocks"] == 3
+    assert_drained(e, manager=orbit_manager)
+    e.close()
 
 
 def test_flush_cache_keeps_same_weight_external_reuse(orbit_manager: ManagerProcess) -> None:
