@@ -571,6 +571,13 @@ class LinkerCore:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def _finish_batch(self, batch: _Batch) -> None:
+        """Wait for a started batch's copies and release its lookup leases."""
+        for h in batch.handles:
+            h.synchronize()
+        for ld in batch.loads:
+            self._release(ld.query)
+
     def _quiesce(self) -> None:
         """Finish every copy, commit finished saves, release every lease (L2, L6)."""
         # Queued loads never started: SGLang resets its tree and frees their pages.
@@ -578,9 +585,7 @@ class LinkerCore:
             self._release(ld.query)
         self._queued = []
         while self._batches:
-            for h in self._batches[0].handles:
-                h.synchronize()
-            self.pop_completed_load()
+            self._finish_batch(self._batches.popleft())
         while self._offloads:
             if self._offloads[0].handle is not None:
                 self._offloads[0].handle.synchronize()

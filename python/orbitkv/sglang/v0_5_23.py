@@ -206,12 +206,6 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
         self._finish_batch(self._batches.popleft())
         return True
 
-    def _finish_batch(self, batch: Any) -> None:
-        for h in batch.handles:
-            h.synchronize()
-        for ld in batch.loads:
-            self._release(ld.query)
-
     def num_completed_offloads(self) -> int:
         # Called once per scheduler step (check_hicache_events), never inside a match.
         self._sweep_unselected()
@@ -235,10 +229,6 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
     def offload(self, transfers: list[PoolTransfer], session_id: str | None = None) -> bool:
         return self._offload(transfers)
 
-    def _quiesce(self) -> None:
-        while self._batches:
-            self._finish_batch(self._batches.popleft())
-        super()._quiesce()
 
 
 def match_prefix_hook(original: Any, cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
