@@ -7,8 +7,8 @@
 #   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0), each in its
 #      own cached venv under .cache/venvs, git-ignored (8.4 GB each; a cold build of
 #      both took ~15 min on this 2-core box) — see docs/adapters.md
-#   5. the SGLang 0.5.21 adapter suite in its own cached venv (~5 min / 5.3 GB the
-#      first time) — see docs/adapters.md
+#   5. the SGLang adapter suite on each qualified pin (0.5.21, 0.5.23), each in its own
+#      cached venv (~5-6 min / 5-6 GB each the first time) — see docs/adapters.md
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
 cd "$ROOT"
@@ -67,7 +67,7 @@ ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -
 
 echo "== vLLM adapter suite on 0.31.0 and 0.33.0 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
-echo "== SGLang 0.5.21 adapter suite (cached venv; skipped with a printed reason only if the platform cannot install it)"
+echo "== SGLang adapter suite on 0.5.21 and 0.5.23 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings
 VLLM_VENV="$(scripts/vllm-venv.sh 2>/dev/null | tail -n 1 || true)"
 if [[ -x "$VLLM_VENV/bin/python" ]]; then
