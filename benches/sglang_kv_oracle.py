@@ -1,6 +1,7 @@
 """Copy-backend oracle for the OrbitKV SGLang linker (contract G4) on the released pools.
 
-Run inside the SGLang venv (scripts/sglang-venv.sh) with the orbitkv wheel installed:
+Run inside an SGLang venv (scripts/sglang-venv.sh; 0.5.21 or 0.5.23, whose own linker
+module is used) with the orbitkv wheel installed:
 
     PATH=$VENV/bin:$PATH $VENV/bin/python benches/sglang_kv_oracle.py [--out FILE.json]
 
@@ -10,7 +11,8 @@ For each released dense pool (`MHATokenToKVPool`, `MLATokenToKVPool`, CPU tensor
    real Manager process;
 2. fills a destination pool with a different sentinel, looks the keys up, and loads a
    *partial* destination set (every other key, into other page ids) through
-   `lookup` / `load` / `start_layer_wise_loading` / `pop_completed_load`;
+   `lookup` / `load` / `start_layer_wise_loading` / `pop_completed_load` (0.5.21) or
+   `finish_layer_wise_loading` (0.5.23);
 3. checks the full payload of every destination page against the source pattern, and
    that every byte outside the destinations still holds the destination sentinel
    (nothing written out of bounds, pad page 0 untouched);
@@ -31,11 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 
+SGLANG = version("sglang")  # 0.5.21 or 0.5.23: the per-release linker module is used
 PAGE = 16
 PAGES = 48
 
@@ -145,10 +149,15 @@ def _transfer(keys: list[str], pages: list[int] | None) -> Any:
 def _linker(kind: str, pool: Any, sock: Path) -> Any:
     from orbitkv.hashing import fingerprint
     from orbitkv.sglang.config import SGLangSettings
+
+    settings = SGLangSettings(socket_path=str(sock), timeout_ms=5000)
+    if SGLANG == "0.5.23":
+        from orbitkv.sglang.v0_5_23 import OrbitKVLinker as Linker23
+
+        return Linker23.for_pool(settings, fingerprint(oracle=kind), pool, PAGE)
     from orbitkv.sglang.v0_5_21 import OrbitKVLinker, describe_pool
 
-    g = describe_pool(pool, PAGE)
-    linker = OrbitKVLinker(SGLangSettings(socket_path=str(sock), timeout_ms=5000), fingerprint(oracle=kind), g)
+    linker = OrbitKVLinker(settings, fingerprint(oracle=kind), describe_pool(pool, PAGE))
     linker.page_size = PAGE
     return linker
 
@@ -161,10 +170,13 @@ def _load(linker: Any, rid: str, keys: list[str], dst_pages: list[int]) -> tuple
     # Partial destinations: every other key of the hit, into unrelated page ids.
     sel = list(range(0, len(keys), 2))
     assert linker.load(rid, [_transfer([keys[i] for i in sel], [dst_pages[i] for i in sel])])
-    linker.start_layer_wise_loading()
-    while linker.num_completed_loads() == 0:
-        time.sleep(0.001)
-    assert linker.pop_completed_load() == [rid]
+    index = linker.start_layer_wise_loading()
+    if SGLANG == "0.5.23":  # the scheduler waits for the batch after its forward
+        assert linker.finish_layer_wise_loading(index)
+    else:  # 0.5.21: the event poll pops completed batches
+        while linker.num_completed_loads() == 0:
+            time.sleep(0.001)
+        assert linker.pop_completed_load() == [rid]
     return len(sel), time.perf_counter() - t0
 
 

@@ -19,7 +19,7 @@ prefix lookups; with an SSD tier the optimum gets DRAM + SSD as one capacity).
 (matplotlib).
 
   python benches/trace_replay.py --trace conversation_trace.jsonl --capacity 4096,16384 \\
-      --policies s3fifo-adaptive,lru --clients 4 --png docs/trace_replay.png
+      --policies duel,lru --clients 4 --png docs/trace_replay.png
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="replay only the first N requests of each trace")
     ap.add_argument("--capacity", default="4096,16384", help="DRAM capacities in blocks, comma-separated")
     ap.add_argument("--ssd-blocks", type=int, default=0, help="add an SSD tier of this many blocks")
-    ap.add_argument("--policies", default="s3fifo-adaptive,lru", help="Manager --cache-policy values")
+    ap.add_argument("--policies", default="duel,lru", help="Manager --cache-policy values")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--manager-args", default="", help="more `orbitkv serve` flags, e.g. \"--ssd-admit-hits 1\"")
     ap.add_argument("--block-bytes", type=int, default=64 * KiB)

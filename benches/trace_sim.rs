@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use orbitkv_core::policy::{Policy, PolicyKind};
-use orbitkv_core::{BlockKey, CacheState, Fingerprint, NamespaceKey};
+use orbitkv_core::{AcquireStep, BlockKey, CacheState, Fingerprint, NamespaceKey, SpillPolicy, TierKey};
 
 const BLOCK: u64 = 64 << 10;
 
@@ -89,6 +89,137 @@ fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockKey>) -> Resu
         }
         let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
         cache.commit_save(s, id).map_err(|e| e.to_string())?;
+    }
+    Ok(t)
+}
+
+/// Hit rates of a two-tier replay: all served blocks, and those read from SSD.
+#[derive(Default, Clone, Copy, Debug)]
+struct TierTally {
+    requested: u64,
+    served: u64,
+    from_ssd: u64,
+    spilled: u64,
+    dropped_from_ssd: u64,
+}
+
+/// The SSD store's side of the Manager (`orbitkv-ssd`): a capacity in blocks,
+/// least recently written or read copies proposed first when it is full.
+struct SsdStore {
+    capacity: u64,
+    stamp: HashMap<TierKey, u64>,
+    order: std::collections::BTreeMap<u64, TierKey>,
+    clock: u64,
+}
+
+impl SsdStore {
+    fn touch(&mut self, k: TierKey) {
+        self.clock += 1;
+        if let Some(old) = self.stamp.insert(k, self.clock) {
+            self.order.remove(&old);
+        }
+        self.order.insert(self.clock, k);
+    }
+
+    fn remove(&mut self, k: &TierKey) {
+        if let Some(old) = self.stamp.remove(k) {
+            self.order.remove(&old);
+        }
+    }
+
+    fn oldest(&self, n: usize) -> Vec<TierKey> {
+        self.order.values().take(n).copied().collect()
+    }
+}
+
+/// `run_core` with an SSD tier of `ssd` blocks behind `dram` blocks of DRAM, with
+/// the Manager's default spill policy (`evict`: the coldest eighth of DRAM is
+/// copied to SSD once free DRAM falls under an eighth, so eviction demotes it).
+/// Every spill completes before the next request: a disk that keeps up, which the
+/// real replay's disk does not (`docs/performance.md`); this isolates the policy.
+fn run_core_tiered(
+    trace: &[Vec<u64>],
+    dram: u64,
+    ssd: u64,
+    policy: Policy<BlockKey>,
+) -> Result<TierTally, String> {
+    let mut cache = CacheState::with_policy_instance(&[dram * BLOCK], policy);
+    cache.enable_ssd_with(0, SpillPolicy::Evict);
+    let mut store = SsdStore {
+        capacity: ssd,
+        stamp: HashMap::new(),
+        order: std::collections::BTreeMap::new(),
+        clock: 0,
+    };
+    let s = cache.open_session();
+    let key = NamespaceKey {
+        fingerprint: Fingerprint([7; 32]),
+        shard: 0,
+        salt: [0; 32],
+    };
+    let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
+    let mut t = TierTally::default();
+    for req in trace {
+        let hashes: Vec<[u8; 32]> = req.iter().map(|&id| hash_of(id)).collect();
+        let r = cache.lookup(s, ns, &hashes).map_err(|e| e.to_string())?;
+        t.requested += hashes.len() as u64;
+        if let Some(l) = r.lease {
+            let mut served = true;
+            loop {
+                match cache.acquire(s, l) {
+                    Ok(AcquireStep::Stage(jobs)) => {
+                        for j in &jobs {
+                            store.touch(j.tier_key);
+                            cache.finish_stage(j, true);
+                        }
+                    }
+                    Ok(AcquireStep::Ready(_)) => break,
+                    Ok(AcquireStep::Wait) | Ok(AcquireStep::Lost { .. }) | Err(_) => {
+                        served = false; // no room to stage: the engine recomputes
+                        break;
+                    }
+                }
+            }
+            if served {
+                t.served += u64::from(r.hit_blocks);
+                t.from_ssd += r.ssd_blocks.len() as u64;
+            }
+            cache.release(s, l).map_err(|e| e.to_string())?;
+            if !served {
+                // Save what was not served, as an engine would after recomputing.
+                let (id, _) = cache.begin_save(s, ns, &hashes).map_err(|e| e.to_string())?;
+                cache.commit_save(s, id).map_err(|e| e.to_string())?;
+            }
+        }
+        let rest = &hashes[r.hit_blocks as usize..];
+        if !rest.is_empty() {
+            let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
+            cache.commit_save(s, id).map_err(|e| e.to_string())?;
+        }
+        loop {
+            let jobs = cache.spill_candidates(1024);
+            if jobs.is_empty() {
+                break;
+            }
+            for j in &jobs {
+                if store.stamp.len() as u64 >= store.capacity {
+                    let proposed = store.oldest(64);
+                    for k in cache.ssd_droppable(&proposed) {
+                        store.remove(&k);
+                        t.dropped_from_ssd += 1;
+                    }
+                }
+                let fits = (store.stamp.len() as u64) < store.capacity;
+                if fits {
+                    store.touch(j.tier_key);
+                    t.spilled += 1;
+                }
+                cache.spill_done(j, fits);
+            }
+        }
+        for k in cache.take_ssd_removals() {
+            store.remove(&k);
+        }
     }
     Ok(t)
 }
@@ -170,6 +301,157 @@ fn run_opt(trace: &[Vec<u64>], capacity: u64) -> Tally {
     t
 }
 
+/// A seeded synthetic serving trace, for workloads beyond the recorded ones:
+/// a few shared system prompts (2–8 blocks, Zipf-like popularity), multi-turn
+/// chats that come back after long gaps (each turn appends 1–8 blocks plus a
+/// fresh partial block; a chat ends with probability 1/4 per turn; up to 3,000
+/// open at once), and one-shot documents (8–40 blocks, never reused) in 1 of 4
+/// requests.
+fn generated(seed: u64, n: usize) -> Vec<Vec<u64>> {
+    let mut x = seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move |m: u64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) % m.max(1)
+    };
+    let mut next_id = 0u64;
+    let mut fresh = |k: u64| -> Vec<u64> {
+        let v = (next_id..next_id + k).collect();
+        next_id += k;
+        v
+    };
+    let systems: Vec<Vec<u64>> = (0..8).map(|i| fresh(2 + (i % 4) * 2)).collect();
+    let mut open: Vec<Vec<u64>> = Vec::new(); // chats without their partial block
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let r = rnd(100);
+        if r < 25 {
+            let len = 8 + rnd(33);
+            out.push(fresh(len));
+            continue;
+        }
+        let cont = !open.is_empty() && (r < 70 || open.len() >= 3000);
+        let i = if cont {
+            rnd(open.len() as u64) as usize
+        } else {
+            open.len()
+        };
+        let mut chat = if cont {
+            open[i].clone()
+        } else {
+            // Zipf-like: system prompt j with weight 1/(j+1).
+            let mut pick = rnd(270) as i64; // the weights 100/(j+1), j < 8, sum to 270
+            let mut j = 0;
+            while j < 7 {
+                pick -= (100 / (j + 1)) as i64;
+                if pick < 0 {
+                    break;
+                }
+                j += 1;
+            }
+            systems[j].clone()
+        };
+        let add = 1 + rnd(8);
+        chat.extend(fresh(add));
+        let mut req = chat.clone();
+        req.extend(fresh(1)); // the partial last block: its id changes next turn
+        out.push(req);
+        let ends = cont && rnd(4) == 0;
+        if !cont {
+            open.push(chat);
+        } else if ends {
+            open.swap_remove(i);
+        } else {
+            open[i] = chat;
+        }
+    }
+    out
+}
+
+/// LRU (chain order: a hit prefix is touched deepest first, so the head is the
+/// most recent) that admits only blocks the trace will request again: recency
+/// with a perfect one-bit reuse predictor. Not an online policy; it bounds what
+/// admission alone can add to recency.
+fn run_oracle_admit_lru(trace: &[Vec<u64>], capacity: u64) -> Tally {
+    let mut reused: HashMap<u64, u64> = HashMap::new();
+    let mut later: Vec<Vec<bool>> = trace.iter().map(|r| vec![false; r.len()]).collect();
+    for (r, req) in trace.iter().enumerate().rev() {
+        for (i, id) in req.iter().enumerate() {
+            later[r][i] = reused.contains_key(id);
+        }
+        for id in req {
+            reused.insert(*id, r as u64);
+        }
+    }
+    let mut stamp: HashMap<u64, u64> = HashMap::new();
+    let mut order: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut clock = 0u64;
+    let mut t = Tally::default();
+    for (r, req) in trace.iter().enumerate() {
+        let hit = req.iter().take_while(|id| stamp.contains_key(id)).count();
+        t.requested += req.len() as u64;
+        t.served += hit as u64;
+        for (i, id) in req.iter().enumerate().rev() {
+            let present = stamp.contains_key(id);
+            if (i >= hit && present) || (!present && !later[r][i]) {
+                continue;
+            }
+            clock += 1;
+            if let Some(old) = stamp.insert(*id, clock) {
+                order.remove(&(old, *id));
+            } else if stamp.len() as u64 > capacity
+                && let Some((_, victim)) = order.pop_first()
+            {
+                stamp.remove(&victim);
+            }
+            order.insert((clock, *id));
+        }
+    }
+    t
+}
+
+/// In-process cost of the Manager's lookup op under each policy: a full-hit lookup
+/// of a 32-block chain + release on a full cache (the work done under the cache
+/// lock for `benches/manager_scaling.py`'s `lookup`), nanoseconds per op, best of
+/// three rounds.
+fn lookup_cost(kind: PolicyKind) -> Result<f64, String> {
+    const CHAINS: u64 = 128;
+    let cap = CHAINS * 32;
+    let mut cache = CacheState::with_policy_instance(&[cap * BLOCK], Policy::new(kind, cap * BLOCK));
+    let s = cache.open_session();
+    let key = NamespaceKey {
+        fingerprint: Fingerprint([7; 32]),
+        shard: 0,
+        salt: [0; 32],
+    };
+    let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
+    let chains: Vec<Vec<[u8; 32]>> = (0..CHAINS)
+        .map(|c| (0..32).map(|j| hash_of(c * 1000 + j)).collect())
+        .collect();
+    for c in &chains {
+        let (id, _) = cache.begin_save(s, ns, c).map_err(|e| e.to_string())?;
+        cache.commit_save(s, id).map_err(|e| e.to_string())?;
+    }
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let n = 100_000u64;
+        let t0 = Instant::now();
+        for i in 0..n {
+            let c = &chains[(i.wrapping_mul(2654435761) % CHAINS) as usize];
+            let r = cache.lookup(s, ns, c).map_err(|e| e.to_string())?;
+            if r.hit_blocks != 32 {
+                return Err(format!("{kind}: cost probe missed ({} of 32)", r.hit_blocks));
+            }
+            if let Some(l) = r.lease {
+                cache.release(s, l).map_err(|e| e.to_string())?;
+            }
+        }
+        best = best.min(t0.elapsed().as_nanos() as f64 / n as f64);
+    }
+    Ok(best)
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("trace_sim: {e}");
@@ -183,6 +465,9 @@ fn real_main() -> Result<(), String> {
     let mut kinds: Vec<PolicyKind> = PolicyKind::ALL.to_vec();
     let mut out = None;
     let mut sweep = false;
+    let mut generate: Vec<u64> = Vec::new();
+    let mut cost = false;
+    let mut ssd = 0u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -205,10 +490,13 @@ fn real_main() -> Result<(), String> {
                     .collect::<Result<_, _>>()?
             }
             "--out" => out = Some(val()?),
+            "--generate" => generate.push(val()?.parse::<u64>().map_err(|e| format!("--generate: {e}"))?),
             "--sweep" => sweep = true,
+            "--cost" => cost = true,
+            "--ssd" => ssd = val()?.parse::<u64>().map_err(|e| format!("--ssd: {e}"))?,
             "-h" | "--help" => {
                 println!(
-                    "usage: trace_sim --trace FILE [--trace FILE...] [--capacity N,N] [--policy a,b] [--out JSON]"
+                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS] [--sweep] [--cost] [--out JSON]"
                 );
                 println!(
                     "policies: {}",
@@ -223,25 +511,78 @@ fn real_main() -> Result<(), String> {
             other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
     }
-    if traces.is_empty() {
-        return Err("give at least one --trace FILE (the Mooncake FAST25 JSONL format)".into());
+    if cost {
+        let mut doc =
+            serde_json::json!({"bench": "trace_sim --cost", "chain_blocks": 32, "ns_per_lookup_release": {}});
+        for &k in &kinds {
+            let ns = lookup_cost(k)?;
+            println!("{:>16}: {ns:.0} ns per 32-block lookup + release", k.name());
+            doc["ns_per_lookup_release"][k.name()] = serde_json::json!(ns);
+        }
+        if let Some(path) = &out {
+            std::fs::write(
+                path,
+                serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| format!("{path}: {e}"))?;
+        }
+        return Ok(());
     }
-    let mut rows = Vec::new();
+    if traces.is_empty() && generate.is_empty() {
+        return Err(
+            "give at least one --trace FILE (the Mooncake FAST25 JSONL format) or --generate SEED".into(),
+        );
+    }
+    let mut inputs: Vec<(String, Vec<Vec<u64>>)> = Vec::new();
     for path in &traces {
-        let trace = parse_trace(path)?;
         let name = std::path::Path::new(path)
             .file_stem()
             .and_then(|s| s.to_str())
             .unwrap_or(path);
+        inputs.push((name.to_string(), parse_trace(path)?));
+    }
+    for seed in generate {
+        inputs.push((format!("generated-{seed}"), generated(seed, 20_000)));
+    }
+    let mut rows = Vec::new();
+    for (name, trace) in &inputs {
+        let trace = trace.as_slice();
         for &cap in &caps {
-            let lru = run_lru(&trace, cap).rate();
-            let opt = run_opt(&trace, cap).rate();
-            print!("{name:>14} cap {cap:>6}  lru {lru:.3}  opt {opt:.3}");
-            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "requests": trace.len(),
-                "lru": lru, "optimum": opt, "policies": {}, "sweep": {}});
+            // With an SSD tier the references get DRAM + SSD as one capacity.
+            let total = cap + ssd;
+            let lru = run_lru(trace, total).rate();
+            let opt = run_opt(trace, total).rate();
+            let oracle = run_oracle_admit_lru(trace, total).rate();
+            print!(
+                "{name:>14} cap {cap:>6} ssd {ssd:>6}  lru {lru:.3}  opt {opt:.3}  oracle-admit-lru {oracle:.3}"
+            );
+            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "ssd_blocks": ssd,
+                "requests": trace.len(), "lru": lru, "optimum": opt, "oracle_admission_lru": oracle,
+                "policies": {}, "sweep": {}});
+            if ssd > 0 {
+                for &k in &kinds {
+                    let t = run_core_tiered(trace, cap, ssd, Policy::new(k, cap * BLOCK))?;
+                    let (r, from_ssd) = (
+                        t.served as f64 / t.requested.max(1) as f64,
+                        t.from_ssd as f64 / t.requested.max(1) as f64,
+                    );
+                    print!(
+                        "  {} {r:.3} (dram {:.3} + ssd {from_ssd:.3}; {:.2}×opt)",
+                        k.name(),
+                        r - from_ssd,
+                        r / opt
+                    );
+                    row["policies"][k.name()] = serde_json::json!({"hit_rate": r, "hit_rate_ssd": from_ssd,
+                        "hit_rate_dram": r - from_ssd, "vs_optimum": r / opt, "vs_lru": r / lru,
+                        "spilled_blocks": t.spilled, "ssd_dropped_blocks": t.dropped_from_ssd});
+                }
+                println!();
+                rows.push(row);
+                continue;
+            }
             for &k in &kinds {
                 let t0 = Instant::now();
-                let r = run_core(&trace, cap, Policy::new(k, cap * BLOCK))?.rate();
+                let r = run_core(trace, cap, Policy::new(k, cap * BLOCK))?.rate();
                 print!("  {} {r:.3} ({:.2}×opt)", k.name(), r / opt);
                 row["policies"][k.name()] = serde_json::json!({"hit_rate": r, "vs_optimum": r / opt,
                     "vs_lru": r / lru, "seconds": t0.elapsed().as_secs_f64()});
@@ -252,12 +593,26 @@ fn real_main() -> Result<(), String> {
                     for ghost_x in [1u64, 4, 16] {
                         for deep in [false, true] {
                             let p = Policy::s3fifo_tuned(cap * BLOCK, small, ghost_x * cap * BLOCK, deep);
-                            let r = run_core(&trace, cap, p)?.rate();
+                            let r = run_core(trace, cap, p)?.rate();
                             println!(
                                 "    s3fifo small {small:>2}% ghost {ghost_x:>2}x deepest_first {deep:<5} {r:.3} ({:.2}×opt)",
                                 r / opt
                             );
                             row["sweep"][format!("s3fifo/small{small}/ghost{ghost_x}x/deep{deep}")] =
+                                serde_json::json!(r);
+                        }
+                    }
+                }
+                for window in [1u64, 5, 20, 50] {
+                    for sample_x in [2u64, 8, 32] {
+                        for deep in [false, true] {
+                            let p = Policy::tinylfu_tuned(cap * BLOCK, window, sample_x, deep);
+                            let r = run_core(trace, cap, p)?.rate();
+                            println!(
+                                "    tinylfu window {window:>2}% sample {sample_x:>2}x deepest_first {deep:<5} {r:.3} ({:.2}×opt)",
+                                r / opt
+                            );
+                            row["sweep"][format!("tinylfu/window{window}/sample{sample_x}x/deep{deep}")] =
                                 serde_json::json!(r);
                         }
                     }
@@ -355,5 +710,73 @@ mod tests {
             (last - all).abs() < 1e-12 && all > 0.3,
             "infinite cache: optimum {last}, lru {all}"
         );
+    }
+
+    #[test]
+    fn the_generated_trace_is_seeded_and_has_long_and_one_time_reuse() {
+        let a = generated(5, 4000);
+        assert_eq!(a, generated(5, 4000), "same seed, same trace");
+        assert_ne!(a, generated(6, 4000));
+        assert_eq!(a.len(), 4000);
+        // Some blocks come back, most of the trace is new blocks, nothing is empty.
+        let mut seen = std::collections::HashSet::new();
+        let (mut total, mut again) = (0u64, 0u64);
+        for req in &a {
+            assert!(!req.is_empty());
+            for id in req {
+                total += 1;
+                again += u64::from(!seen.insert(*id));
+            }
+        }
+        assert!(
+            again > total / 10 && again < total / 2,
+            "{again} of {total} blocks seen before"
+        );
+    }
+
+    #[test]
+    fn oracle_admission_lies_between_lru_and_the_optimum() {
+        for (seed, cap) in [(3u64, 256u64), (4, 1024), (5, 4096)] {
+            let trace = generated(seed, 5000);
+            let lru = run_lru(&trace, cap).rate();
+            let oracle = run_oracle_admit_lru(&trace, cap).rate();
+            let opt = run_opt(&trace, cap).rate();
+            assert!(
+                lru < oracle && oracle <= opt + 1e-12,
+                "cap {cap}: lru {lru} oracle {oracle} opt {opt}"
+            );
+        }
+    }
+
+    /// `duel` follows whichever of its two policies serves more: on these traces it
+    /// is never below LRU (the goal it was built for).
+    #[test]
+    fn duel_is_not_below_lru_on_generated_traces() {
+        for (seed, cap) in [(8u64, 512u64), (9, 2048), (10, 8192)] {
+            let trace = generated(seed, 8000);
+            let lru = run_lru(&trace, cap).rate();
+            let duel = run_core(&trace, cap, Policy::new(PolicyKind::Duel, cap * BLOCK))
+                .expect("replay")
+                .rate();
+            assert!(duel >= lru, "seed {seed} cap {cap}: duel {duel} < lru {lru}");
+        }
+    }
+
+    #[test]
+    fn an_ssd_tier_serves_more_than_dram_alone_and_never_above_the_optimum() {
+        let trace = generated(12, 6000);
+        for kind in [PolicyKind::Duel, PolicyKind::Lru] {
+            let dram = run_core(&trace, 256, Policy::new(kind, 256 * BLOCK)).expect("dram");
+            let tiered = run_core_tiered(&trace, 256, 1024, Policy::new(kind, 256 * BLOCK)).expect("tiers");
+            assert_eq!(tiered.requested, dram.requested);
+            assert!(tiered.from_ssd > 0 && tiered.spilled > 0, "{kind}: {tiered:?}");
+            assert!(tiered.served > dram.served, "{kind}: {tiered:?} vs {dram:?}");
+            assert!(tiered.from_ssd <= tiered.served);
+            let opt = run_opt(&trace, 256 + 1024);
+            assert!(
+                tiered.served <= opt.served,
+                "{kind}: {tiered:?} above the optimum {opt:?}"
+            );
+        }
     }
 }

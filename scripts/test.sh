@@ -7,8 +7,8 @@
 #   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0), each in its
 #      own cached venv under .cache/venvs, git-ignored (8.4 GB each; a cold build of
 #      both took ~15 min on this 2-core box) — see docs/adapters.md
-#   5. the SGLang 0.5.21 adapter suite in its own cached venv (~5 min / 5.3 GB the
-#      first time) — see docs/adapters.md
+#   5. the SGLang adapter suite on each qualified pin (0.5.21, 0.5.23), each in its own
+#      cached venv (~5-6 min / 5-6 GB each the first time) — see docs/adapters.md
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
 cd "$ROOT"
@@ -27,6 +27,16 @@ if [[ -r "$HP_FREE" && -w "$HP_SYSCTL" ]] && (($(cat "$HP_FREE") < 8)); then
         echo "== vm.nr_hugepages $hp_before -> $(cat "$HP_SYSCTL") for the huge-page tests (restored at exit)"
     else
         echo "== could not reserve huge pages (vm.nr_hugepages is read-only here); the huge-page tests will skip"
+    fi
+fi
+
+# The peer membership test needs a real etcd (Debian etcd-server). Install it where this
+# user may (root with apt-get); otherwise that test skips with the reason printed.
+if ! command -v etcd >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing etcd-server for the peer membership test"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1; }; }; then
+        echo "== could not install etcd-server; the etcd membership test will skip"
     fi
 fi
 
@@ -57,7 +67,7 @@ ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -
 
 echo "== vLLM adapter suite on 0.31.0 and 0.33.0 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
-echo "== SGLang 0.5.21 adapter suite (cached venv; skipped with a printed reason only if the platform cannot install it)"
+echo "== SGLang adapter suite on 0.5.21 and 0.5.23 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings
 VLLM_VENV="$(scripts/vllm-venv.sh 2>/dev/null | tail -n 1 || true)"
 if [[ -x "$VLLM_VENV/bin/python" ]]; then
@@ -65,4 +75,7 @@ if [[ -x "$VLLM_VENV/bin/python" ]]; then
     "$VLLM_VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings python/tests/native/test_torch_buffers.py
     echo "== the copy engine on CPU pages (orbitkv.kvcopy; inside the vLLM venv, without importing vLLM)"
     "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings python/tests/with_torch python/tests/gpu
+    echo "== the one-pass Triton copy kernel on CPU pages, under Triton's interpreter (the same cases, kernel=triton)"
+    TRITON_INTERPRET=1 "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings \
+        python/tests/with_torch/test_kvcopy_cpu.py -k triton
 fi

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 USAGE = """orbitkv <command> [options]
 
@@ -105,7 +106,29 @@ def _status(argv: Sequence[str]) -> int:
         )
     else:
         print("  SSD tier     off (enable with --ssd or --ssd-dir)")
+    _print_peers(st.get("peers", {}))
     return 0
+
+
+def _print_peers(peers: dict[str, Any]) -> None:
+    if not peers.get("enabled"):
+        print("  peers        off (enable with --peer-listen / --peer / --etcd-endpoints)")
+        return
+    src = peers["source"]
+    listen = peers["listen"] or "not serving"
+    tls = "mutual TLS" if peers["tls"] else "plain TCP (loopback)"
+    print(
+        f"  peers        listen {listen}, {tls}, etcd {peers['etcd']}; as source: "
+        f"{src['blocks_sent']} blocks sent, {src['leases_open']} leases open, "
+        f"{src['refused']} refused, {src['bad_frames']} bad frames"
+    )
+    for p in peers["peers"]:
+        err = f", last error: {p['last_error']}" if p.get("last_error") else ""
+        print(
+            f"    {p['addr']:<24} {p['health']:<7} ({p['source']}) {p['fetches']} fetches, "
+            f"{p['blocks']} blocks / {p['bytes']} bytes in, {p['errors']} errors, "
+            f"mean {p['mean_latency_us']} us{err}"
+        )
 
 
 def _page(n: int) -> str:

@@ -61,9 +61,10 @@ fn chain(start: u8, len: usize) -> Vec<BlockHash> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
-    fn cache_state_matches_model(ops in proptest::collection::vec(op(), 1..120)) {
-        // 12 slots of 4 KiB: small enough that eviction and refusal happen.
-        let mut c = CacheState::new(&[8 * 4096, 4 * 4096]);
+    fn cache_state_matches_model(ops in proptest::collection::vec(op(), 1..120), kind in 0..orbitkv_core::policy::PolicyKind::ALL.len()) {
+        // 12 slots of 4 KiB: small enough that eviction and refusal happen. Every
+        // selectable policy must keep the same lease, pin and visibility rules.
+        let mut c = CacheState::with_policy(&[8 * 4096, 4 * 4096], orbitkv_core::policy::PolicyKind::ALL[kind]);
         let presence = common::Recorder::install(&mut c);
         let key = NamespaceKey { fingerprint: Fingerprint([7; 32]), shard: 0, salt: [0; 32] };
         let (ns, _) = c.register_namespace(key, 4096).expect("register");

@@ -37,8 +37,8 @@ fn hashes(start: u8, len: usize) -> Vec<BlockHash> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
-    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2, eager in any::<bool>()) {
-        let mut c = CacheState::new(&[6 * 4096]);
+    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2, eager in any::<bool>(), kind in 0..orbitkv_core::policy::PolicyKind::ALL.len()) {
+        let mut c = CacheState::with_policy(&[6 * 4096], orbitkv_core::policy::PolicyKind::ALL[kind]);
         let policy = if eager { orbitkv_core::SpillPolicy::Eager } else { orbitkv_core::SpillPolicy::Evict };
         c.enable_ssd_with(min_hits, policy);
         let presence = common::Recorder::install(&mut c);

@@ -101,8 +101,8 @@ pub struct Args {
     /// write-behind; a restart recovers more) [default: evict]
     #[arg(long)]
     pub ssd_write_policy: Option<String>,
-    /// Which DRAM blocks leave first: s3fifo-adaptive, s3fifo, s3fifo-chain, lru or
-    /// lru-chain (docs/performance.md compares them on traces) [default: s3fifo-adaptive]
+    /// Which DRAM blocks leave first: duel, s3fifo-adaptive, s3fifo, s3fifo-chain, lru,
+    /// lru-chain or tinylfu (docs/performance.md compares them on traces) [default: duel]
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
     /// Slots of the presence table clients read to answer "certainly absent" without a
@@ -110,6 +110,42 @@ pub struct Args {
     /// and SSD: it cannot fill up) or `off` [default: auto]
     #[arg(long, env = "ORBITKV_PRESENCE_SLOTS")]
     pub presence_slots: Option<String>,
+    /// Serve this Manager's blocks to peer Managers on this TCP address (host:port). Only a
+    /// literal loopback address (127.0.0.0/8, [::1]) runs without TLS; any other needs
+    /// --peer-tls-cert/--peer-tls-key/--peer-tls-ca (mutual TLS) [default: off]
+    #[arg(long, env = "ORBITKV_PEER_LISTEN")]
+    pub peer_listen: Option<String>,
+    /// A peer Manager to ask on a local miss (host:port of its --peer-listen); repeatable.
+    /// Anything but a literal loopback address needs mutual TLS
+    #[arg(long = "peer")]
+    pub peer: Vec<String>,
+    /// PEM certificate chain this Manager presents to peers (mutual TLS)
+    #[arg(long, env = "ORBITKV_PEER_TLS_CERT")]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// PEM private key of --peer-tls-cert (mode 0600 or tighter)
+    #[arg(long, env = "ORBITKV_PEER_TLS_KEY")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) a peer's certificate must chain to (both directions)
+    #[arg(long, env = "ORBITKV_PEER_TLS_CA")]
+    pub peer_tls_ca: Option<PathBuf>,
+    /// Deadline of one peer operation (connect, a frame, the bytes of one fetch, the
+    /// reader's completion report) in milliseconds [default: 5000]
+    #[arg(long)]
+    pub peer_timeout_ms: Option<u64>,
+    /// etcd v3 endpoints for membership (comma-separated http://host:port, literal loopback
+    /// only in this build); peers register under --etcd-prefix with a lease [default: off]
+    #[arg(long, env = "ORBITKV_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Option<String>,
+    /// Key prefix of the membership records in etcd [default: /orbitkv/]
+    #[arg(long)]
+    pub etcd_prefix: Option<String>,
+    /// TTL in seconds of this Manager's etcd lease (kept alive at a third of it) [default: 10]
+    #[arg(long)]
+    pub etcd_ttl_s: Option<u64>,
+    /// Address other Managers reach this one's --peer-listen at, registered in etcd
+    /// [default: the --peer-listen address]
+    #[arg(long)]
+    pub peer_advertise: Option<String>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -146,6 +182,16 @@ struct FileConfig {
     ssd_write_policy: Option<String>,
     presence_slots: Option<String>,
     cache_policy: Option<String>,
+    peer_listen: Option<String>,
+    peer: Option<Vec<String>>,
+    peer_tls_cert: Option<PathBuf>,
+    peer_tls_key: Option<PathBuf>,
+    peer_tls_ca: Option<PathBuf>,
+    peer_timeout_ms: Option<u64>,
+    etcd_endpoints: Option<String>,
+    etcd_prefix: Option<String>,
+    etcd_ttl_s: Option<u64>,
+    peer_advertise: Option<String>,
 }
 
 /// Validated SSD-tier settings.
@@ -198,6 +244,173 @@ pub struct ManagerConfig {
     pub cache_policy: orbitkv_core::policy::PolicyKind,
     /// Slots of the presence table (0: none is published).
     pub presence_slots: u64,
+    /// Peer Managers (contract D3); `None` when this Manager neither serves nor asks peers.
+    pub peers: Option<PeerSettings>,
+}
+
+/// Mutual-TLS files for Manager↔Manager traffic.
+#[derive(Debug, Clone)]
+pub struct PeerTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// etcd membership settings.
+#[derive(Debug, Clone)]
+pub struct EtcdSettings {
+    /// `host:port` of each endpoint (plain HTTP on literal loopback).
+    pub endpoints: Vec<SocketAddr>,
+    pub prefix: String,
+    pub ttl_s: u64,
+}
+
+/// Validated peer-tier settings.
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    pub listen: Option<SocketAddr>,
+    /// Static peers, `host:port` as given.
+    pub peers: Vec<String>,
+    pub tls: Option<PeerTlsFiles>,
+    pub timeout: std::time::Duration,
+    pub etcd: Option<EtcdSettings>,
+    /// What this Manager registers in etcd.
+    pub advertise: Option<String>,
+}
+
+/// Whether `addr` (`host:port`) names a literal loopback IP.
+pub fn is_literal_loopback(addr: &str) -> bool {
+    addr.parse::<SocketAddr>().is_ok_and(|a| a.ip().is_loopback())
+}
+
+/// `host:port` with a non-empty host and a port.
+fn check_host_port(what: &str, addr: &str) -> Result<(), ConfigError> {
+    let ok = addr.parse::<SocketAddr>().is_ok()
+        || addr
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && !h.contains(['/', ' ']) && p.parse::<u16>().is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!("{what} {addr:?} is not host:port")))
+    }
+}
+
+fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSettings>, ConfigError> {
+    let listen_s = a.peer_listen.take().or(file.peer_listen.take());
+    let mut peers = std::mem::take(&mut a.peer);
+    peers.extend(file.peer.take().unwrap_or_default());
+    let etcd_s = a.etcd_endpoints.take().or(file.etcd_endpoints.take());
+    let cert = a.peer_tls_cert.take().or(file.peer_tls_cert.take());
+    let key = a.peer_tls_key.take().or(file.peer_tls_key.take());
+    let ca = a.peer_tls_ca.take().or(file.peer_tls_ca.take());
+    let advertise = a.peer_advertise.take().or(file.peer_advertise.take());
+    if listen_s.is_none() && peers.is_empty() && etcd_s.is_none() {
+        if cert.is_some() || key.is_some() || ca.is_some() || advertise.is_some() {
+            return Err(ConfigError::Invalid(
+                "peer TLS files or --peer-advertise given without --peer-listen, --peer or --etcd-endpoints"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let tls = match (cert, key, ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(PeerTlsFiles { cert, key, ca }),
+        (None, None, None) => None,
+        _ => {
+            return Err(ConfigError::Invalid(
+                "mutual TLS between Managers needs all three of --peer-tls-cert, --peer-tls-key and --peer-tls-ca".into(),
+            ));
+        }
+    };
+    let listen = match &listen_s {
+        None => None,
+        Some(l) => {
+            let addr: SocketAddr = l.parse().map_err(|_| {
+                ConfigError::Invalid(format!("peer_listen {l:?} is not an IP address with a port"))
+            })?;
+            if !addr.ip().is_loopback() && tls.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "peer_listen {addr} is not literal loopback: Manager-to-Manager traffic off loopback requires mutual TLS; set --peer-tls-cert, --peer-tls-key and --peer-tls-ca (or listen on 127.0.0.1)"
+                )));
+            }
+            Some(addr)
+        }
+    };
+    for p in &peers {
+        check_host_port("peer", p)?;
+        if !is_literal_loopback(p) && tls.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "peer {p} is not a literal loopback address: Manager-to-Manager traffic off loopback requires mutual TLS; set --peer-tls-cert, --peer-tls-key and --peer-tls-ca"
+            )));
+        }
+    }
+    if let Some(ad) = &advertise {
+        check_host_port("peer_advertise", ad)?;
+        if !is_literal_loopback(ad) && tls.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "peer_advertise {ad} is not literal loopback: requires mutual TLS (--peer-tls-cert, --peer-tls-key, --peer-tls-ca)"
+            )));
+        }
+    }
+    let ms = a.peer_timeout_ms.or(file.peer_timeout_ms).unwrap_or(5_000);
+    if !(1..=600_000).contains(&ms) {
+        return Err(ConfigError::Invalid(format!(
+            "peer_timeout_ms {ms} must be 1..=600000 milliseconds"
+        )));
+    }
+    let etcd = match etcd_s {
+        None => None,
+        Some(list) => {
+            let mut endpoints = Vec::new();
+            for e in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                let hp = e.strip_prefix("http://").unwrap_or(e).trim_end_matches('/');
+                let addr: SocketAddr = hp.parse().map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "etcd endpoint {e:?} must be http://IP:port (https is not supported in this build)"
+                    ))
+                })?;
+                if !addr.ip().is_loopback() || e.starts_with("https://") {
+                    return Err(ConfigError::Invalid(format!(
+                        "etcd endpoint {e} is not literal loopback: this build talks to etcd over plain HTTP only, so only a local etcd (or a local proxy of it) is allowed"
+                    )));
+                }
+                endpoints.push(addr);
+            }
+            if endpoints.is_empty() {
+                return Err(ConfigError::Invalid("etcd_endpoints is empty".into()));
+            }
+            let prefix = a
+                .etcd_prefix
+                .take()
+                .or(file.etcd_prefix.take())
+                .unwrap_or_else(|| "/orbitkv/".into());
+            let ttl_s = a.etcd_ttl_s.or(file.etcd_ttl_s).unwrap_or(10);
+            if !(2..=3600).contains(&ttl_s) {
+                return Err(ConfigError::Invalid(format!(
+                    "etcd_ttl_s {ttl_s} must be 2..=3600"
+                )));
+            }
+            if advertise.is_none() && listen.is_none() {
+                return Err(ConfigError::Invalid(
+                    "etcd membership needs --peer-listen (or --peer-advertise) so peers can reach this Manager".into(),
+                ));
+            }
+            Some(EtcdSettings {
+                endpoints,
+                prefix,
+                ttl_s,
+            })
+        }
+    };
+    Ok(Some(PeerSettings {
+        advertise: advertise.or_else(|| listen.map(|l| l.to_string())),
+        listen,
+        peers,
+        tls,
+        timeout: std::time::Duration::from_millis(ms),
+        etcd,
+    }))
 }
 
 pub const DEFAULT_DRAM: &str = "1GiB";
@@ -257,8 +470,8 @@ impl ManagerConfig {
         Self::from_args(args)
     }
 
-    pub fn from_args(a: Args) -> Result<ManagerConfig, ConfigError> {
-        let file = match &a.config {
+    pub fn from_args(mut a: Args) -> Result<ManagerConfig, ConfigError> {
+        let mut file = match &a.config {
             Some(p) => {
                 let text =
                     std::fs::read_to_string(p).map_err(|err| ConfigError::Read { path: p.clone(), err })?;
@@ -267,6 +480,7 @@ impl ManagerConfig {
             }
             None => FileConfig::default(),
         };
+        let peers = peer_settings(&mut a, &mut file)?;
         let uid = orbitkv_shm::peer::my_uid();
         let socket = a
             .socket
@@ -456,13 +670,21 @@ impl ManagerConfig {
                 .map_err(|e| ConfigError::Invalid(format!("cache_policy: {e}")))?,
             None => orbitkv_core::policy::PolicyKind::default(),
         };
-        let presence_slots = match a
-            .presence_slots
-            .or(file.presence_slots)
-            .as_deref()
-            .unwrap_or("auto")
-        {
+        // A Manager that asks peers on a local miss cannot let a local table answer
+        // "certainly absent": the block may be one peer fill away (session.rs `lookup`).
+        let asks_peers = peers
+            .as_ref()
+            .is_some_and(|p| !p.peers.is_empty() || p.etcd.is_some());
+        let presence_setting = a.presence_slots.or(file.presence_slots);
+        let presence_slots = match presence_setting.as_deref().unwrap_or("auto") {
+            "auto" if asks_peers => 0,
             "off" => 0,
+            n if asks_peers => {
+                return Err(ConfigError::Invalid(format!(
+                    "presence_slots {n:?} with peers to ask (--peer / --etcd-endpoints): a local presence \
+                     table would answer misses that a peer could fill; use presence_slots auto or off"
+                )));
+            }
             "auto" => {
                 // Every block takes at least one 4 KiB extent (DRAM arena and SSD file),
                 // so twice that many slots can never saturate: 16 bytes per 4 KiB cached
@@ -487,6 +709,7 @@ impl ManagerConfig {
         };
         Ok(ManagerConfig {
             presence_slots,
+            peers,
             ssd,
             cache_policy,
             socket,
@@ -525,6 +748,74 @@ impl ManagerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn peer_cfg(extra: &[&str]) -> Result<ManagerConfig, ConfigError> {
+        let mut argv = vec!["x", "--socket", "/nonexistent/s.sock"];
+        argv.extend_from_slice(extra);
+        ManagerConfig::from_argv(argv)
+    }
+
+    #[test]
+    fn peer_settings_validate() {
+        let c = peer_cfg(&["--peer-listen", "127.0.0.1:7470", "--peer", "[::1]:7471"]).expect("loopback");
+        let p = c.peers.expect("peers");
+        assert_eq!(p.advertise.as_deref(), Some("127.0.0.1:7470"));
+        assert!(p.tls.is_none() && p.etcd.is_none());
+        assert!(peer_cfg(&[]).expect("none").peers.is_none());
+        for bad in [
+            &["--peer-listen", "10.0.0.1:7470"][..],
+            &["--peer", "localhost:7470"][..],
+            &["--peer", "127.0.0.1:1", "--peer-tls-cert", "a.crt"][..],
+            &["--peer", "nonsense"][..],
+            &[
+                "--peer-tls-cert",
+                "a",
+                "--peer-tls-key",
+                "b",
+                "--peer-tls-ca",
+                "c",
+            ][..],
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379",
+            ][..],
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "https://127.0.0.1:2379",
+            ][..],
+            &[
+                "--peer",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "http://127.0.0.1:2379",
+            ][..],
+            &["--peer", "127.0.0.1:1", "--peer-timeout-ms", "0"][..],
+        ] {
+            assert!(peer_cfg(bad).is_err(), "{bad:?} must be refused");
+        }
+        let c = peer_cfg(&[
+            "--peer-listen",
+            "10.0.0.1:7470",
+            "--peer",
+            "host-b.example:7470",
+            "--peer-tls-cert",
+            "a.crt",
+            "--peer-tls-key",
+            "a.key",
+            "--peer-tls-ca",
+            "ca.crt",
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379,127.0.0.1:2380",
+        ])
+        .expect("off loopback with TLS");
+        let p = c.peers.expect("peers");
+        assert!(p.tls.is_some());
+        assert_eq!(p.etcd.expect("etcd").endpoints.len(), 2);
+    }
 
     #[test]
     fn sizes_parse() {
@@ -572,18 +863,26 @@ mod tests {
             let e = ManagerConfig::from_argv(["x", "--presence-slots", bad]).expect_err(bad);
             assert!(e.to_string().contains("presence_slots"), "{e}");
         }
+        // A Manager that asks peers on a miss publishes no table (auto), and refuses one.
+        let c = ManagerConfig::from_argv(["x", "--peer", "127.0.0.1:9"]).expect("peer");
+        assert_eq!(c.presence_slots, 0);
+        let e = ManagerConfig::from_argv(["x", "--peer", "127.0.0.1:9", "--presence-slots", "4096"])
+            .expect_err("explicit table with peers");
+        assert!(e.to_string().contains("peer"), "{e}");
     }
 
     #[test]
     fn cache_policy_defaults_parses_and_names_the_choices() {
         use orbitkv_core::policy::PolicyKind;
         let c = ManagerConfig::from_argv(["x"]).expect("defaults");
-        assert_eq!(c.cache_policy, PolicyKind::S3FifoAdaptive);
+        assert_eq!(c.cache_policy, PolicyKind::Duel);
         let c = ManagerConfig::from_argv(["x", "--cache-policy", "lru"]).expect("lru");
         assert_eq!(c.cache_policy, PolicyKind::Lru);
         let e = ManagerConfig::from_argv(["x", "--cache-policy", "mru"]).expect_err("unknown");
         assert!(
-            e.to_string().contains("\"mru\"") && e.to_string().contains("s3fifo-adaptive"),
+            e.to_string().contains("\"mru\"")
+                && e.to_string().contains("duel")
+                && e.to_string().contains("s3fifo-adaptive"),
             "{e}"
         );
     }

@@ -10,6 +10,7 @@ mod framing;
 #[macro_use]
 pub mod log;
 mod metrics;
+mod peer;
 mod presence;
 mod server;
 mod session;
@@ -42,6 +43,10 @@ pub enum ManagerError {
     Ssd(#[from] orbitkv_ssd::SsdError),
     #[error(transparent)]
     Presence(#[from] presence::PresenceError),
+    #[error("peer tier: {0}")]
+    Peer(String),
+    #[error("binding the peer listener {addr}: {err}")]
+    PeerBind { addr: SocketAddr, err: std::io::Error },
     #[error("starting a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -98,8 +103,15 @@ impl Manager {
             0 => None,
             slots => Some(presence::Presence::start(slots, &mut cache)?),
         };
+        let peers = match &config.peers {
+            Some(p) => {
+                Some(peer::PeerTier::new(p.clone(), config.allow_uids.clone()).map_err(ManagerError::Peer)?)
+            }
+            None => None,
+        };
         let mut shared = Shared::new(config, segments, cache, below);
         shared.presence = presence;
+        shared.peers = peers;
         let shared = Arc::new(shared);
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -126,6 +138,20 @@ impl Manager {
         if shared.tier.is_some() {
             let sh = shared.clone();
             threads.push(spawn("orbitkv-ssd", Box::new(move || tier::worker(sh)))?);
+        }
+        let mut peer_threads = Vec::new();
+        let mut peer_spawn = |name: &str, f: Box<dyn FnOnce() + Send>| peer_threads.push(spawn(name, f));
+        peer::start(&shared, &mut peer_spawn).map_err(|err| ManagerError::PeerBind {
+            addr: shared
+                .config
+                .peers
+                .as_ref()
+                .and_then(|p| p.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            err,
+        })?;
+        for t in peer_threads {
+            threads.push(t?);
         }
         log!(
             Info,
@@ -162,6 +188,7 @@ impl Manager {
         if let Some(addr) = self.metrics_addr() {
             let _ = std::net::TcpStream::connect(addr); // wake the blocking accept
         }
+        peer::wake_listener(&self.shared); // and the peer listener; closes peer connections
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

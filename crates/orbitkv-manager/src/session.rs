@@ -419,15 +419,12 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                 }))
         }
         Request::Lookup { ns, hashes } => {
-            map(shared
-                .cache()
-                .lookup(s, NsId(ns), &hashes)
-                .map(|r| Response::LookupOk {
-                    lease: r.lease.map_or(0, |l| l.0),
-                    hit_blocks: r.hit_blocks,
-                    generation: r.generation,
-                    ssd_blocks: r.ssd_blocks,
-                }))
+            map(lookup(shared, s, NsId(ns), &hashes).map(|r| Response::LookupOk {
+                lease: r.lease.map_or(0, |l| l.0),
+                hit_blocks: r.hit_blocks,
+                generation: r.generation,
+                ssd_blocks: r.ssd_blocks,
+            }))
         }
         Request::Acquire { lease } => {
             let mut cache = shared.cache();
@@ -536,6 +533,34 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             Response::error(ErrorCode::Internal, "TP request reached the plain handler") // tp::handle answers these
         }
     }
+}
+
+/// A lookup; on a local miss (partial or whole) with peers configured, the
+/// missing suffix is filled from a peer into this Manager's DRAM first
+/// (`peer::PeerTier::fill`) and the lookup runs again, so the reply is an
+/// ordinary local hit. The local prefix stays pinned by the first lease while
+/// the peer blocks are stored (they must not evict it), then that lease is
+/// released in favour of the second lookup's.
+fn lookup(
+    shared: &Shared,
+    s: SessionId,
+    ns: NsId,
+    hashes: &[orbitkv_core::BlockHash],
+) -> Result<orbitkv_core::LookupResult, CacheError> {
+    let first = shared.cache().lookup(s, ns, hashes)?;
+    let Some(peers) = shared.peers.as_ref() else {
+        return Ok(first);
+    };
+    let hit = first.hit_blocks as usize;
+    if hit >= hashes.len() || peers.fill(shared, ns, &hashes[hit..]) == 0 {
+        return Ok(first);
+    }
+    let mut cache = shared.cache();
+    let second = cache.lookup(s, ns, hashes);
+    if let Some(l) = first.lease {
+        let _ = cache.release(s, l);
+    }
+    second
 }
 
 /// Hand out a lease's source slots, staging SSD-only blocks into DRAM first.

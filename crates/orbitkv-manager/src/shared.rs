@@ -57,6 +57,8 @@ pub struct Shared {
     pub tier: Option<Box<dyn Tier>>,
     /// The presence table clients read (None with `--presence-slots off`).
     pub presence: Option<crate::presence::Presence>,
+    /// Peer Managers (filled on a local miss; our blocks served to them), when configured.
+    pub peers: Option<crate::peer::PeerTier>,
     pub quarantine: Mutex<Vec<Quarantined>>,
     pub restore_faults: AtomicU32,
     pub commit_faults: AtomicU32,
@@ -85,6 +87,7 @@ impl Shared {
             staged: Condvar::new(),
             tier,
             presence: None,
+            peers: None,
             quarantine: Mutex::new(Vec::new()),
             restore_faults: AtomicU32::new(0),
             commit_faults: AtomicU32::new(0),

@@ -485,6 +485,13 @@ pub fn json(shared: &Shared) -> String {
             _ => serde_json::json!({ "enabled": false }),
         },
     );
+    m.insert(
+        "peers".into(),
+        shared
+            .peers
+            .as_ref()
+            .map_or_else(|| serde_json::json!({ "enabled": false }), |p| p.status_json()),
+    );
     m.insert("pid".into(), std::process::id().into());
     m.insert(
         "segment_sizes".into(),
@@ -504,6 +511,9 @@ pub fn prometheus(shared: &Shared) -> String {
         out.push_str(&format!(
             "# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\norbitkv_{name} {v}\n"
         ));
+    }
+    if let Some(p) = shared.peers.as_ref() {
+        out.push_str(&p.prometheus());
     }
     out
 }

@@ -23,6 +23,7 @@
 mod codec;
 mod frame;
 mod msg;
+pub mod peer;
 
 pub use codec::DecodeError;
 pub use frame::{

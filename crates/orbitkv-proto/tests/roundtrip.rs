@@ -447,6 +447,17 @@ proptest! {
     }
 
     #[test]
+    fn peer_garbage_never_panics(kind in 0x0400u16..0x0500, body in proptest::collection::vec(any::<u8>(), 0..512)) {
+        // The Manager↔Manager decoders: never panic; anything accepted is canonical.
+        if let Ok(r) = orbitkv_proto::peer::decode_peer_request(kind, &body) {
+            prop_assert_eq!(r.encode(), body.clone());
+        }
+        if let Ok(r) = orbitkv_proto::peer::decode_peer_response(kind, &body) {
+            prop_assert_eq!(r.encode(), body);
+        }
+    }
+
+    #[test]
     fn garbage_headers_never_panic(raw in proptest::array::uniform16(any::<u8>())) {
         let _ = Header::decode(&raw);
     }

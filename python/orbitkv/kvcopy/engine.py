@@ -8,22 +8,28 @@ as `[num_blocks, *shape]`. See docs/gpu.md for the ordering rules.
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from orbitkv.kvcopy import CopyEngineError
 from orbitkv.kvcopy.arena import ArenaView
+from orbitkv.kvcopy.checks import BatchChecks
 from orbitkv.kvcopy.layout import LayerPages
 
 UNIT_CAP = 1 << 20  # arena rows never exceed 1 MiB
 CHUNK_BYTES = 64 << 20  # one index_select / index_copy_ pair moves at most this much
 _DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+KERNELS = ("auto", "torch", "triton")
+KERNEL_ENV = "ORBITKV_COPY_KERNEL"  # what "auto" means when set: torch or triton
 LOAD_PRIORITY = -1  # loads gate the next forward: the higher priority (lower number)
 SAVE_PRIORITY = 0
 
@@ -70,7 +76,12 @@ class CopyEngine:
     (`orbitkv.vllm.layout.HostCopier`). Not thread-safe: drive it from one thread.
     """
 
-    def __init__(self, layers: Sequence[LayerPages], arena: ArenaView) -> None:
+    def __init__(self, layers: Sequence[LayerPages], arena: ArenaView, *, kernel: str = "auto") -> None:
+        """`kernel`: "torch" copies in two passes (index ops through a staging buffer in
+        device memory), "triton" in one (a Triton kernel, arena row <-> page, CUDA only;
+        refused with the reason where it cannot run), "auto" (default) the value of
+        $ORBITKV_COPY_KERNEL if set, else "triton" where it can run, else "torch"; the
+        choice and its reason are in `kernel` and `kernel_reason`."""
         if not layers:
             raise ValueError("expected at least one layer, got 0")
         self.arena = arena
@@ -86,7 +97,15 @@ class CopyEngine:
             self._layers.append(_Layer(p, offset, self._page_elem(p)))
             offset += p.page_bytes
         self._views: dict[tuple[int, int], torch.Tensor] = {}
+        self._flat_views: dict[tuple[str, int, int], torch.Tensor] = {}
         self._cuda = self.device.type == "cuda"
+        self._triton: Any = None  # the orbitkv.kvcopy.triton_copy module when selected
+        self._runs: list[dict[int, Any]] = []  # per layer: element size -> Runs
+        self.kernel, self.kernel_reason = self._select_kernel(kernel)
+        self._seg_rel: np.ndarray | None = None  # per segment: bytes from the lowest segment's start
+        self._base_seg = -1
+        if self.kernel == "triton":
+            self._address_segments()
         self._lock = threading.Lock()
         self._free_events: list[torch.cuda.Event] = []
         self._inflight: deque[_Handle] = deque()
@@ -105,11 +124,95 @@ class CopyEngine:
                 p.backing.record_stream(self.place_stream)
                 p.backing.record_stream(self.save_stream)
                 p.backing.record_stream(self.pack_stream)
+            if self.kernel == "triton":
+                self._warm_up_triton()
             # Every event a copy records exists before any graph capture: record each once here.
             events = [torch.cuda.Event() for _ in range(4 * self.num_layers + 4)]
             for e in events:
                 e.record(self.load_stream)
             self._free_events.extend(events)
+
+    def _select_kernel(self, asked: str) -> tuple[str, str]:
+        if asked not in KERNELS:
+            raise ValueError(f"kernel must be one of {list(KERNELS)}, got {asked!r}")
+        source = "asked"
+        if asked == "auto":
+            env = os.environ.get(KERNEL_ENV, "").strip()
+            if env and env not in KERNELS:
+                raise ValueError(f"${KERNEL_ENV} must be one of {list(KERNELS)}, got {env!r}")
+            asked, source = (env, f"${KERNEL_ENV}") if env else ("auto", "auto")
+        if asked == "torch":
+            return "torch", f"{source}: two-pass torch index ops"
+        if asked == "auto" and not self._cuda:
+            return "torch", f"auto: two-pass torch index ops (pages on {self.device})"
+        why = self._triton_unusable()
+        if why is None:
+            return "triton", f"{source}: one-pass Triton kernel"
+        if asked == "triton":
+            raise CopyEngineError(f"the triton copy kernel cannot run here: {why}; use kernel='torch'")
+        return "torch", f"auto: two-pass torch index ops ({why})"
+
+    def _address_segments(self) -> None:
+        """Let the one-pass kernel reach every segment from the lowest-addressed one (all
+        are mapped into the device's address space): byte distances, when all are
+        multiples of 8 (page-aligned mappings always are)."""
+        sizes = self.arena.sizes
+        if not sizes:
+            return
+        ptrs = {seg: self.arena.segment(seg).data_ptr() for seg in sizes}
+        base = min(ptrs, key=lambda seg: ptrs[seg])
+        rel = np.zeros(max(sizes) + 1, dtype=np.int64)
+        for seg, ptr in ptrs.items():
+            rel[seg] = ptr - ptrs[base]
+        if np.all(rel % 8 == 0):
+            self._seg_rel, self._base_seg = rel, base
+
+    def _triton_unusable(self) -> str | None:
+        """Why the one-pass kernel cannot copy these pages (None: it can; it is loaded then).
+        CPU pages only under Triton's interpreter (TRITON_INTERPRET=1: tests without a GPU)."""
+        if not self._cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            return f"pages on {self.device}, the Triton kernel needs CUDA pages"
+        from orbitkv.kvcopy.runs import page_runs
+
+        runs: list[dict[int, Any]] = []
+        for i, layer in enumerate(self._layers):
+            shape, strides = self._page_form(layer.pages)
+            by_elem = {e: r for e in (8, 4, 2, 1) if layer.elem % e == 0 and (r := page_runs(shape, strides, e))}
+            if not by_elem:
+                dims = f"shape {shape}, byte strides {strides}"
+                return f"layer {i}'s page ({dims}) has no dense last dim or more runs than the kernel takes"
+            runs.append(by_elem)
+        try:
+            mod = importlib.import_module("orbitkv.kvcopy.triton_copy")
+        except ImportError as exc:
+            return f"triton is not importable ({exc})"
+        self._triton, self._runs = mod, runs
+        return None
+
+    def _warm_up_triton(self) -> None:
+        """Compile the one-pass kernels now (the first copy would otherwise wait for
+        Triton's compiler, seconds, inside an engine step), with each layer's arguments
+        and its widest element size, the one copies from aligned slots use."""
+        index = torch.zeros(1, dtype=torch.int64, device=self.device)
+        seg = min(self.arena.sizes)
+        with torch.cuda.stream(self.load_stream):
+            for li, layer in enumerate(self._layers):
+                elem = max(e for e in self._runs[li] if layer.offset % e == 0)
+                for to_pages in (True, False):
+                    self._triton.copy_runs(
+                        self._flat("seg", seg, elem),
+                        self._flat("layer", li, elem),
+                        index,
+                        index,
+                        layer_off=layer.offset,
+                        page_base=layer.pages.base,
+                        block_stride=layer.pages.block_stride,
+                        runs=self._runs[li][elem],
+                        elem=elem,
+                        to_pages=to_pages,
+                        warm_up=True,
+                    )
+        self.load_stream.synchronize()
 
     @staticmethod
     def _page_form(p: LayerPages) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -155,36 +258,11 @@ class CopyEngine:
 
     def _validate(
         self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int], *, load: bool
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The whole batch checked (O(n) but for one sort on saves): slots inside known
-        segments, block ids in range, distinct destinations (loads), disjoint slots
-        (saves). Returns segments, offsets and block ids as int64 arrays."""
-        if len(slots) != len(block_ids):
-            raise ValueError(f"expected one slot per block id: {len(block_ids)} block ids, {len(slots)} slots")
-        segs, offs = self._slot_arrays(slots)
-        ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
-        bad = np.flatnonzero((ids < 0) | (ids >= self.num_blocks))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"block id {int(ids[i])} (position {i}) outside the expected range [0, {self.num_blocks})")
-        if load:
-            counts = np.bincount(ids, minlength=0) if ids.size else np.zeros(0, dtype=np.int64)
-            dup = np.flatnonzero(counts > 1)
-            if dup.size:
-                raise ValueError(f"duplicate destination block ids {dup.tolist()}; expected distinct ids")
-        elif ids.size > 1:
-            # One int64 key per slot (segment in the high bits) sorts faster than two keys.
-            fits = int(offs.max()) < (1 << 40) and int(segs.max()) < (1 << 22)
-            order = np.argsort((segs << 40) | offs) if fits else np.lexsort((offs, segs))
-            s, o = segs[order], offs[order]
-            clash = np.flatnonzero((s[1:] == s[:-1]) & (o[1:] < o[:-1] + self.block_bytes))
-            if clash.size:
-                a, b = int(order[clash[0]]), int(order[clash[0] + 1])
-                raise ValueError(
-                    f"destination slots {a} {tuple(slots[a])} and {b} {tuple(slots[b])} overlap; "
-                    f"expected disjoint {self.block_bytes}-byte slots"
-                )
-        return segs, offs, ids
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[slice], None]]:
+        """The batch as int64 arrays and the check of each of its ranges (`BatchChecks`)."""
+        checks = BatchChecks(self.arena.sizes, self.block_bytes, self.num_blocks)
+        segs, offs, ids = checks.arrays(slots, block_ids)
+        return segs, offs, ids, (checks.for_load if load else checks.for_save)(segs, offs, ids)
 
     def _batches(self, n: int) -> list[slice]:
         """Consecutive block ranges of a batch, each at most CHUNK_BYTES per layer: a
@@ -221,48 +299,6 @@ class CopyEngine:
                 rows = put(((starts // unit)[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1))
                 parts[li].append(_Part(li, seg, unit, elem, rows, id_slices[seg], pos.size))
         return parts, (np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64))
-
-    def _slot_arrays(self, slots: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Segments and offsets of `slots` as arrays, every slot checked against the arena
-        (vectorised: a batch of tens of thousands of slots costs milliseconds, not a Python
-        loop per slot)."""
-        if len(slots) == 0:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        if isinstance(slots, np.ndarray):
-            if slots.ndim != 2 or slots.shape[1] != 2 or not np.issubdtype(slots.dtype, np.integer):
-                raise ValueError(f"expected an [n, 2] integer array of slots, got {slots.dtype} {slots.shape}")
-            return self._check_slots(slots[:, 0].astype(np.int64), slots[:, 1].astype(np.int64))
-        try:  # flattening with fromiter is twice as fast as asarray on a list of tuples
-            flat = np.fromiter(itertools.chain.from_iterable(slots), dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            flat = None
-        arr = flat.reshape(-1, 2) if flat is not None and flat.size == 2 * len(slots) else None
-        if arr is None:
-            for i, slot in enumerate(slots):  # slow path, only to name the bad entry
-                if slot is None or len(slot) != 2:
-                    raise ValueError(f"slot {i}: expected (segment, offset), got {slot!r}")
-            raise ValueError("expected a sequence of (segment, offset) slots")
-        return self._check_slots(arr[:, 0], arr[:, 1])
-
-    def _check_slots(self, segs: np.ndarray, offs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        sizes = self.arena.sizes
-        table = np.full(max(sizes, default=-1) + 1, -1, dtype=np.int64)
-        for seg, size in sizes.items():
-            table[seg] = size
-        known = (segs >= 0) & (segs < table.size)
-        seg_size = np.where(known, table[np.clip(segs, 0, max(table.size - 1, 0))], -1)
-        unknown = np.flatnonzero(seg_size < 0)
-        if unknown.size:
-            i = int(unknown[0])
-            raise ValueError(f"slot {i}: unknown arena segment {int(segs[i])}; expected one of {sorted(sizes)}")
-        outside = np.flatnonzero((offs < 0) | (offs + self.block_bytes > seg_size))
-        if outside.size:
-            i = int(outside[0])
-            raise ValueError(
-                f"slot {i}: offset {int(offs[i])} + block_bytes {self.block_bytes} lies outside segment "
-                f"{int(segs[i])} of {int(seg_size[i])} bytes"
-            )
-        return segs, offs
 
     def _indices(self, host: np.ndarray) -> torch.Tensor:
         """The batch's indices on the engine device (on CUDA: issued on the current stream,
@@ -303,12 +339,16 @@ class CopyEngine:
         """Arena slots -> pages of `block_ids`, layer by layer on the load stream, an event
         per layer. On CUDA the copy is ordered after the work already queued on the current
         stream (which may still read the destination pages)."""
-        segs, offs, ids = self._validate(slots, block_ids, load=True)
+        segs, offs, ids, check = self._validate(slots, block_ids, load=True)
         self._check_not_capturing()
         batches = self._batches(ids.size)
         if not self._cuda:
-            self._copy_on_cpu(segs, offs, ids, batches, self._load_part)
+            for b in batches:
+                check(b)
+            self._copy_on_cpu(segs, offs, ids, batches, self._load_part, to_pages=True)
             return LoadHandle(self, None)
+        if self.kernel == "triton":
+            return self._load_one_pass(segs, offs, ids, batches, check)
         n = self.num_layers
         ready = self._take_events(n)  # one per layer, recorded once its pages hold the bytes
         gathered: list[torch.cuda.Event] = []  # one per part (load stream)
@@ -317,7 +357,8 @@ class CopyEngine:
         plans: list[tuple[list[list[_Part]], torch.Tensor]] = []
         for li in range(n):
             for bi, b in enumerate(batches):
-                if li == 0:  # planned here, while the earlier ranges' copies run
+                if li == 0:  # checked and planned here, while the earlier ranges' copies run
+                    self._check_or_unwind(check, b, bi > 0, gathered + ready, load=True)
                     by_layer, host = self._plan(segs[b], offs[b], ids[b])
                     with torch.cuda.stream(load):
                         idx = self._indices(host)
@@ -341,6 +382,22 @@ class CopyEngine:
             self._inflight.append(handle)
         return handle
 
+    def _check_or_unwind(
+        self, check: Callable[[slice], None], r: slice, issued: bool, events: list[torch.cuda.Event], *, load: bool
+    ) -> None:
+        """Check range `r` of a batch; on an error, first wait for the copies of the ranges
+        already issued (none may outlive the call that failed: the caller then releases its
+        lease or aborts its save, and reuses the pages), then raise it."""
+        try:
+            check(r)
+        except ValueError:
+            if issued:
+                streams = (self.load_stream, self.place_stream) if load else (self.pack_stream, self.save_stream)
+                for stream in streams:
+                    stream.synchronize()
+            self._give_back(events)
+            raise
+
     def _copy_on_cpu(
         self,
         segs: np.ndarray,
@@ -348,8 +405,18 @@ class CopyEngine:
         ids: np.ndarray,
         batches: list[slice],
         copy_part: Callable[[_Part, torch.Tensor], None],
+        *,
+        to_pages: bool,
     ) -> None:
-        """CPU pages: each range planned, then copied part by part, synchronously."""
+        """CPU pages: each range planned, then copied part by part, synchronously (the
+        Triton kernel here only under its interpreter)."""
+        if self.kernel == "triton":
+            for b in batches:
+                groups, host = self._plan_one_pass(segs[b], offs[b], ids[b])
+                idx = torch.from_numpy(host)
+                for li in range(self.num_layers):
+                    self._copy_layer_one_pass(li, groups, idx, to_pages=to_pages)
+            return
         for b in batches:
             by_layer, host = self._plan(segs[b], offs[b], ids[b])
             idx = torch.from_numpy(host)
@@ -378,12 +445,16 @@ class CopyEngine:
         caller recorded once the pages were written; None: the current stream's work so far).
         The caller must not overwrite the pages, nor commit the slots, before the handle's
         `query()` is True."""
-        segs, offs, ids = self._validate(slots, block_ids, load=False)
+        segs, offs, ids, check = self._validate(slots, block_ids, load=False)
         self._check_not_capturing()
         batches = self._batches(ids.size)
         if not self._cuda:
-            self._copy_on_cpu(segs, offs, ids, batches, self._save_part)
+            for b in batches:
+                check(b)
+            self._copy_on_cpu(segs, offs, ids, batches, self._save_part, to_pages=False)
             return SaveHandle(self, None)
+        if self.kernel == "triton":
+            return self._save_one_pass(segs, offs, ids, batches, after, check)
         ready, done = self._take_events(2)
         packed: list[torch.cuda.Event] = []  # one per part (pack stream)
         pack, stream = self.pack_stream, self.save_stream
@@ -392,7 +463,8 @@ class CopyEngine:
             pack.wait_event(ready)
         else:
             pack.wait_event(after)
-        for b in batches:  # planned while the earlier ranges' copies run
+        for bi, b in enumerate(batches):  # checked and planned while the earlier ranges' copies run
+            self._check_or_unwind(check, b, bi > 0, [ready, done, *packed], load=False)
             by_layer, host = self._plan(segs[b], offs[b], ids[b])
             with torch.cuda.stream(pack):
                 idx = self._indices(host)
@@ -410,6 +482,125 @@ class CopyEngine:
                 del staging
         done.record(stream)
         handle = SaveHandle(self, [ready, *packed, done])
+        with self._lock:
+            self._inflight.append(handle)
+        return handle
+
+    # -- the one-pass (Triton) kernel -------------------------------------------------
+
+    def _flat(self, kind: str, key: int, elem: int) -> torch.Tensor:
+        """A whole arena segment ("seg") or a layer's backing ("layer") as 1-D `elem`-byte
+        elements (the Triton kernel's pointers)."""
+        view = self._flat_views.get((kind, key, elem))
+        if view is None:
+            t = self.arena.segment(key) if kind == "seg" else self._layers[key].pages.backing
+            view = t[: t.numel() // elem * elem].view(_DTYPES[elem])
+            self._flat_views[(kind, key, elem)] = view
+        return view
+
+    def _plan_one_pass(
+        self, segs: np.ndarray, offs: np.ndarray, ids: np.ndarray
+    ) -> tuple[list[tuple[int, int, slice, slice]], np.ndarray]:
+        """Groups of a range, each (segment the kernel addresses from, alignment of its
+        slots, slot slice, id slice) into one host index array shared by every layer: one
+        group whose slots are byte offsets from the lowest-addressed segment (so one launch
+        per layer covers every segment), else one group per segment."""
+        if self._seg_rel is not None:  # one group: slots as byte offsets from the lowest segment
+            rel = self._seg_rel[segs] + offs
+            align = _lowbit(int(np.bitwise_or.reduce(rel)) | 8) if rel.size else 8
+            return [(self._base_seg, align, slice(0, rel.size), slice(rel.size, 2 * rel.size))], np.concatenate(
+                (rel, ids)
+            )
+        uniq = np.unique(segs)
+        if uniq.size == 1:
+            groups = [(int(uniq[0]), np.arange(segs.size))]
+        else:
+            groups = [(int(seg), np.flatnonzero(segs == seg)) for seg in uniq]
+        out: list[tuple[int, int, slice, slice]] = []
+        chunks: list[np.ndarray] = []
+        cursor = 0
+        for seg, pos in groups:
+            so = offs[pos]
+            align = _lowbit(int(np.bitwise_or.reduce(so)) | 8)
+            chunks += [so, ids[pos]]
+            out.append((seg, align, slice(cursor, cursor + pos.size), slice(cursor + pos.size, cursor + 2 * pos.size)))
+            cursor += 2 * pos.size
+        return out, np.concatenate(chunks)
+
+    def _copy_layer_one_pass(
+        self, li: int, groups: list[tuple[int, int, slice, slice]], idx: torch.Tensor, *, to_pages: bool
+    ) -> None:
+        layer = self._layers[li]
+        runs = self._runs[li]
+        for seg, align, slot_sl, id_sl in groups:
+            elem = max(e for e in runs if align % e == 0 and layer.offset % e == 0)
+            self._triton.copy_runs(
+                self._flat("seg", seg, elem),
+                self._flat("layer", li, elem),
+                idx[slot_sl],
+                idx[id_sl],
+                layer_off=layer.offset,
+                page_base=layer.pages.base,
+                block_stride=layer.pages.block_stride,
+                runs=runs[elem],
+                elem=elem,
+                to_pages=to_pages,
+            )
+
+    def _load_one_pass(
+        self,
+        segs: np.ndarray,
+        offs: np.ndarray,
+        ids: np.ndarray,
+        batches: list[slice],
+        check: Callable[[slice], None],
+    ) -> LoadHandle:
+        """Arena -> pages on the load stream, layer by layer (a "ready" event each)."""
+        ready = self._take_events(self.num_layers)
+        load = self.load_stream
+        load.wait_stream(torch.cuda.current_stream(self.device))  # the pages may still be read
+        plans: list[tuple[list[tuple[int, int, slice, slice]], torch.Tensor]] = []
+        with torch.cuda.stream(load):
+            for li in range(self.num_layers):
+                for bi, b in enumerate(batches):
+                    if li == 0:  # checked and planned here, while the earlier ranges' copies run
+                        self._check_or_unwind(check, b, bi > 0, ready, load=True)
+                        groups, host = self._plan_one_pass(segs[b], offs[b], ids[b])
+                        plans.append((groups, self._indices(host)))
+                    groups, idx = plans[bi]
+                    self._copy_layer_one_pass(li, groups, idx, to_pages=True)
+                ready[li].record(load)
+        handle = LoadHandle(self, ready)
+        with self._lock:
+            self._inflight.append(handle)
+        return handle
+
+    def _save_one_pass(
+        self,
+        segs: np.ndarray,
+        offs: np.ndarray,
+        ids: np.ndarray,
+        batches: list[slice],
+        after: torch.cuda.Event | None,
+        check: Callable[[slice], None],
+    ) -> SaveHandle:
+        """Pages -> arena on the save stream, after `after` (or the current stream's work)."""
+        ready, done = self._take_events(2)
+        stream = self.save_stream
+        if after is None:
+            ready.record(torch.cuda.current_stream(self.device))
+            stream.wait_event(ready)
+        else:
+            stream.wait_event(after)
+        with torch.cuda.stream(stream):
+            for bi, b in enumerate(batches):  # checked and planned while the earlier ranges' copies run
+                self._check_or_unwind(check, b, bi > 0, [ready, done], load=False)
+                groups, host = self._plan_one_pass(segs[b], offs[b], ids[b])
+                idx = self._indices(host)
+                for li in range(self.num_layers):
+                    self._copy_layer_one_pass(li, groups, idx, to_pages=False)
+        done.record(stream)
+        handle = SaveHandle(self, [ready, done])
         with self._lock:
             self._inflight.append(handle)
         return handle
@@ -433,7 +624,8 @@ class CopyEngine:
         if not self._cuda:
             return
         s = stream if stream is not None else torch.cuda.current_stream(self.device)
-        s.wait_stream(self.pack_stream)  # pages are read only on the pack stream
+        # pages are read only on the pack stream (torch kernel) or the save stream (triton)
+        s.wait_stream(self.save_stream if self.kernel == "triton" else self.pack_stream)
 
     def drain(self) -> None:
         """Wait (host) for every copy this engine issued; the close/shutdown path."""

@@ -1,9 +1,18 @@
-"""The `sglang.srt.plugins` entry point: registers the `orbitkv` radix-cache backend.
+"""The `sglang.srt.plugins` entry point: selects the per-release OrbitKV module.
 
-SGLang calls `register()` in the launcher and in every scheduler process (spawned), so
-the registration exists where the tree cache is built. Only SGLang's registry module is
-imported here; the factory imports the linker (torch, SGLang's cache, the native client)
-when SGLang actually builds a cache with `--radix-cache-backend orbitkv`.
+SGLang calls `register()` in the launcher and in every scheduler process (spawned).
+Only SGLang's registry (and, on 0.5.23, its plugin `HookRegistry`) is imported here;
+the per-release linker module (torch, SGLang's cache, the native client) is imported
+when SGLang actually builds a cache or a linker that uses OrbitKV.
+
+- sglang 0.5.21: registers the `orbitkv` radix-cache backend
+  (`--radix-cache-backend orbitkv`), built by `orbitkv.sglang.v0_5_21`.
+- sglang 0.5.23: the linker is selected by SGLang's dynamic linker backend
+  (`orbitkv.sglang.v0_5_23.OrbitKVLinker`); `register()` adds the caller-`extra_key`
+  guard as an AROUND hook on `UnifiedRadixCache.match_prefix` (inactive unless the
+  cache's linker is OrbitKV's). The `orbitkv` radix-cache backend is registered too,
+  only to fail with the right launch flags.
+- any other release: the backend and the linker refuse to start, naming the version.
 """
 
 from __future__ import annotations
@@ -12,31 +21,64 @@ import importlib
 from importlib.metadata import version
 from typing import Any
 
-from orbitkv.sglang import BACKEND_NAME, PINNED_SGLANG
+from orbitkv.sglang import BACKEND_NAME, QUALIFIED_SGLANG
+
+# One module per qualified release: never a fallback from one to another.
+RELEASE_MODULES = {"0.5.21": "orbitkv.sglang.v0_5_21", "0.5.23": "orbitkv.sglang.v0_5_23"}
+assert tuple(RELEASE_MODULES) == QUALIFIED_SGLANG
+MATCH_PREFIX_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
 
 
 class UnsupportedSGLangVersion(RuntimeError):
     """The installed SGLang is not a release this adapter is qualified for."""
 
 
-def _linker_module() -> str:
-    installed = version("sglang")
-    if installed != PINNED_SGLANG:
+def release_module(installed: str | None = None) -> str:
+    """The OrbitKV module for the installed SGLang release, or `UnsupportedSGLangVersion`."""
+    installed = installed if installed is not None else version("sglang")
+    module = RELEASE_MODULES.get(installed)
+    if module is None:
         raise UnsupportedSGLangVersion(
-            f"--radix-cache-backend {BACKEND_NAME}: the OrbitKV SGLang adapter is qualified for "
-            f"sglang=={PINNED_SGLANG} only, found {installed}"
+            f"the OrbitKV SGLang adapter is qualified for sglang {' and '.join(QUALIFIED_SGLANG)} only, "
+            f"found sglang {installed}"
         )
-    return "orbitkv.sglang.v0_5_21"
+    return module
 
 
 def orbitkv_factory(ctx: Any) -> Any:
     """`RadixCacheFactory` for `--radix-cache-backend orbitkv` (imports the linker lazily)."""
-    return importlib.import_module(_linker_module()).build_tree_cache(ctx)
+    try:
+        module = release_module(version("sglang"))
+    except UnsupportedSGLangVersion as exc:
+        raise UnsupportedSGLangVersion(f"--radix-cache-backend {BACKEND_NAME}: {exc}") from None
+    return importlib.import_module(module).build_tree_cache(ctx)
+
+
+def match_prefix_hook(original: Any, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    """0.5.23: the caller-`extra_key` guard, only on a cache whose linker is OrbitKV's
+    (any other cache gets the release's call and imports nothing of OrbitKV)."""
+    linker = getattr(getattr(cache, "linker", None), "cache_linker", None)
+    if not getattr(linker, "orbitkv_rejects_caller_extra_key", False):
+        return original(cache, *args, **kwargs)
+    return importlib.import_module("orbitkv.sglang.v0_5_23").match_prefix_hook(original, cache, *args, **kwargs)
 
 
 def register() -> None:
-    """Register the backend once per process (idempotent)."""
+    """Register the backend (and on 0.5.23 the match hook) once per process (idempotent)."""
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
     if get_radix_cache_factory(BACKEND_NAME) is None:
         register_radix_cache_backend(BACKEND_NAME, orbitkv_factory)
+    if version("sglang") == "0.5.23":
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        if not any(hook is match_prefix_hook for _, hook, _ in HookRegistry._hooks.get(MATCH_PREFIX_TARGET, [])):
+            HookRegistry.register(MATCH_PREFIX_TARGET, match_prefix_hook, HookType.AROUND)
+
+
+def match_prefix_hook_applied() -> bool:
+    """True when the 0.5.23 guard is registered and applied in this process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    hooks = HookRegistry._hooks.get(MATCH_PREFIX_TARGET, [])
+    return MATCH_PREFIX_TARGET in HookRegistry._patched and any(hook is match_prefix_hook for _, hook, _ in hooks)

@@ -36,6 +36,12 @@ KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 #           on CUDA streams) for CUDA pages;
 #   torch - `orbitkv.kvcopy` for CPU pages too (the asynchronous protocol on CPU).
 COPY_ENGINES = ("auto", "torch")
+# `orbitkv.copy_kernel`: how `orbitkv.kvcopy` copies CUDA pages (`CopyEngine(kernel=)`):
+#   auto   - $ORBITKV_COPY_KERNEL if set, else the one-pass Triton kernel where Triton
+#            imports and the pages allow it, else torch (the choice is logged);
+#   triton - the one-pass Triton kernel; the worker fails at KV registration if it cannot run;
+#   torch  - two-pass torch index ops through a staging buffer.
+COPY_KERNELS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class OrbitKVSettings:
     kv_cache_layout: str | None = None
     load_workers: int = 2
     copy_engine: str = "auto"
+    copy_kernel: str = "auto"
     # Tensor parallelism (contract T1): one TP lookup per request over every rank's
     # shard, its lease handed to the workers by token. Needs --enable-query-control
     # on the Manager; required for tensor_parallel_size > 1.
@@ -87,6 +94,7 @@ _KEYS = {
     "kv_cache_layout",
     "load_workers",
     "copy_engine",
+    "copy_kernel",
     "query_control",
     "async_lookups",
 }
@@ -96,6 +104,12 @@ def _expect_str(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise OrbitKVConfigError(f"{PREFIX}{key} must be a non-empty string, got {value!r}")
     return value
+
+
+def _expect_choice(key: str, value: Any, choices: tuple[str, ...], meaning: str) -> str:
+    if value not in choices:
+        raise OrbitKVConfigError(f"{PREFIX}{key} must be one of {list(choices)}, got {value!r} ({meaning})")
+    return str(value)
 
 
 def _expect_int(key: str, value: Any, minimum: int) -> int:
@@ -175,13 +189,19 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
             raise OrbitKVConfigError(f"{PREFIX}kv_cache_layout must be one of {list(KV_CACHE_LAYOUTS)}, got {layout!r}")
         kwargs["kv_cache_layout"] = layout
     if "copy_engine" in raw:
-        engine = raw["copy_engine"]
-        if engine not in COPY_ENGINES:
-            raise OrbitKVConfigError(
-                f"{PREFIX}copy_engine must be one of {list(COPY_ENGINES)}, got {engine!r} "
-                "(auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always)"
-            )
-        kwargs["copy_engine"] = engine
+        kwargs["copy_engine"] = _expect_choice(
+            "copy_engine",
+            raw["copy_engine"],
+            COPY_ENGINES,
+            "auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always",
+        )
+    if "copy_kernel" in raw:
+        kwargs["copy_kernel"] = _expect_choice(
+            "copy_kernel",
+            raw["copy_kernel"],
+            COPY_KERNELS,
+            "triton: one-pass Triton kernel; torch: two-pass index ops; auto: triton where it runs",
+        )
     if "query_control" in raw:
         kwargs["query_control"] = _expect_bool("query_control", raw["query_control"])
     if "async_lookups" in raw:

@@ -199,19 +199,28 @@ class OrbitKVWorker:
                     "the worker keeps one session for its lifetime"
                 )
             return self.engine
-        from orbitkv.kvcopy import ArenaView, CopyEngine
+        from orbitkv.kvcopy import ArenaView, CopyEngine, CopyEngineError
 
         assert self._device is not None
         logger.info("orbitkv: mapping the Manager arena for KV pages on %s", self._device)
         arena = ArenaView(client, self._device, progress=lambda line: logger.info("orbitkv: %s", line))
         try:
-            self.engine = CopyEngine(self._layer_pages, arena)
+            self.engine = CopyEngine(self._layer_pages, arena, kernel=self.settings.copy_kernel)
+        except CopyEngineError as exc:
+            arena.close()
+            raise CopyEngineError(f"{exc} (setting orbitkv.copy_kernel = {self.settings.copy_kernel!r})") from exc
         except BaseException:
             arena.close()
             raise
         self._arena = arena
         self._engine_session = client.session_id
-        logger.info("orbitkv: copy engine ready on %s (%d layers)", self._device, len(self._layer_pages))
+        logger.info(
+            "orbitkv: copy engine ready on %s (%d layers; kernel %s: %s)",
+            self._device,
+            len(self._layer_pages),
+            self.engine.kernel,
+            self.engine.kernel_reason,
+        )
         return self.engine
 
     def _pages(self) -> tuple[PageLayout, np.ndarray]:

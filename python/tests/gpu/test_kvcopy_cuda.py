@@ -165,6 +165,36 @@ def test_restores_consumed_right_after_wait_layer_see_the_restored_bytes(manager
         c.close()
 
 
+def test_a_load_failing_its_check_in_a_later_range_leaves_no_copy_in_flight(manager_factory, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Loads are checked range by range while earlier ranges copy; an error found late
+    raises only after the copies already issued completed (the caller then releases its
+    lease and reuses the pages)."""
+    import orbitkv.kvcopy.engine as engine_mod
+
+    s = BIG
+    c, arena = _big(manager_factory)
+    try:
+        raw = torch.zeros(kv_layouts.total_bytes(s), dtype=torch.uint8, device=DEV)
+        engine = CopyEngine(layer_pages(kv_layouts.views(raw, "LBNHC", s), s.blocks), arena)
+        monkeypatch.setattr(engine_mod, "CHUNK_BYTES", 64 * engine._layers[0].pages.page_bytes)  # 64-block ranges
+        seg = min(arena.sizes)
+        slots = [(seg, i * engine.block_bytes) for i in range(BIG_N)]
+        ids = list(range(BIG_N))
+        ids[-1] = s.blocks  # out of range, in the last of 8 ranges
+        torch.cuda.synchronize()
+        free_before = len(engine._free_events)
+        with pytest.raises(ValueError, match=rf"block id {s.blocks} \(position {BIG_N - 1}\) outside"):
+            engine.load(slots, ids)
+        assert engine.load_stream.query() and engine.place_stream.query(), "a copy outlived the failed load"
+        assert len(engine._free_events) >= free_before, "the failed load's events did not return to the pool"
+        ids[-1] = BIG_N - 1
+        engine.load(slots, ids).synchronize()  # the engine still works
+        engine.drain()
+    finally:
+        arena.close()
+        c.close()
+
+
 def test_saves_see_writes_before_their_event_and_not_writes_after_completion(manager_factory) -> None:  # type: ignore[no-untyped-def]
     s = BIG
     c, arena = _big(manager_factory)

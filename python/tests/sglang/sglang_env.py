@@ -17,7 +17,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PINNED_SGLANG = "0.5.21"
+# The pin this run tests (run.sh runs the suite once per pin, in that pin's venv).
+PINNED_SGLANG = os.environ.get("ORBITKV_SGLANG_PIN") or "0.5.21"
+V0_5_23 = PINNED_SGLANG == "0.5.23"
+# The per-release adapter module under test.
+ADAPTER_MODULE = "orbitkv.sglang.v0_5_23" if V0_5_23 else "orbitkv.sglang.v0_5_21"
 REPO_PYTHON = Path(__file__).resolve().parents[2]
 REPO_PKG = REPO_PYTHON / "orbitkv"
 

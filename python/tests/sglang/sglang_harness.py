@@ -1,4 +1,11 @@
-"""Drive the released SGLang 0.5.21 tree cache the way its scheduler does, on CPU tensors.
+"""Drive the released SGLang tree cache (0.5.21 or 0.5.23) the way its scheduler does, on CPU tensors.
+
+0.5.23 differences the harness follows (its scheduler and `sglang.test.mem_cache_utils`):
+the cache is selected through the dynamic linker backend; a match sets `req.prefix_len`;
+`init_load_back` returns `(loaded, node)` with the loaded tail in request-private slots
+(`cache.prefix_device_indices(req)`); the tree lock is `cache.lock/unlock`; after the
+forward `finish_external_linker_loads` confirms the loads; `checkpoint` inserts.
+
 
 `Engine` builds real pools (`MHATokenToKVPool` / `MLATokenToKVPool`,
 `PagedTokenToKVPoolAllocator`, `ReqToTokenPool`), selects the cache through the public
@@ -37,9 +44,17 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.test.mem_cache_utils import finish_req
+from sglang_env import V0_5_23
 
 PAGE = 4
 LAYERS = 3
+
+
+def rank_override() -> Any:
+    """The rank names the scheduler process publishes (TP = 1)."""
+    if V0_5_23:
+        return get_parallel().override(attn_tp_rank=0, attn_tp_size=1, tp_rank=0, tp_size=1)
+    return get_parallel().override(attn_tp_rank=0, attn_tp_size=1)
 
 
 @dataclass
@@ -50,6 +65,7 @@ class Served:
     computed: int
     mismatched_bytes: int  # restored/matched bytes that differ from what the request computes
     req: Any = field(repr=False, default=None)
+    finished_reason: Any = None  # set when the request was failed (Req.to_finish) during the step
 
 
 def _tokens_bytes(tokens: list[int]) -> bytes:
@@ -78,12 +94,28 @@ class Engine:
             doc.setdefault("orbitkv.socket_path", socket_path)
         doc.setdefault("orbitkv.timeout_ms", 2000)
         os.environ["ORBITKV_SGLANG_CONFIG"] = json.dumps(doc)
-        kwargs = {
-            "model_path": "dummy",
-            "page_size": PAGE,
-            "enable_unified_cache_external_linker": True,
-            "radix_cache_backend": "orbitkv",
-        }
+        if V0_5_23:
+            from sglang.srt.plugins.hook_registry import HookRegistry
+
+            HookRegistry.apply_hooks()  # what load_plugins() does after running the entry points
+            kwargs = {
+                "model_path": "dummy",
+                "page_size": PAGE,
+                "enable_unified_cache_external_linker": True,
+                "unified_cache_external_linker_backend": "dynamic",
+                "unified_cache_external_linker_config": {
+                    "linker": "OrbitKVLinker",
+                    "linker_module_path": "orbitkv.sglang.v0_5_23",
+                    "linker_extra_config": doc,
+                },
+            }
+        else:
+            kwargs = {
+                "model_path": "dummy",
+                "page_size": PAGE,
+                "enable_unified_cache_external_linker": True,
+                "radix_cache_backend": "orbitkv",
+            }
         kwargs.update(server_args or {})
         self.args = ServerArgs(**kwargs)
         # The LoRA part of the launcher's validation (`check_server_args`): it resolves
@@ -137,14 +169,18 @@ class Engine:
             page_size=PAGE,
         )
         self.registered: list[Any] = []
-        self.worker = SimpleNamespace(register_hicache_layer_transfer_counter=self.registered.append)
+        self.worker = SimpleNamespace(
+            register_hicache_layer_transfer_counter=self.registered.append,
+            model_runner=SimpleNamespace(forward_stream=None),
+        )
         self.adapter_tag = adapter_tag
         self._n = 0
         if build:
-            with get_parallel().override(attn_tp_rank=0, attn_tp_size=1):
+            with rank_override():
                 self.cache = create_tree_cache(self.context())
 
     def context(self) -> TreeCacheBuildContext:
+        extra = {} if V0_5_23 else {"effective_chunked_prefill_size": None}
         return TreeCacheBuildContext(
             server_args=self.args,
             params=self.params,
@@ -152,12 +188,12 @@ class Engine:
             is_hybrid_ssm=False,
             enable_hierarchical_cache=False,
             disable_radix_cache=False,
-            effective_chunked_prefill_size=None,
             tp_worker=self.worker,
             model_config=SimpleNamespace(),
             tp_size=1,
             tp_rank=0,
             tp_group=None,
+            **extra,
         )
 
     @property
@@ -209,6 +245,8 @@ class Engine:
             cache_salt=cache_salt,
         )
         req.init_next_round_input(self.cache)
+        if V0_5_23:
+            return self._admit_0_5_23(req)
         req.orbit_device_hit = len(req.prefix_indices)
         req.orbit_loaded = 0
         if req.needs_host_load_back():
@@ -222,6 +260,29 @@ class Engine:
         req.kv.cache_protected_len = len(req.prefix_indices)
         req.lock_receipt = self.cache.inc_lock_ref(req.last_node).to_dec_params()
         return req
+
+    def _admit_0_5_23(self, req: Any) -> Any:
+        req.orbit_device_hit = req.prefix_len
+        req.orbit_loaded = 0
+        if req.needs_host_load_back():
+            loaded = self.cache.init_load_back(
+                InitLoadBackParams(best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req)
+            )
+            assert loaded is not None
+            req.host_loaded_length, req.last_node = loaded
+            req.orbit_loaded = req.host_loaded_length
+            req.prefix_len += req.host_loaded_length
+        req.orbit_protected = req.orbit_device_hit  # the tree part; a loaded tail is request-owned
+        req.lock = self.cache.lock(req.last_node)
+        return req
+
+    def unlock(self, req: Any) -> None:
+        """The scheduler drops an admitted request's tree lock."""
+        if V0_5_23:
+            self.cache.unlock(req.lock)
+            req.lock = None
+        else:
+            self.cache.dec_lock_ref(req.last_node, req.lock_receipt)
 
     def abort_waiting(self, tokens: list[int], *, rematch: int = 0, **kw: Any) -> Any:
         """A request matched in the waiting queue (again in `rematch` later scheduling
@@ -239,13 +300,16 @@ class Engine:
         for counter in self.registered:
             counter.set_consumer(consumer)
         n = len(tokens)
-        pre = len(req.prefix_indices)
+        prefix = self.cache.prefix_device_indices(req) if V0_5_23 else req.prefix_indices
+        pre = len(prefix)
         rest = n - pre
         alloc_len = -(-rest // PAGE) * PAGE
         new = self.alloc.alloc(alloc_len) if alloc_len else torch.empty(0, dtype=torch.int64)
         assert new is not None, "pool exhausted"
         self.req_pool.alloc([req])
-        slots = torch.cat([req.prefix_indices.to(torch.int64), new[:rest].to(torch.int64)])
+        if V0_5_23:
+            req.kv.cache_protected_len = req.orbit_protected
+        slots = torch.cat([prefix.to(torch.int64), new[:rest].to(torch.int64)])
         self.req_pool.req_to_token[req.kv.req_pool_idx, :n] = slots.to(self.req_pool.req_to_token.dtype)
         req.kv.kv_allocated_len = pre + alloc_len
         req.kv.kv_committed_len = n
@@ -261,12 +325,26 @@ class Engine:
                 mismatched += int((got != self.expected(tokens, pos, buf, lora_id)).sum())
         for counter in self.registered:
             counter.set_consumer(-1)
-        finish_req(self.cache, req, n)
-        if alloc_len > rest:  # the last page's unused tail (release_kv_cache's over-allocation free)
-            pass
+        if V0_5_23:
+            # After the forward: the scheduler confirms the batch's loads.
+            failed = self.cache.finish_external_linker_loads([req])
+            assert not failed, "an OrbitKV load did not land"
+        if req.to_finish is not None:
+            # process_batch_result: a request failed during the step finishes with its reason.
+            req.update_finish_state()
+        reason = req.finished_reason  # before finish_req (0.5.23's marks a plain finish FINISH_LENGTH)
+        if req.skip_radix_cache_insert:  # release_kv_cache(is_insert=False)
+            self.cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, n)])
+            if V0_5_23:
+                self.cache.unlock(req.lock)
+                req.lock = None
+            else:
+                self.cache.unpin(req)
+        else:
+            finish_req(self.cache, req, n)
         self.req_pool.free(req)
         self.step()
-        return Served(req.rid, req.orbit_device_hit, req.orbit_loaded, rest, mismatched, req)
+        return Served(req.rid, req.orbit_device_hit, req.orbit_loaded, rest, mismatched, req, reason)
 
     def serve(self, tokens: list[int], **kw: Any) -> Served:
         lora_id = kw.get("lora_id")

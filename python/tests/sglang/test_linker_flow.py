@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from sglang_env import ManagerProcess, skip_module_if_unavailable
+from sglang_env import V0_5_23, ManagerProcess, skip_module_if_unavailable
 
 skip_module_if_unavailable()
 
+import torch  # noqa: E402
 from sglang_harness import PAGE, Engine, prompt  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -98,27 +99,39 @@ def test_abort_during_queued_load_then_same_prefix_exact(orbit_manager: ManagerP
     a.serve(tokens)
 
     b = Engine(sock)
-    req = b.admit(tokens)  # admitted: the load is queued, its pages are already in b's tree
+    req = b.admit(tokens)  # admitted: the load is queued (0.5.21: its pages are already in b's tree)
     assert req.orbit_loaded == 5 * PAGE
     assert b.drained()["queued_loads"] == 1
+    private = b.linker._queued[0].pages
     # Abort through the released lifecycle only: finish(ABORT) -> release_aborted_request.
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
 
     b.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
-    assert b.linker.stats["cancel_refused"] == 1  # 0.5.21: never cancel a queued load
-    b.cache.dec_lock_ref(req.last_node, req.lock_receipt)  # the scheduler drops its lock
+    if V0_5_23:
+        # 0.5.23 loads into slots private to the request: the queued load is cancelled
+        # for real (its lease released), and the scheduler frees those slots.
+        assert b.linker.stats["cancelled_loads"] == 1 and b.drained()["queued_loads"] == 0
+        b.alloc.free(torch.tensor([p * PAGE + o for p in private for o in range(PAGE)], dtype=torch.int64))
+    else:
+        assert b.linker.stats["cancel_refused"] == 1  # 0.5.21: never cancel a queued load
+    b.unlock(req)  # the scheduler drops its lock
     b.step()
 
-    # The same prefix again: SGLang serves it from its tree (pages the aborted request's
-    # load brought in). The queued load runs with this batch and the bytes are exact.
+    # The same prefix again. 0.5.21: SGLang serves it from its tree (pages the aborted
+    # request's load brought in; the queued load runs with this batch). 0.5.23: nothing
+    # of the cancelled load reached the tree, so OrbitKV restores it again. Exact bytes.
     got = b.serve(tokens)
-    assert got.device_hit == 5 * PAGE and got.external_hit == 0
+    if V0_5_23:
+        assert got.device_hit == 0 and got.external_hit == 5 * PAGE
+    else:
+        assert got.device_hit == 5 * PAGE and got.external_hit == 0
     assert got.mismatched_bytes == 0
     assert_drained(a, b, manager=orbit_manager)
     a.close()
     b.close()
 
 
+@pytest.mark.skipif(V0_5_23, reason="0.5.21 only: 0.5.23 loads into request-private slots, so the trap does not exist")
 def test_control_a_real_cancel_serves_unloaded_pages(orbit_manager: ManagerProcess) -> None:
     """Control for the test above: the 0.5.21 trap is real. A linker whose
     cancel_queued_load drops the queued load and returns True makes the released cache
@@ -142,7 +155,7 @@ def test_control_a_real_cancel_serves_unloaded_pages(orbit_manager: ManagerProce
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
 
     b.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
-    b.cache.dec_lock_ref(req.last_node, req.lock_receipt)
+    b.unlock(req)
     got = b.serve(tokens)
     assert got.device_hit == 5 * PAGE
     assert got.mismatched_bytes > 1000
@@ -160,6 +173,9 @@ def test_abort_while_waiting_releases_the_lookup_lease(orbit_manager: ManagerPro
     # One Manager lookup: re-matches of a waiting request with the same tail reuse it.
     assert b.linker.stats["lookups"] == 1
     assert orbit_manager.stats()["lookups_total"] == before + 1
+    # 0.5.21 releases it in cancel_queued_load; 0.5.23's release_request only drops the
+    # hit marker (no load was queued), and the lease goes at the next event poll.
+    b.step()
     assert b.linker.stats["query_leases_released"] == 1
     assert_drained(b, manager=orbit_manager)
     got = b.serve(tokens)  # and a later request still restores it
@@ -310,17 +326,62 @@ def test_lora_set_change_moves_the_namespace(orbit_manager: ManagerProcess, tmp_
         e.close()
 
 
-def test_caller_extra_key_bypasses_orbitkv(orbit_manager: ManagerProcess) -> None:
+def test_caller_extra_key_is_rejected(orbit_manager: ManagerProcess) -> None:
+    """K3: a caller `extra_key` fails that request with HTTP 400 naming `extra_key`, at
+    its first match (the release's mid-flight abort, `Req.to_finish`); the cache keeps
+    serving other requests. It is never looked up in OrbitKV, and nothing it computed
+    is inserted into the tree or offloaded."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
     sock = str(orbit_manager.socket_path)
     tokens = prompt(15, 3)
+    Engine(sock).serve(tokens)  # OrbitKV holds this prefix (no extra_key)
     a = Engine(sock)
-    got = a.serve(tokens, extra_key="caller-key")
+    req = a.admit(tokens, extra_key="caller-key")
+    # Rejected at the match, before admission: no lookup, no load.
+    assert isinstance(req.to_finish, FINISH_ABORT) and req.orbit_loaded == 0
+    got = a.run(req, tokens)
+    reason = got.finished_reason
+    assert isinstance(reason, FINISH_ABORT), reason
+    assert reason.status_code == HTTPStatus.BAD_REQUEST and reason.err_type == "BadRequestError"
+    assert "extra_key" in reason.message and "cache_salt" in reason.message
     assert got.mismatched_bytes == 0
-    assert a.linker.stats["lookups"] == 0  # never looked up
-    assert a.linker.stats["offloads_suppressed"] >= 1 and a.linker.stats["offloaded_blocks"] == 0
-    assert orbit_manager.stats()["dram_visible_blocks"] == 0
-    assert a.serve(tokens, extra_key="caller-key").device_hit == 3 * PAGE  # native reuse stays
+    assert a.linker.stats["lookups"] == 0 and a.linker.stats["extra_key_rejected"] == 1
+    assert a.linker.stats["offloaded_blocks"] == 0
+    # Not inserted into the tree: the same request again is matched from nothing, and
+    # rejected again (with LoRA, the caller part is still there: same outcome).
+    again = a.serve(tokens, extra_key="caller-key")
+    assert again.device_hit == 0 and isinstance(again.finished_reason, FINISH_ABORT)
+    assert a.linker.stats["extra_key_rejected"] == 2 and a.linker.stats["lookups"] == 0
+    # The same cache serves the next ordinary request: restored from OrbitKV, exact.
+    ok = a.serve(tokens)
+    assert ok.finished_reason is None  # not failed during its step
+    assert (ok.external_hit, ok.mismatched_bytes) == (3 * PAGE, 0)
+    assert_drained(a, manager=orbit_manager)
+    assert orbit_manager.stats()["dram_visible_blocks"] == 3  # only the plain request's pages
     a.close()
+
+
+def test_lora_id_alone_is_not_a_caller_extra_key(orbit_manager: ManagerProcess, tmp_path: Path) -> None:
+    """SGLang writes the LoRA id into `extra_key`: that alone is not rejected, a caller
+    key next to it is."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    sock = str(orbit_manager.socket_path)
+    path = _adapter(tmp_path / "ad", b"weights" * 64)
+    e = Engine(sock, server_args={"lora_paths": [f"ad={path}"]})
+    lora_id = e.lora_refs[0].lora_id
+    tokens = prompt(19, 3)
+    got = e.serve(tokens, lora_id=lora_id)
+    assert got.finished_reason is None and got.req.extra_key == lora_id
+    assert e.linker.stats["offloaded_blocks"] == 3
+    bad = e.serve(prompt(20, 3), lora_id=lora_id, extra_key="caller-key")
+    assert isinstance(bad.finished_reason, FINISH_ABORT) and "extra_key" in bad.finished_reason.message
+    assert e.linker.stats["offloaded_blocks"] == 3
+    assert_drained(e, manager=orbit_manager)
+    e.close()
 
 
 def test_flush_cache_keeps_same_weight_external_reuse(orbit_manager: ManagerProcess) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_env import skip_module_if_unavailable
+from sglang_env import PINNED_SGLANG, skip_module_if_unavailable
 
 skip_module_if_unavailable()
 
@@ -26,7 +26,7 @@ def test_copy_backend_oracle(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["ok"] and doc["sglang"] == "0.5.21"
+    assert doc["ok"] and doc["sglang"] == PINNED_SGLANG
     assert [r["pool"] for r in doc["results"]] == ["MHATokenToKVPool", "MLATokenToKVPool"]
     for r in doc["results"]:
         pages = r["clean"]["bytes_checked"] // r["block_bytes"]

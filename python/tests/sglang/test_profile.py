@@ -7,13 +7,16 @@ error naming the setting.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sglang_env import REPO_PYTHON, skip_module_if_unavailable
+from sglang_env import ADAPTER_MODULE, REPO_PYTHON, V0_5_23, skip_module_if_unavailable
 
 skip_module_if_unavailable()
 
@@ -37,16 +40,22 @@ first = sorted(m for m in ("sglang", "torch", "orbitkv._native", "orbitkv.kvcopy
 from orbitkv.sglang import plugin
 plugin.register()
 plugin.register()  # idempotent: SGLang may load plugins more than once per process
+from sglang.srt.plugins.hook_registry import HookRegistry
+HookRegistry.apply_hooks()  # what load_plugins() does next (0.5.23 applies the match_prefix hook)
 from sglang.srt.mem_cache.registry import registered_radix_cache_backends
-after = sorted(m for m in ("orbitkv._native", "orbitkv.kvcopy", "orbitkv.sglang.v0_5_21", "orbitkv.vllm")
+after = sorted(m for m in ("orbitkv._native", "orbitkv.kvcopy", "orbitkv.sglang._shared",
+                           "orbitkv.sglang.v0_5_21", "orbitkv.sglang.v0_5_23", "orbitkv.vllm")
                if m in sys.modules)
-print(json.dumps([first, after, registered_radix_cache_backends()]))
+hooks = [h.__qualname__ for _, h, _ in HookRegistry._hooks.get(plugin.MATCH_PREFIX_TARGET, [])]
+print(json.dumps([first, after, registered_radix_cache_backends(), hooks]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    first, after, backends = json.loads(out.strip().splitlines()[-1])
+    first, after, backends, hooks = json.loads(out.strip().splitlines()[-1])
     assert first == []
     assert after == []
     assert "orbitkv" in backends
+    # 0.5.23: the caller-extra_key guard is registered once; 0.5.21 needs no hook.
+    assert hooks == (["match_prefix_hook"] if V0_5_23 else [])
 
 
 def test_sglang_loads_the_installed_entry_point() -> None:
@@ -61,25 +70,41 @@ import sys, json
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.mem_cache.registry import registered_radix_cache_backends
-print(json.dumps(registered_radix_cache_backends()))
+from importlib.metadata import version
+applied = None
+if version("sglang") == "0.5.23":
+    from orbitkv.sglang.plugin import match_prefix_hook_applied
+    applied = match_prefix_hook_applied()
+print(json.dumps([registered_radix_cache_backends(), applied]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "orbitkv" in json.loads(out.strip().splitlines()[-1])
+    backends, applied = json.loads(out.strip().splitlines()[-1])
+    assert "orbitkv" in backends
+    assert applied is (True if V0_5_23 else None)
 
 
 def _ctx_error(engine_kwargs: dict, ctx_changes: dict) -> str:
     e = Engine(NO_MANAGER, build=False, **engine_kwargs)
     from sglang.srt.mem_cache.registry import create_tree_cache
-    from sglang.srt.runtime_context import get_parallel
+    from sglang_harness import rank_override
 
     ctx = dataclasses.replace(e.context(), **ctx_changes)
-    with pytest.raises(Exception) as info, get_parallel().override(attn_tp_rank=0, attn_tp_size=1):
+    with pytest.raises(Exception) as info, rank_override():
         create_tree_cache(ctx)
-    from orbitkv.sglang.v0_5_21 import UnsupportedProfileError
-
-    assert isinstance(info.value, UnsupportedProfileError), info.value
+    assert isinstance(info.value, adapter().UnsupportedProfileError), info.value
     e.close()
     return str(info.value)
+
+
+def adapter() -> Any:
+    return importlib.import_module(ADAPTER_MODULE)
+
+
+ONLY_0_5_21_CTX = pytest.mark.skipif(
+    V0_5_23,
+    reason="0.5.21 backend-factory checks of TreeCacheBuildContext; 0.5.23's linker checks are "
+    "test_0_5_23_linker_rejects_what_it_cannot_serve",
+)
 
 
 @pytest.mark.parametrize(
@@ -93,6 +118,7 @@ def _ctx_error(engine_kwargs: dict, ctx_changes: dict) -> str:
         ({"tp_size": 2}, "--tp-size 2"),
     ],
 )
+@ONLY_0_5_21_CTX
 def test_unsupported_models_and_parallelism_are_rejected(ctx_changes: dict, needle: str) -> None:
     assert needle in _ctx_error({}, ctx_changes)
 
@@ -100,7 +126,13 @@ def test_unsupported_models_and_parallelism_are_rejected(ctx_changes: dict, need
 @pytest.mark.parametrize(
     ("server_args", "needle"),
     [
-        ({"enable_unified_cache_external_linker": False}, "--enable-unified-cache-external-linker"),
+        pytest.param(
+            {"enable_unified_cache_external_linker": False},
+            "--enable-unified-cache-external-linker",
+            marks=pytest.mark.skipif(
+                V0_5_23, reason="0.5.23 reads the dynamic linker config only with this flag: OrbitKV is not selected"
+            ),
+        ),
         ({"enable_session_radix_cache": True}, "--enable-session-radix-cache"),
         ({"enable_streaming_session": True}, "--enable-streaming-session"),
     ],
@@ -109,10 +141,61 @@ def test_unsupported_settings_are_rejected(server_args: dict, needle: str) -> No
     assert needle in _ctx_error({"server_args": server_args}, {})
 
 
+@pytest.mark.skipif(not V0_5_23, reason="0.5.23 only")
+def test_0_5_23_linker_rejects_what_it_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.5.23 builds the stock cache and constructs the linker itself (dynamic backend):
+    the linker's constructor rejects hybrid components and TP > 1, naming them."""
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang_harness import rank_override
+
+    from orbitkv.sglang.v0_5_23 import OrbitKVLinker, UnsupportedProfileError
+
+    e = Engine(NO_MANAGER, build=False)
+    for comps, needle in (
+        ({ComponentType.FULL, ComponentType.SWA}, "['SWA']"),
+        ({ComponentType.FULL, ComponentType.MAMBA}, "['MAMBA']"),
+    ):
+        with rank_override(), pytest.raises(UnsupportedProfileError, match=re.escape(needle)):
+            OrbitKVLinker(e.args, e.params, components=comps)
+    from sglang.srt.runtime_context import get_parallel
+
+    with (
+        get_parallel().override(attn_tp_rank=0, attn_tp_size=2, tp_rank=0, tp_size=2, moe_tp_size=2),
+        pytest.raises(UnsupportedProfileError, match="--tp-size 2"),
+    ):
+        OrbitKVLinker(e.args, e.params, components={ComponentType.FULL})
+    # Settings come from linker_extra_config and are validated like ORBITKV_SGLANG_CONFIG.
+    with rank_override(), pytest.raises(Exception, match=r"unknown OrbitKV SGLang setting 'orbitkv\.sokcet_path'"):
+        OrbitKVLinker(e.args, e.params, components={ComponentType.FULL}, extra_config={"orbitkv.sokcet_path": "/x"})
+
+
+@pytest.mark.skipif(not V0_5_23, reason="0.5.23 only")
+def test_0_5_23_radix_cache_backend_flag_names_the_dynamic_linker() -> None:
+    """`--radix-cache-backend orbitkv` (the 0.5.21 selection) fails on 0.5.23 with the flags to use."""
+    args = {"enable_unified_cache_external_linker": False, "radix_cache_backend": "orbitkv"}
+    msg = _ctx_error({"server_args": args}, {})
+    assert "--unified-cache-external-linker-backend dynamic" in msg and "orbitkv.sglang.v0_5_23" in msg
+
+
+@pytest.mark.skipif(not V0_5_23, reason="0.5.23 only")
+def test_0_5_23_linker_refuses_to_run_without_the_extra_key_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the plugin's match_prefix hook (entry point not loaded), the linker refuses to start."""
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang_harness import rank_override
+
+    from orbitkv.sglang import plugin
+    from orbitkv.sglang.v0_5_23 import OrbitKVLinker, UnsupportedProfileError
+
+    e = Engine(NO_MANAGER, build=False)
+    monkeypatch.setattr(plugin, "match_prefix_hook_applied", lambda: False)
+    with rank_override(), pytest.raises(UnsupportedProfileError, match="match_prefix hook"):
+        OrbitKVLinker(e.args, e.params, components={ComponentType.FULL})
+
+
 def test_unknown_and_hybrid_pools_are_rejected() -> None:
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from orbitkv.sglang.v0_5_21 import UnsupportedProfileError, describe_pool
+    UnsupportedProfileError, describe_pool = adapter().UnsupportedProfileError, adapter().describe_pool
 
     class SomeFuturePool(MHATokenToKVPool):
         pass
@@ -138,13 +221,13 @@ def test_unknown_and_hybrid_pools_are_rejected() -> None:
 
 def test_dense_pool_geometry_matches_the_released_buffers() -> None:
     e = Engine(NO_MANAGER)
-    from orbitkv.sglang.v0_5_21 import describe_pool
-
-    g = describe_pool(e.kv, PAGE)
+    g = adapter().describe_pool(e.kv, PAGE)
     row = 2 * 8 * 2  # heads * head_dim * bf16
     assert g.kind == "mha" and len(g.layers) == 6  # K and V of 3 layers, interleaved
     assert g.block_bytes == 6 * PAGE * row
-    assert [lp.backing.data_ptr() for lp in g.layers] == [b.data_ptr() for b in e.buffers]
+    # Each layer page view starts where the released buffer does (0.5.23 allocates the K/V
+    # buffers of all layers as views of one tensor, so compare addresses, not storages).
+    assert [lp.backing.data_ptr() + lp.base for lp in g.layers] == [b.data_ptr() for b in e.buffers]
     assert g.num_pages == e.kv.k_buffer[0].shape[0] // PAGE
     e.close()
 

@@ -16,7 +16,8 @@ def test_importing_the_sglang_adapter_imports_nothing_heavy() -> None:
         "import sys, orbitkv.sglang as s, orbitkv.sglang.plugin\n"
         "s.parse_settings({'orbitkv.socket_path': '/x.sock'})\n"
         "heavy = [m for m in ('sglang', 'torch', 'numpy', 'vllm', 'orbitkv._native', 'orbitkv.kvcopy',\n"
-        "                     'orbitkv.sglang.v0_5_21') if m in sys.modules]\n"
+        "                     'orbitkv.sglang._shared', 'orbitkv.sglang.v0_5_21', 'orbitkv.sglang.v0_5_23')\n"
+        "         if m in sys.modules]\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -46,6 +47,21 @@ def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_backend_refuses_an_unqualified_sglang_release(monkeypatch: pytest.MonkeyPatch) -> None:
     from orbitkv.sglang import plugin
 
-    monkeypatch.setattr(plugin, "version", lambda name: "0.5.23")
-    with pytest.raises(plugin.UnsupportedSGLangVersion, match=r"sglang==0\.5\.21 only, found 0\.5\.23"):
+    monkeypatch.setattr(plugin, "version", lambda name: "0.5.22")
+    with pytest.raises(
+        plugin.UnsupportedSGLangVersion,
+        match=r"orbitkv: .* qualified for sglang 0\.5\.21 and 0\.5\.23 only, found sglang 0\.5\.22",
+    ):
         plugin.orbitkv_factory(object())
+
+
+def test_each_qualified_release_has_its_own_module() -> None:
+    """One module per release, never a fallback: 0.5.21 and 0.5.23 map to their own files."""
+    from orbitkv.sglang import QUALIFIED_SGLANG, plugin
+
+    assert QUALIFIED_SGLANG == ("0.5.21", "0.5.23")
+    assert plugin.release_module("0.5.21") == "orbitkv.sglang.v0_5_21"
+    assert plugin.release_module("0.5.23") == "orbitkv.sglang.v0_5_23"
+    for unknown in ("0.5.22", "0.5.24", "0.6.0"):
+        with pytest.raises(plugin.UnsupportedSGLangVersion, match=f"found sglang {unknown}"):
+            plugin.release_module(unknown)

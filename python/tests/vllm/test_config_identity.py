@@ -75,6 +75,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
             "orbitkv.kv_cache_layout": "BLHNC",
             "orbitkv.load_workers": 4,
             "orbitkv.copy_engine": "torch",
+            "orbitkv.copy_kernel": "triton",
             "orbitkv.query_control": True,
         }
     )
@@ -87,6 +88,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
     assert s.uses_kvcopy("cpu") and s.uses_kvcopy("cuda")
     assert not default.uses_kvcopy("cpu") and default.uses_kvcopy("cuda")
     assert (s.query_control, default.query_control) == (True, False)
+    assert (s.copy_kernel, default.copy_kernel) == ("triton", "auto")
 
 
 @pytest.mark.parametrize(
@@ -98,6 +100,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
         ({"orbitkv.scheduler_timeout_ms": True}, "orbitkv.scheduler_timeout_ms"),
         ({"orbitkv.kv_cache_layout": "NHD"}, "orbitkv.kv_cache_layout"),
         ({"orbitkv.copy_engine": "cupy"}, "orbitkv.copy_engine must be one of ['auto', 'torch']"),
+        ({"orbitkv.copy_kernel": "cuda"}, "orbitkv.copy_kernel must be one of ['auto', 'torch', 'triton']"),
         ({"orbitkv.static_lora_adapters": {"x": "/nonexistent/adapter"}}, "not a local directory"),
         ({"orbitkv.static_lora_adapters": "x"}, "orbitkv.static_lora_adapters"),
         ({"orbitkv.query_control": "yes"}, "orbitkv.query_control must be true or false"),

@@ -149,6 +149,21 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, orbit_manager:
         e.shutdown()
 
 
+def test_triton_kernel_on_cpu_pages_is_refused_at_registration_naming_the_setting(
+    model_dir: Path, orbit_manager: ManagerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cfg = make_vllm_config(
+        model_dir, socket_path=str(orbit_manager.socket_path), extra=dict(TORCH, **{"orbitkv.copy_kernel": "triton"})
+    )
+    refused = r"triton copy kernel cannot run here: pages on cpu.*orbitkv.copy_kernel = 'triton'"
+    with pytest.raises(Exception, match=refused):
+        Engine.build(cfg)
+    e = build(model_dir, orbit_manager, extra={"orbitkv.copy_kernel": "auto"})  # auto: torch on CPU pages
+    assert e.worker.worker_side.engine is not None and e.worker.worker_side.engine.kernel == "torch"
+    e.shutdown()
+
+
 def test_async_save_holds_blocks_until_the_copy_completes(model_dir: Path, orbit_manager: ManagerProcess) -> None:
     manager = orbit_manager
     a = build(model_dir, manager)

@@ -1,71 +1,153 @@
 //! Least recently used, weighted by bytes: the reference policy of the trace
-//! simulator and a candidate. O(log n) per operation (an ordered set of stamps).
+//! simulator and a candidate. O(1) per operation: a doubly linked list threaded
+//! through a slab of nodes (least recent at the head), indexed by key.
 
-use std::collections::BTreeSet;
 use std::hash::Hash;
 
 use crate::map::Map;
 
+const NIL: usize = usize::MAX;
+
+#[derive(Debug, Clone)]
+struct Node<K> {
+    key: K,
+    weight: u64,
+    prev: usize,
+    next: usize,
+}
+
 #[derive(Debug, Clone)]
 pub struct Lru<K> {
-    stamps: Map<K, (u64, u64)>, // key -> (stamp, weight)
-    order: BTreeSet<(u64, K)>,
-    clock: u64,
+    index: Map<K, usize>,
+    nodes: Vec<Node<K>>,
+    free: Vec<usize>,
+    head: usize, // least recently used
+    tail: usize, // most recently used
+    bytes: u64,
 }
 
 impl<K: Copy + Eq + Hash + Ord> Lru<K> {
     pub fn new() -> Self {
         Lru {
-            stamps: Map::default(),
-            order: BTreeSet::new(),
-            clock: 0,
+            index: Map::default(),
+            nodes: Vec::new(),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            bytes: 0,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.stamps.len()
+        self.index.len()
+    }
+
+    /// The tracked entries' weight.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     pub fn is_empty(&self) -> bool {
-        self.stamps.is_empty()
+        self.index.is_empty()
     }
 
     pub fn contains(&self, key: &K) -> bool {
-        self.stamps.contains_key(key)
+        self.index.contains_key(key)
     }
 
-    /// Track a new entry of `weight` bytes as the most recently used.
+    /// A tracked entry's weight.
+    pub fn weight(&self, key: &K) -> Option<u64> {
+        self.index.get(key).map(|&i| self.nodes[i].weight)
+    }
+
+    fn unlink(&mut self, i: usize) {
+        let (prev, next) = (self.nodes[i].prev, self.nodes[i].next);
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.nodes[prev].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.nodes[next].prev = prev;
+        }
+    }
+
+    fn push_back(&mut self, i: usize) {
+        self.nodes[i].prev = self.tail;
+        self.nodes[i].next = NIL;
+        if self.tail == NIL {
+            self.head = i;
+        } else {
+            self.nodes[self.tail].next = i;
+        }
+        self.tail = i;
+    }
+
+    /// Track a new entry of `weight` bytes as the most recently used (an entry
+    /// already tracked takes the new weight and becomes the most recent).
     pub fn insert(&mut self, key: K, weight: u64) {
-        self.stamp(key, weight);
+        if let Some(&i) = self.index.get(&key) {
+            self.bytes = self.bytes - self.nodes[i].weight + weight;
+            self.nodes[i].weight = weight;
+            self.unlink(i);
+            self.push_back(i);
+            return;
+        }
+        let node = Node {
+            key,
+            weight,
+            prev: NIL,
+            next: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                self.nodes.len() - 1
+            }
+        };
+        self.index.insert(key, i);
+        self.bytes += weight;
+        self.push_back(i);
     }
 
-    /// Record a hit: the entry becomes the most recently used.
-    pub fn touch(&mut self, key: &K) {
-        if let Some(&(_, weight)) = self.stamps.get(key) {
-            self.stamp(*key, weight);
-        }
-    }
-
-    fn stamp(&mut self, key: K, weight: u64) {
-        self.clock += 1;
-        if let Some((old, _)) = self.stamps.insert(key, (self.clock, weight)) {
-            self.order.remove(&(old, key));
-        }
-        self.order.insert((self.clock, key));
+    /// Record a hit: the entry becomes the most recently used. Returns its
+    /// weight, `None` when it is not tracked.
+    pub fn touch(&mut self, key: &K) -> Option<u64> {
+        let &i = self.index.get(key)?;
+        self.unlink(i);
+        self.push_back(i);
+        Some(self.nodes[i].weight)
     }
 
     pub fn remove(&mut self, key: &K) {
-        if let Some((old, _)) = self.stamps.remove(key) {
-            self.order.remove(&(old, *key));
+        if let Some(i) = self.index.remove(key) {
+            self.unlink(i);
+            self.bytes -= self.nodes[i].weight;
+            self.free.push(i);
         }
+    }
+
+    /// Nodes from least to most recently used.
+    fn iter(&self) -> impl Iterator<Item = &Node<K>> {
+        let mut i = self.head;
+        std::iter::from_fn(move || {
+            let n = self.nodes.get(i)?;
+            i = n.next;
+            Some(n)
+        })
     }
 
     /// The least recently used entry that `pinned` does not protect.
     pub fn evict_one(&mut self, mut pinned: impl FnMut(&K) -> bool) -> Option<K> {
-        let victim = self.order.iter().find(|(_, k)| !pinned(k)).copied()?;
-        self.order.remove(&victim);
-        self.stamps.remove(&victim.1);
-        Some(victim.1)
+        let victim = self.iter().map(|n| n.key).find(|k| !pinned(k))?;
+        self.remove(&victim);
+        Some(victim)
     }
 
     /// Least recently used entries for which `wanted` holds, up to `limit_bytes` of
@@ -73,13 +155,13 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
     pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         let mut bytes = 0;
         let mut out = Vec::new();
-        for (_, k) in &self.order {
+        for n in self.iter() {
             if bytes >= limit_bytes {
                 break;
             }
-            if wanted(k) {
-                bytes += self.stamps.get(k).map_or(0, |&(_, w)| w);
-                out.push(*k);
+            if wanted(&n.key) {
+                bytes += n.weight;
+                out.push(n.key);
             }
         }
         out
@@ -89,5 +171,35 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
 impl<K: Copy + Eq + Hash + Ord> Default for Lru<K> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_recent_unpinned_entry_leaves_and_slots_are_reused() {
+        let mut p = Lru::new();
+        for k in 0..5u32 {
+            p.insert(k, 10);
+        }
+        p.touch(&0);
+        p.insert(3, 20); // re-insert: new weight, most recent
+        assert_eq!(p.bytes(), 60);
+        assert_eq!(p.coldest(25, |_| true), vec![1, 2, 4]);
+        assert_eq!(p.coldest(u64::MAX, |k| k % 2 == 0), vec![2, 4, 0]);
+        assert_eq!(p.evict_one(|k| *k == 1), Some(2));
+        p.remove(&4);
+        assert_eq!(p.len(), 3);
+        p.insert(9, 10); // takes a freed slot
+        assert_eq!(p.nodes.len(), 5);
+        let mut order = Vec::new();
+        while let Some(k) = p.evict_one(|_| false) {
+            order.push(k);
+        }
+        assert_eq!(order, vec![1, 0, 3, 9]);
+        assert!(p.is_empty() && p.bytes() == 0);
+        assert_eq!(p.evict_one(|_| false), None);
     }
 }

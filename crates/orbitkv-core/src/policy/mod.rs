@@ -7,15 +7,19 @@
 //! `CacheState` with each [`PolicyKind`]; `docs/performance.md` has the figures
 //! that chose the default.
 
+mod duel;
 mod lru;
 mod s3fifo;
+mod tinylfu;
 
 use std::fmt;
 use std::hash::Hash;
 use std::str::FromStr;
 
+pub use duel::Duel;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
+pub use tinylfu::TinyLfu;
 
 /// A selectable eviction policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,24 +29,35 @@ pub enum PolicyKind {
     /// S3-FIFO told deepest block first (a chain's tail leaves before its head),
     /// with a ghost history of 4× the capacity for returns after long gaps.
     S3FifoChain,
-    /// The default: S3-FIFO whose small queue (5–50 % of the capacity) grows when
-    /// its evictions come back and shrinks when main's do (ARC's adaptation), told
+    /// S3-FIFO whose small queue (5–50 % of the capacity) grows when its
+    /// evictions come back and shrinks when main's do (ARC's adaptation), told
     /// deepest block first, a ghost history of 1× the capacity.
-    #[default]
     S3FifoAdaptive,
     /// LRU, blocks told in chain order (a request's deepest block is the most recent).
     Lru,
     /// LRU told deepest block first, so a chain's prefix stays more recent than its tail.
     LruChain,
+    /// W-TinyLFU: a 1 % LRU window, a segmented-LRU main, admission to main by a
+    /// frequency sketch with a doorkeeper whose aging period is 8× the capacity in
+    /// entries (it remembers returns after long gaps); told deepest block first.
+    TinyLfu,
+    /// The default. Set dueling: S3-FIFO (4× ghost) and LRU both track every
+    /// block; sampled shadow caches of five candidates (S3-FIFO with a 5, 10, 20
+    /// or 40 % small queue, LRU) pick which one evicts and S3-FIFO's small-queue
+    /// share; told deepest block first.
+    #[default]
+    Duel,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 7] = [
         PolicyKind::S3Fifo,
         PolicyKind::S3FifoChain,
         PolicyKind::S3FifoAdaptive,
         PolicyKind::Lru,
         PolicyKind::LruChain,
+        PolicyKind::TinyLfu,
+        PolicyKind::Duel,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,6 +67,8 @@ impl PolicyKind {
             PolicyKind::S3FifoAdaptive => "s3fifo-adaptive",
             PolicyKind::Lru => "lru",
             PolicyKind::LruChain => "lru-chain",
+            PolicyKind::TinyLfu => "tinylfu",
+            PolicyKind::Duel => "duel",
         }
     }
 }
@@ -80,6 +97,8 @@ impl FromStr for PolicyKind {
 pub enum Policy<K> {
     S3Fifo { p: S3Fifo<K>, deepest_first: bool },
     Lru { p: Lru<K>, deepest_first: bool },
+    TinyLfu { p: TinyLfu<K>, deepest_first: bool },
+    Duel { p: Box<Duel<K>>, deepest_first: bool },
 }
 
 impl<K: Copy + Eq + Hash + Ord> Policy<K> {
@@ -87,6 +106,15 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     pub fn s3fifo_tuned(capacity_bytes: u64, small_pct: u64, ghost_bytes: u64, deepest_first: bool) -> Self {
         Policy::S3Fifo {
             p: S3Fifo::tuned(capacity_bytes, small_pct, ghost_bytes),
+            deepest_first,
+        }
+    }
+
+    /// A W-TinyLFU with explicit parameters (window share in percent, sketch aging
+    /// period as a multiple of the capacity in entries).
+    pub fn tinylfu_tuned(capacity_bytes: u64, window_pct: u64, sample_x: u64, deepest_first: bool) -> Self {
+        Policy::TinyLfu {
+            p: TinyLfu::new(capacity_bytes, window_pct, sample_x),
             deepest_first,
         }
     }
@@ -113,12 +141,20 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
                 p: Lru::new(),
                 deepest_first: true,
             },
+            PolicyKind::TinyLfu => Self::tinylfu_tuned(capacity_bytes, 1, 8, true),
+            PolicyKind::Duel => Policy::Duel {
+                p: Box::new(Duel::new(capacity_bytes)),
+                deepest_first: true,
+            },
         }
     }
 
     fn deepest_first(&self) -> bool {
         match self {
-            Policy::S3Fifo { deepest_first, .. } | Policy::Lru { deepest_first, .. } => *deepest_first,
+            Policy::S3Fifo { deepest_first, .. }
+            | Policy::Lru { deepest_first, .. }
+            | Policy::TinyLfu { deepest_first, .. }
+            | Policy::Duel { deepest_first, .. } => *deepest_first,
         }
     }
 
@@ -126,6 +162,8 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         match self {
             Policy::S3Fifo { p, .. } => p.len(),
             Policy::Lru { p, .. } => p.len(),
+            Policy::TinyLfu { p, .. } => p.len(),
+            Policy::Duel { p, .. } => p.len(),
         }
     }
 
@@ -137,6 +175,8 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         match self {
             Policy::S3Fifo { p, .. } => p.contains(key),
             Policy::Lru { p, .. } => p.contains(key),
+            Policy::TinyLfu { p, .. } => p.contains(key),
+            Policy::Duel { p, .. } => p.contains(key),
         }
     }
 
@@ -155,6 +195,8 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
                     p.insert(k, w);
                     false
                 }
+                Policy::TinyLfu { p, .. } => p.insert(k, w),
+                Policy::Duel { p, .. } => p.insert(k, w),
             };
         }
         readmitted
@@ -170,7 +212,11 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         let deepest_first = self.deepest_first();
         let mut touch = |k: &K| match self {
             Policy::S3Fifo { p, .. } => p.touch(k),
-            Policy::Lru { p, .. } => p.touch(k),
+            Policy::Lru { p, .. } => {
+                p.touch(k);
+            }
+            Policy::TinyLfu { p, .. } => p.touch(k),
+            Policy::Duel { p, .. } => p.touch(k),
         };
         if deepest_first {
             keys.iter().rev().for_each(&mut touch);
@@ -184,6 +230,8 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         match self {
             Policy::S3Fifo { p, .. } => p.remove(key),
             Policy::Lru { p, .. } => p.remove(key),
+            Policy::TinyLfu { p, .. } => p.remove(key),
+            Policy::Duel { p, .. } => p.remove(key),
         }
     }
 
@@ -192,6 +240,8 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         match self {
             Policy::S3Fifo { p, .. } => p.evict_one(pinned),
             Policy::Lru { p, .. } => p.evict_one(pinned),
+            Policy::TinyLfu { p, .. } => p.evict_one(pinned),
+            Policy::Duel { p, .. } => p.evict_one(pinned),
         }
     }
 
@@ -201,6 +251,8 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         match self {
             Policy::S3Fifo { p, .. } => p.coldest(limit_bytes, wanted),
             Policy::Lru { p, .. } => p.coldest(limit_bytes, wanted),
+            Policy::TinyLfu { p, .. } => p.coldest(limit_bytes, wanted),
+            Policy::Duel { p, .. } => p.coldest(limit_bytes, wanted),
         }
     }
 }

@@ -93,6 +93,17 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.entries.len()
     }
 
+    /// Move the small queue's target to `small_pct` percent of the capacity
+    /// (1..=90); the queues drift to it through later evictions.
+    pub fn set_small_pct(&mut self, small_pct: u64) {
+        self.small_target = self.capacity.saturating_mul(small_pct.clamp(1, 90)) / 100;
+    }
+
+    /// The tracked entries' weight.
+    pub fn bytes(&self) -> u64 {
+        self.small_bytes + self.main_bytes
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

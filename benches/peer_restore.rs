@@ -1,0 +1,463 @@
+//! Peer-restore benchmark (issue 12): restore through Manager B of blocks
+//! saved on Manager A (B's lookup fills from A over the peer transport, then
+//! B's client copies out as for a local hit), beside, in the same run and on
+//! the same loopback, a plain TCP copy of the same bytes and a TLS-only copy
+//! (rustls, the same certificates and cipher suites as the peer transport).
+//! Both Managers run in this process; each trial uses fresh block hashes, so
+//! every restore crosses the wire.
+//!
+//! Usage: peer_restore [OUT.json] [--total-mib N] [--block-kib N] [--trials N]
+//! Needs the `openssl` command for the TLS rows (skipped with the reason in the JSON otherwise).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orbitkv_client::Client;
+use orbitkv_manager::{Manager, ManagerConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn gbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("port: {e}"))
+}
+
+fn run(dir: &Path, args: &[&str]) -> bool {
+    Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A CA and one certificate (IP 127.0.0.1, client and server use) for both ends.
+fn make_pki(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = run(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "ca.key",
+        ],
+    ) && run(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=bench-ca",
+            "-days",
+            "1",
+            "-out",
+            "ca.crt",
+        ],
+    ) && std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .is_ok()
+        && run(
+            dir,
+            &[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                "m.key",
+            ],
+        )
+        && run(
+            dir,
+            &["pkcs8", "-topk8", "-nocrypt", "-in", "m.key", "-out", "m.pk8"],
+        )
+        && run(
+            dir,
+            &["req", "-new", "-key", "m.key", "-subj", "/CN=m", "-out", "m.csr"],
+        )
+        && run(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "m.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "ext.cnf",
+                "-out",
+                "m.crt",
+            ],
+        );
+    ok && std::fs::set_permissions(dir.join("m.pk8"), std::fs::Permissions::from_mode(0o600)).is_ok()
+}
+
+fn manager(dir: &Path, name: &str, arena: usize, extra: &[String]) -> (Manager, std::path::PathBuf) {
+    let sock = dir.join(format!("{name}.sock"));
+    let mut argv: Vec<String> = vec![
+        "bench".into(),
+        "--socket".into(),
+        sock.display().to_string(),
+        "--dram-size".into(),
+        arena.to_string(),
+        "--metrics-addr".into(),
+        "off".into(),
+        "--log-level".into(),
+        "warn".into(),
+    ];
+    argv.extend(extra.iter().cloned());
+    let cfg = ManagerConfig::from_argv(argv).unwrap_or_else(|e| panic!("config: {e}"));
+    (
+        Manager::start(cfg).unwrap_or_else(|e| panic!("manager: {e}")),
+        sock,
+    )
+}
+
+fn tls_args(pki: &Path) -> Vec<String> {
+    let p = |f: &str| pki.join(f).display().to_string();
+    vec![
+        "--peer-tls-cert".into(),
+        p("m.crt"),
+        "--peer-tls-key".into(),
+        p("m.pk8"),
+        "--peer-tls-ca".into(),
+        p("ca.crt"),
+    ]
+}
+
+fn hash(t: u32, i: u32) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[0..4].copy_from_slice(&t.to_le_bytes());
+    h[4..8].copy_from_slice(&i.to_le_bytes());
+    h
+}
+
+/// Managers A (source) and B (reader) with a client each.
+struct Pair {
+    a: Manager,
+    b: Manager,
+    ca: Client,
+    cb: Client,
+    na: orbitkv_client::Namespace,
+    nb: orbitkv_client::Namespace,
+}
+
+fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path) -> Pair {
+    let arena = (total * 3).next_multiple_of(1 << 20).max(64 << 20);
+    let port = free_port();
+    let tls = pki.map(tls_args).unwrap_or_default();
+    let mut a_args = vec!["--peer-listen".to_string(), format!("127.0.0.1:{port}")];
+    a_args.extend(tls.iter().cloned());
+    let mut b_args = vec!["--peer".to_string(), format!("127.0.0.1:{port}")];
+    b_args.extend(tls.iter().cloned());
+    let tag = if pki.is_some() { "tls" } else { "plain" };
+    let (a, a_sock) = manager(root, &format!("a-{tag}"), arena, &a_args);
+    let (b, b_sock) = manager(root, &format!("b-{tag}"), arena, &b_args);
+    let ca = Client::connect(&a_sock, None, Duration::from_secs(30)).unwrap_or_else(|e| panic!("A: {e}"));
+    let cb = Client::connect(&b_sock, None, Duration::from_secs(30)).unwrap_or_else(|e| panic!("B: {e}"));
+    let na = ca
+        .register_namespace([9; 32], bs as u64, 0, [0; 32])
+        .unwrap_or_else(|e| panic!("ns: {e}"));
+    let nb = cb
+        .register_namespace([9; 32], bs as u64, 0, [0; 32])
+        .unwrap_or_else(|e| panic!("ns: {e}"));
+    Pair { a, b, ca, cb, na, nb }
+}
+
+impl Pair {
+    /// One peer restore through B of `src` saved on A under fresh hashes: GB/s
+    /// of the restore (B's lookup with the peer fill + acquire + copy out +
+    /// release) and of its fill alone (the lookup: bytes into B's arena).
+    fn trial(&self, t: u32, src: &[Vec<u8>]) -> (f64, f64) {
+        let total: usize = src.iter().map(Vec::len).sum();
+        let srcs: Vec<&[u8]> = src.iter().map(|v| v.as_slice()).collect();
+        let hashes: Vec<[u8; 32]> = (0..src.len() as u32).map(|i| hash(t, i)).collect();
+        let r = self
+            .ca
+            .save(&self.na, &hashes, &srcs)
+            .unwrap_or_else(|e| panic!("save: {e}"));
+        assert_eq!(r.stored as usize, src.len(), "A's arena too small");
+        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
+        let mut dsts: Vec<&mut [u8]> = dst.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let t0 = Instant::now();
+        let mut lease = self
+            .cb
+            .lease(&self.nb, &hashes)
+            .unwrap_or_else(|e| panic!("lookup: {e}"));
+        let filled = t0.elapsed();
+        assert_eq!(
+            lease.hit_blocks() as usize,
+            src.len(),
+            "every block through the peer"
+        );
+        lease
+            .copy_out(self.nb.block_bytes, 0, &mut dsts)
+            .unwrap_or_else(|e| panic!("copy: {e}"));
+        lease.release().unwrap_or_else(|e| panic!("release: {e}"));
+        let d = t0.elapsed();
+        assert!(dst == src, "restored bytes differ");
+        (gbps(total, d), gbps(total, filled))
+    }
+
+    fn stop(self) {
+        drop(self.ca);
+        drop(self.cb);
+        self.b.shutdown();
+        self.a.shutdown();
+    }
+}
+
+/// Plain TCP copy of the same bytes: one connection, sender writes each
+/// block, receiver reads into its own buffers.
+fn tcp_copy(src: &[Vec<u8>]) -> f64 {
+    let total: usize = src.iter().map(Vec::len).sum();
+    {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+        let data: Vec<Vec<u8>> = src.to_vec();
+        let sender = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+            let _ = s.set_nodelay(true);
+            for b in &data {
+                s.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
+            }
+        });
+        // Touched before the clock starts (as the peer restore's buffers are).
+        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
+        let t0 = Instant::now();
+        let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
+        let _ = s.set_nodelay(true);
+        for d in dst.iter_mut() {
+            s.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
+        }
+        let g = gbps(total, t0.elapsed());
+        let _ = sender.join();
+        assert!(dst == src, "copied bytes differ");
+        g
+    }
+}
+
+/// The same over rustls (TLS 1.3, ring, mutual authentication), handshake included.
+fn tls_configs(pki: &Path) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("m.crt"))
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .unwrap_or_else(|e| panic!("cert: {e}"));
+    let key = PrivateKeyDer::from_pem_file(pki.join("m.pk8")).unwrap_or_else(|e| panic!("key: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.join("ca.crt"))
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .unwrap_or_else(|e| panic!("ca: {e}"))
+    {
+        roots.add(c).unwrap_or_else(|e| panic!("ca: {e}"));
+    }
+    let roots = Arc::new(roots);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .build()
+            .unwrap_or_else(|e| panic!("verifier: {e}"));
+    let server = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map(|b| {
+                b.with_client_cert_verifier(verifier)
+                    .with_single_cert(certs.clone(), key.clone_key())
+            })
+            .unwrap_or_else(|e| panic!("server: {e}"))
+            .unwrap_or_else(|e| panic!("server: {e}")),
+    );
+    let client = Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map(|b| b.with_root_certificates(roots).with_client_auth_cert(certs, key))
+            .unwrap_or_else(|e| panic!("client: {e}"))
+            .unwrap_or_else(|e| panic!("client: {e}")),
+    );
+    (server, client)
+}
+
+fn tls_copy(cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>), src: &[Vec<u8>]) -> f64 {
+    let (server, client) = cfg;
+    let total: usize = src.iter().map(Vec::len).sum();
+    {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+        let data: Vec<Vec<u8>> = src.to_vec();
+        let sc = server.clone();
+        let sender = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+            let _ = s.set_nodelay(true);
+            let conn = rustls::ServerConnection::new(sc).unwrap_or_else(|e| panic!("tls: {e}"));
+            let mut t = rustls::StreamOwned::new(conn, s);
+            for b in &data {
+                t.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
+            }
+            t.flush().unwrap_or_else(|e| panic!("flush: {e}"));
+            t.conn.send_close_notify();
+            let _ = t.conn.complete_io(&mut t.sock);
+        });
+        // Touched before the clock starts (as the peer restore's buffers are).
+        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
+        let t0 = Instant::now();
+        let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
+        let _ = s.set_nodelay(true);
+        let name = ServerName::try_from("127.0.0.1").unwrap_or_else(|e| panic!("name: {e}"));
+        let conn = rustls::ClientConnection::new(client.clone(), name).unwrap_or_else(|e| panic!("tls: {e}"));
+        let mut t = rustls::StreamOwned::new(conn, s);
+        for d in dst.iter_mut() {
+            t.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
+        }
+        let g = gbps(total, t0.elapsed());
+        let _ = sender.join();
+        assert!(dst == src, "copied bytes differ");
+        g
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let out = args
+        .get(1)
+        .filter(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_else(|| "bench-results/peer_restore.json".into());
+    let opt = |name: &str, default: usize| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let total = opt("--total-mib", 128) << 20;
+    let bs = opt("--block-kib", 256) << 10;
+    let trials = opt("--trials", 5).max(1) as u32;
+    let n = (total / bs).max(1);
+    let src: Vec<Vec<u8>> = (0..n)
+        .map(|i| (0..bs).map(|j| (i * 131 + j * 7) as u8).collect())
+        .collect();
+    let root = std::env::temp_dir().join(format!("orbitkv-peer-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("mkdir: {e}"));
+    let pki = root.join("pki");
+    let _ = std::fs::create_dir_all(&pki);
+    let have_tls = make_pki(&pki);
+
+    // Interleaved per trial, so drift on a shared machine hits every row alike.
+    let plain_pair = pair(None, bs, n * bs, &root);
+    let tls_setup = have_tls.then(|| (tls_configs(&pki), pair(Some(&pki), bs, n * bs, &root)));
+    let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut plain_fill, mut tls_fill) = (Vec::new(), Vec::new());
+    for t in 0..trials {
+        tcp.push(tcp_copy(&src));
+        let (r, f) = plain_pair.trial(t, &src);
+        plain.push(r);
+        plain_fill.push(f);
+        if let Some((cfg, p)) = &tls_setup {
+            tls.push(tls_copy(cfg, &src));
+            let (r, f) = p.trial(t, &src);
+            ptls.push(r);
+            tls_fill.push(f);
+        }
+    }
+    plain_pair.stop();
+    if let Some((_, p)) = tls_setup {
+        p.stop();
+    }
+    let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
+    let (tls, peer_tls, fill_tls, tls_note) = if have_tls {
+        (
+            Some(median(tls)),
+            Some(median(ptls)),
+            Some(median(tls_fill)),
+            None,
+        )
+    } else {
+        (
+            None,
+            None,
+            None,
+            Some("skipped: the openssl command (to make certificates) is not installed"),
+        )
+    };
+    let _ = std::fs::remove_dir_all(&root);
+    println!(
+        "bytes per trial {} ({} blocks of {} KiB), {trials} trials, median GB/s:",
+        n * bs,
+        n,
+        bs >> 10
+    );
+    println!("  plain TCP copy          {tcp:>8.2}");
+    println!(
+        "  peer restore (plain)    {peer_plain:>8.2}   {:.2}x of the TCP copy",
+        peer_plain / tcp
+    );
+    println!(
+        "    of which the fill     {fill_plain:>8.2}   {:.2}x (bytes into B's arena)",
+        fill_plain / tcp
+    );
+    if let (Some(t), Some(p)) = (tls, peer_tls) {
+        println!("  TLS-only copy           {t:>8.2}");
+        println!(
+            "  peer restore (mTLS)     {p:>8.2}   {:.2}x of the TLS copy",
+            p / t
+        );
+        if let Some(f) = fill_tls {
+            println!("    of which the fill     {f:>8.2}   {:.2}x", f / t);
+        }
+    }
+    let doc = serde_json::json!({
+        "bench": "peer_restore",
+        "what": "restore through Manager B of blocks saved on Manager A: B's lookup fetches from A over the peer transport into B's arena (checksummed), then acquire + copy out + release as for a local hit; median of interleaved trials, fresh hashes per trial, both Managers in this process on loopback",
+        "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers",
+        "bytes_per_trial": n * bs,
+        "block_bytes": bs,
+        "trials": trials,
+        "tcp_copy_gbps": tcp,
+        "peer_restore_plain_gbps": peer_plain,
+        "peer_plain_vs_tcp": peer_plain / tcp,
+        "peer_fill_plain_gbps": fill_plain,
+        "peer_fill_plain_vs_tcp": fill_plain / tcp,
+        "peer_fill_tls_gbps": fill_tls,
+        "peer_fill_tls_vs_tls": tls.zip(fill_tls).map(|(t, f)| f / t),
+        "tls_copy_gbps": tls,
+        "peer_restore_tls_gbps": peer_tls,
+        "peer_tls_vs_tls": tls.zip(peer_tls).map(|(t, p)| p / t),
+        "tls_note": tls_note,
+    });
+    if let Some(parent) = Path::new(&out).parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("write {out}: {e}"));
+    println!("wrote {out}");
+}

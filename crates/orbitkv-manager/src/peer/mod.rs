@@ -1,0 +1,656 @@
+//! The peer tier (contract D3): on a local miss, ask peer Managers for the
+//! missing blocks, take a source lease there, read the bytes into our own
+//! arena (an invisible save of a Manager-internal session, committed once the
+//! source's checksums match), release the source lease, and serve the blocks
+//! like any local hit.
+//!
+//! - `transport.rs`: TCP, plain on literal loopback, mutual TLS otherwise;
+//! - `source.rs`: serving our blocks to peers (lease held until the reader
+//!   reports completion, its connection ends, or we shut down);
+//! - `etcd.rs`: membership in etcd (register under a lease, discover peers).
+//!
+//! Peers are asked in rendezvous-hash order of the first missing block's key
+//! (every Manager asks the same peer first for the same block), one at a time,
+//! until one has a hit. A peer that failed is skipped for [`DOWN_BACKOFF`], so
+//! a dead peer costs one connect timeout, not one per miss.
+
+mod etcd;
+mod source;
+pub mod transport;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use orbitkv_core::{BlockHash, BlockKey, NsId, SaveStatus, SessionEnd, SessionId};
+use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
+use orbitkv_proto::{FrameError, read_frame, write_frame};
+
+use crate::config::PeerSettings;
+use crate::shared::Shared;
+use transport::{Conn, Tls};
+
+/// How long a peer that failed is skipped.
+pub const DOWN_BACKOFF: Duration = Duration::from_secs(2);
+/// Idle pooled connections kept per peer.
+const POOL_PER_PEER: usize = 4;
+/// A pooled connection idle longer than this is dropped, not reused (the
+/// source closes connections idle for [`source::IDLE`]).
+const POOL_IDLE: Duration = Duration::from_secs(20);
+
+/// What one peer looked like to this Manager as a reader.
+#[derive(Debug, Default, Clone)]
+pub struct PeerHealth {
+    pub fetches: u64,
+    pub hit_fetches: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    /// Sum of fetch latencies (request sent to last byte verified), microseconds.
+    pub latency_us: u64,
+    pub last_error: Option<String>,
+    pub down_until: Option<Instant>,
+    /// Came from etcd (else: the static list).
+    pub discovered: bool,
+}
+
+/// Counters of this Manager as a source.
+#[derive(Debug, Default)]
+pub struct SourceCounters {
+    pub connections: AtomicU64,
+    pub refused: AtomicU64,
+    pub bad_frames: AtomicU64,
+    pub fetches: AtomicU64,
+    pub blocks_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub leases_open: AtomicU64,
+    pub leases_done: AtomicU64,
+    pub leases_dropped: AtomicU64,
+}
+
+/// The peer tier of one Manager.
+pub struct PeerTier {
+    pub settings: PeerSettings,
+    /// Other uids trusted on plain loopback (`--allow-uid`).
+    pub allowed_uids: Vec<u32>,
+    tls: Option<Tls>,
+    /// Static peers plus the ones etcd knows, each with its health.
+    peers: Mutex<BTreeMap<String, PeerHealth>>,
+    pool: Mutex<BTreeMap<String, Vec<(Conn, Instant)>>>,
+    pub source: SourceCounters,
+    /// Live source-side connections, shut down at Manager shutdown.
+    live: Mutex<BTreeMap<u64, TcpStream>>,
+    pub etcd_up: AtomicBool,
+    pub etcd_status: RwLock<String>,
+    pub listen_addr: Mutex<Option<std::net::SocketAddr>>,
+}
+
+impl std::fmt::Debug for PeerTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTier")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+impl PeerTier {
+    pub fn new(settings: PeerSettings, allowed_uids: Vec<u32>) -> Result<PeerTier, String> {
+        let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
+        let peers = settings
+            .peers
+            .iter()
+            .map(|p| (p.clone(), PeerHealth::default()))
+            .collect();
+        Ok(PeerTier {
+            settings,
+            allowed_uids,
+            tls,
+            peers: Mutex::new(peers),
+            pool: Mutex::new(BTreeMap::new()),
+            source: SourceCounters::default(),
+            live: Mutex::new(BTreeMap::new()),
+            etcd_up: AtomicBool::new(false),
+            etcd_status: RwLock::new("off".into()),
+            listen_addr: Mutex::new(None),
+        })
+    }
+
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
+    }
+
+    fn peers(&self) -> MutexGuard<'_, BTreeMap<String, PeerHealth>> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A snapshot for `orbitkv status` and `/metrics`.
+    pub fn health(&self) -> BTreeMap<String, PeerHealth> {
+        self.peers().clone()
+    }
+
+    /// Replace the etcd-discovered part of the peer list (static peers stay).
+    pub fn set_discovered(&self, found: &[String]) {
+        let me = self.settings.advertise.as_deref();
+        let mut peers = self.peers();
+        peers.retain(|addr, h| !h.discovered || found.contains(addr) || self.settings.peers.contains(addr));
+        for f in found {
+            if Some(f.as_str()) == me || peers.contains_key(f) {
+                continue;
+            }
+            log!(Info, "peer {f} discovered through etcd");
+            peers.insert(
+                f.clone(),
+                PeerHealth {
+                    discovered: true,
+                    ..PeerHealth::default()
+                },
+            );
+        }
+    }
+
+    /// Peers to ask for `first`, in rendezvous order, skipping those marked down.
+    fn candidates(&self, first: &BlockHash) -> Vec<String> {
+        let now = Instant::now();
+        let mut v: Vec<(u64, String)> = self
+            .peers()
+            .iter()
+            .filter(|(_, h)| h.down_until.is_none_or(|t| t <= now))
+            .map(|(a, _)| {
+                let mut buf = Vec::with_capacity(32 + a.len());
+                buf.extend_from_slice(first);
+                buf.extend_from_slice(a.as_bytes());
+                (xxhash_rust::xxh3::xxh3_64(&buf), a.clone())
+            })
+            .collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v.into_iter().map(|(_, a)| a).collect()
+    }
+
+    fn take_conn(&self, addr: &str) -> Option<Conn> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let list = pool.get_mut(addr)?;
+        while let Some((c, t)) = list.pop() {
+            if t.elapsed() < POOL_IDLE {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn put_conn(&self, addr: &str, c: Conn) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let list = pool.entry(addr.to_string()).or_default();
+        if list.len() < POOL_PER_PEER {
+            list.push((c, Instant::now()));
+        }
+    }
+
+    fn record(&self, addr: &str, f: impl FnOnce(&mut PeerHealth)) {
+        if let Some(h) = self.peers().get_mut(addr) {
+            f(h);
+        }
+    }
+
+    /// Fill the blocks of `hashes` (the missing suffix of a lookup in `ns`)
+    /// from peers into this Manager's DRAM. Returns how many leading blocks a
+    /// peer delivered and this Manager stored (visible now). Never returns bytes
+    /// that failed their checks; any failure is a miss.
+    pub fn fill(&self, shared: &Shared, ns: NsId, hashes: &[BlockHash]) -> usize {
+        let Some(first) = hashes.first() else {
+            return 0;
+        };
+        let (key, generation, block_bytes) = {
+            let cache = shared.cache();
+            let Ok(generation) = cache.generation_of(ns) else {
+                return 0;
+            };
+            let Ok(block_bytes) = cache.block_bytes(ns) else {
+                return 0;
+            };
+            let Some(tk) = cache.tier_key(&BlockKey {
+                ns,
+                generation,
+                hash: *first,
+            }) else {
+                return 0;
+            };
+            (tk.ns, generation, block_bytes)
+        };
+        let req = PeerRequest::Fetch {
+            fingerprint: key.fingerprint.0,
+            shard: key.shard,
+            salt: key.salt,
+            block_bytes,
+            generation,
+            hashes: hashes.to_vec(),
+        };
+        for addr in self.candidates(first) {
+            let t0 = Instant::now();
+            match self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes) {
+                Ok(n) => {
+                    let us = t0.elapsed().as_micros() as u64;
+                    self.record(&addr, |h| {
+                        h.fetches += 1;
+                        h.latency_us += us;
+                        h.down_until = None;
+                        if n > 0 {
+                            h.hit_fetches += 1;
+                            h.blocks += n as u64;
+                            h.bytes += n as u64 * block_bytes;
+                        }
+                    });
+                    if n > 0 {
+                        return n;
+                    }
+                }
+                Err(e) => {
+                    warn_sampled!(
+                        self.peers().get(&addr).map_or(1, |h| h.errors + 1),
+                        "peer {addr}: fetch failed: {e}; treated as a miss, peer skipped for {DOWN_BACKOFF:?}"
+                    );
+                    self.record(&addr, |h| {
+                        h.fetches += 1;
+                        h.errors += 1;
+                        h.last_error = Some(e.to_string());
+                        h.down_until = Some(Instant::now() + DOWN_BACKOFF);
+                    });
+                }
+            }
+        }
+        0
+    }
+
+    fn connect(&self, addr: &str) -> Result<Conn, PeerError> {
+        Ok(transport::connect(
+            addr,
+            self.tls.as_ref(),
+            self.settings.timeout,
+            &self.allowed_uids,
+        )?)
+    }
+
+    /// One fetch from one peer. A pooled connection that fails before any
+    /// reply is retried once on a fresh connection (the source may have closed it).
+    fn fetch_from(
+        &self,
+        shared: &Shared,
+        addr: &str,
+        ns: NsId,
+        req: &PeerRequest,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+    ) -> Result<usize, PeerError> {
+        let body = req.encode();
+        let (mut conn, leased) = match self.take_conn(addr) {
+            Some(mut c) => match send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout) {
+                Ok(l) => (c, l),
+                Err(_) => {
+                    let mut c = self.connect(addr)?;
+                    let l = send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout)?;
+                    (c, l)
+                }
+            },
+            None => {
+                let mut c = self.connect(addr)?;
+                let l = send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout)?;
+                (c, l)
+            }
+        };
+        let (lease, blocks, got_bytes) = leased;
+        if blocks == 0 {
+            self.put_conn(addr, conn);
+            return Ok(0);
+        }
+        if blocks as usize > hashes.len() || got_bytes != block_bytes {
+            conn.close();
+            return Err(PeerError::Protocol(format!(
+                "peer offered {blocks} block(s) of {got_bytes} bytes for {} of {block_bytes}",
+                hashes.len()
+            )));
+        }
+        let n = blocks as usize;
+        let stored = {
+            let mut reader = FillSession::open(shared);
+            let result = reader.receive(&mut conn, ns, &hashes[..n], block_bytes);
+            match result {
+                Ok(stored) => stored,
+                Err(e) => {
+                    conn.close();
+                    return Err(e);
+                }
+            }
+        };
+        let done = PeerRequest::Done { lease, stored: true };
+        write_frame(&mut conn, done.kind(), 0, &done.encode())?;
+        conn.flush()?;
+        self.put_conn(addr, conn);
+        Ok(stored)
+    }
+
+    /// Register a live source-side connection (shut down at Manager shutdown).
+    fn track(&self, id: u64, s: &TcpStream) {
+        if let Ok(c) = s.try_clone() {
+            self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(id, c);
+        }
+    }
+
+    fn untrack(&self, id: u64) {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+
+    /// Close every source-side connection: their threads end their sessions,
+    /// which releases every source lease.
+    pub fn shutdown(&self) {
+        for s in self.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+impl PeerTier {
+    /// The `peers` object of `orbitkv status`.
+    pub fn status_json(&self) -> serde_json::Value {
+        let now = Instant::now();
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let src = &self.source;
+        let peers: Vec<serde_json::Value> = self
+            .health()
+            .iter()
+            .map(|(addr, h)| {
+                let down = h.down_until.is_some_and(|t| t > now);
+                serde_json::json!({
+                    "addr": addr,
+                    "source": if h.discovered { "etcd" } else { "static" },
+                    "health": if down { "down" } else if h.fetches == 0 { "unknown" } else { "up" },
+                    "fetches": h.fetches,
+                    "hit_fetches": h.hit_fetches,
+                    "blocks": h.blocks,
+                    "bytes": h.bytes,
+                    "errors": h.errors,
+                    "mean_latency_us": h.latency_us.checked_div(h.fetches.saturating_sub(h.errors)).unwrap_or(0),
+                    "last_error": h.last_error,
+                })
+            })
+            .collect();
+        let listen = *self.listen_addr.lock().unwrap_or_else(|p| p.into_inner());
+        serde_json::json!({
+            "enabled": true,
+            "listen": listen.map(|a| a.to_string()),
+            "advertise": self.settings.advertise,
+            "tls": self.tls.is_some(),
+            "etcd": match &self.settings.etcd {
+                None => serde_json::Value::from("off"),
+                Some(_) => self.etcd_status.read().unwrap_or_else(|p| p.into_inner()).clone().into(),
+            },
+            "peers": peers,
+            "source": {
+                "connections": ld(&src.connections),
+                "refused": ld(&src.refused),
+                "bad_frames": ld(&src.bad_frames),
+                "fetches": ld(&src.fetches),
+                "blocks_sent": ld(&src.blocks_sent),
+                "bytes_sent": ld(&src.bytes_sent),
+                "leases_open": ld(&src.leases_open),
+                "leases_done": ld(&src.leases_done),
+                "leases_dropped": ld(&src.leases_dropped),
+            },
+        })
+    }
+
+    /// Per-peer series for `/metrics` (label `peer`).
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let health = self.health();
+        let now = Instant::now();
+        type Get = fn(&PeerHealth) -> u64;
+        let series: [(&str, &str, &str, Get); 6] = [
+            ("peer_fetches_total", "Fetches sent to a peer", "counter", |h| {
+                h.fetches
+            }),
+            (
+                "peer_blocks_total",
+                "Blocks received from a peer and stored",
+                "counter",
+                |h| h.blocks,
+            ),
+            (
+                "peer_bytes_total",
+                "Bytes received from a peer and stored",
+                "counter",
+                |h| h.bytes,
+            ),
+            (
+                "peer_errors_total",
+                "Failed fetches (a miss) per peer",
+                "counter",
+                |h| h.errors,
+            ),
+            (
+                "peer_latency_us_total",
+                "Sum of successful fetch latencies per peer, microseconds",
+                "counter",
+                |h| h.latency_us,
+            ),
+            (
+                "peer_up",
+                "1 unless the peer failed within the back-off",
+                "gauge",
+                |_| 0,
+            ),
+        ];
+        for (name, help, kind, get) in series {
+            out.push_str(&format!(
+                "# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\n"
+            ));
+            for (addr, h) in &health {
+                let v = if name == "peer_up" {
+                    u64::from(h.down_until.is_none_or(|t| t <= now))
+                } else {
+                    get(h)
+                };
+                out.push_str(&format!("orbitkv_{name}{{peer=\"{addr}\"}} {v}\n"));
+            }
+        }
+        let src = &self.source;
+        for (name, help, kind, v) in [
+            (
+                "peer_source_blocks_sent_total",
+                "Blocks sent to peers",
+                "counter",
+                &src.blocks_sent,
+            ),
+            (
+                "peer_source_bytes_sent_total",
+                "Bytes sent to peers",
+                "counter",
+                &src.bytes_sent,
+            ),
+            (
+                "peer_source_leases_open",
+                "Source leases held for peers now",
+                "gauge",
+                &src.leases_open,
+            ),
+            (
+                "peer_source_refused_total",
+                "Peer connections refused (TLS, limit)",
+                "counter",
+                &src.refused,
+            ),
+            (
+                "peer_source_bad_frames_total",
+                "Peer connections closed for garbage",
+                "counter",
+                &src.bad_frames,
+            ),
+        ] {
+            out.push_str(&format!(
+                "# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\norbitkv_{name} {}\n",
+                v.load(Ordering::Relaxed)
+            ));
+        }
+        out
+    }
+}
+
+/// Send a Fetch and read the `Leased` answer: (lease, blocks, block_bytes).
+fn send_and_read_leased(
+    conn: &mut Conn,
+    kind: u16,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(u64, u32, u64), PeerError> {
+    conn.set_timeouts(Some(timeout))?;
+    write_frame(conn, kind, 0, body)?;
+    conn.flush()?;
+    let (h, body) = read_frame(conn)?;
+    match decode_peer_response(h.kind, &body).map_err(|e| PeerError::Protocol(e.to_string()))? {
+        PeerResponse::Leased {
+            lease,
+            blocks,
+            block_bytes,
+        } => Ok((lease, blocks, block_bytes)),
+        PeerResponse::Error { message } => Err(PeerError::Protocol(format!("peer refused: {message}"))),
+        other => Err(PeerError::Protocol(format!(
+            "expected Leased, got {:?}",
+            other.kind()
+        ))),
+    }
+}
+
+/// A Manager-internal session that owns the save a fill writes into; ended
+/// (its save aborted if not committed) when dropped. The Manager's own thread
+/// is the only writer of those slots and has stopped when this drops, so the
+/// end is `Clean`.
+struct FillSession<'a> {
+    shared: &'a Shared,
+    id: SessionId,
+}
+
+impl<'a> FillSession<'a> {
+    fn open(shared: &'a Shared) -> Self {
+        let id = shared.cache().open_session();
+        FillSession { shared, id }
+    }
+
+    /// Receive `hashes.len()` blocks into fresh save slots, check them against
+    /// the source's checksums and commit. Returns the blocks committed.
+    fn receive(
+        &mut self,
+        conn: &mut Conn,
+        ns: NsId,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+    ) -> Result<usize, PeerError> {
+        let (save, items) = self
+            .shared
+            .cache()
+            .begin_save(self.id, ns, hashes)
+            .map_err(|e| PeerError::Protocol(format!("no room for peer blocks: {e}")))?;
+        let len = block_bytes as usize;
+        let mut scratch: Vec<u8> = Vec::new();
+        let mut sums = Vec::with_capacity(hashes.len());
+        for st in &items {
+            let sum = match st {
+                SaveStatus::Allocated(slot) => {
+                    crate::tier::recv_into_save_slot(&self.shared.segments, *slot, len, conn)?
+                }
+                // Already here (or refused for room): read past the bytes.
+                SaveStatus::Present | SaveStatus::Refused => {
+                    scratch.resize(len, 0);
+                    std::io::Read::read_exact(conn, &mut scratch)?;
+                    xxhash_rust::xxh3::xxh3_64(&scratch)
+                }
+            };
+            sums.push(sum);
+        }
+        let (h, body) = read_frame(conn)?;
+        let checksums =
+            match decode_peer_response(h.kind, &body).map_err(|e| PeerError::Protocol(e.to_string()))? {
+                PeerResponse::Sent { checksums } => checksums,
+                other => {
+                    return Err(PeerError::Protocol(format!(
+                        "expected Sent, got {:#06x}",
+                        other.kind()
+                    )));
+                }
+            };
+        if checksums != sums {
+            let _ = self.shared.cache().abort_save(self.id, save);
+            return Err(PeerError::Protocol(
+                "block checksums differ from the source's; nothing stored".into(),
+            ));
+        }
+        let committed = self
+            .shared
+            .cache()
+            .commit_save(self.id, save)
+            .map_err(|e| PeerError::Protocol(e.to_string()))?;
+        Ok(committed as usize)
+    }
+}
+
+impl Drop for FillSession<'_> {
+    fn drop(&mut self) {
+        let _ = self.shared.cache().end_session(self.id, SessionEnd::Clean);
+    }
+}
+
+/// A thread body and the spawner that starts it under a name.
+pub type Job = Box<dyn FnOnce() + Send>;
+pub type Spawn<'a> = &'a mut dyn FnMut(&str, Job);
+
+/// Start the peer listener and the etcd membership thread, as configured.
+pub fn start(shared: &Arc<Shared>, spawn: Spawn<'_>) -> std::io::Result<()> {
+    let Some(peer) = shared.peers.as_ref() else {
+        return Ok(());
+    };
+    if let Some(addr) = peer.settings.listen {
+        let listener = std::net::TcpListener::bind(addr)?;
+        let local = listener.local_addr()?;
+        *peer.listen_addr.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
+        log!(
+            Info,
+            "serving peers on {local} ({})",
+            if peer.tls.is_some() {
+                "mutual TLS"
+            } else {
+                "plain TCP, loopback only"
+            }
+        );
+        let sh = shared.clone();
+        spawn(
+            "orbitkv-peer-accept",
+            Box::new(move || source::accept_loop(sh, listener)),
+        );
+    }
+    if peer.settings.etcd.is_some() {
+        let sh = shared.clone();
+        spawn("orbitkv-etcd", Box::new(move || etcd::membership(sh)));
+    }
+    Ok(())
+}
+
+/// At shutdown: close every peer connection and wake the peer accept loop.
+pub fn wake_listener(shared: &Shared) {
+    if let Some(peer) = shared.peers.as_ref() {
+        peer.shutdown();
+        if let Some(a) = *peer.listen_addr.lock().unwrap_or_else(|p| p.into_inner()) {
+            let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! Serving this Manager's blocks to peer Managers.
+//!
+//! Each accepted connection gets a thread and a Manager-internal cache
+//! session. A `Fetch` is a lookup + acquire under that session (SSD-only
+//! blocks are staged into DRAM first), the blocks are written from their
+//! pinned slots, then the source waits for the reader's `Done` and releases
+//! the lease. The lease also ends when the connection ends (read error, EOF,
+//! no `Done` within `--peer-timeout-ms` of the last byte sent, garbage) and at
+//! shutdown (every live connection is shut down), because ending the session
+//! releases everything it holds. No lease is ended while its bytes are still
+//! being written: the writer is this same thread.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use orbitkv_core::{AcquireStep, Fingerprint, LeaseId, NamespaceKey, SessionEnd, SessionId, Slot};
+use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_request};
+use orbitkv_proto::{FrameError, read_frame, write_frame};
+
+use super::PeerTier;
+use super::transport::{self, Conn};
+use crate::shared::Shared;
+
+/// Most peer connections served at once.
+const MAX_PEER_CONNECTIONS: u64 = 64;
+/// A connection with no frame for this long is closed (readers pool idle connections for less).
+pub const IDLE: Duration = Duration::from_secs(30);
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+static REFUSALS: crate::log::Occurrences = crate::log::Occurrences::new();
+
+pub fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let Some(peer) = shared.peers.as_ref() else {
+        return;
+    };
+    let open = Arc::new(AtomicU64::new(0));
+    for stream in listener.incoming() {
+        if shared.is_shutting_down() {
+            break;
+        }
+        let Ok(stream) = stream else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if open.load(Ordering::Relaxed) >= MAX_PEER_CONNECTIONS {
+            peer.source.refused.fetch_add(1, Ordering::Relaxed);
+            warn_sampled!(
+                REFUSALS.inc(),
+                "refusing a peer connection: {MAX_PEER_CONNECTIONS} are open"
+            );
+            continue;
+        }
+        open.fetch_add(1, Ordering::Relaxed);
+        let sh = shared.clone();
+        let count = open.clone();
+        let spawned = std::thread::Builder::new()
+            .name("orbitkv-peer".into())
+            .spawn(move || {
+                serve(&sh, stream);
+                count.fetch_sub(1, Ordering::Relaxed);
+            });
+        if let Err(e) = spawned {
+            open.fetch_sub(1, Ordering::Relaxed);
+            log!(Warn, "starting a peer thread: {e}");
+        }
+    }
+}
+
+fn serve(shared: &Shared, stream: TcpStream) {
+    let Some(peer) = shared.peers.as_ref() else {
+        return;
+    };
+    let remote = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    peer.track(id, &stream);
+    if shared.is_shutting_down() {
+        peer.untrack(id);
+        return;
+    }
+    match transport::accept(stream, peer.tls(), peer.settings.timeout, &peer.allowed_uids) {
+        Ok(mut conn) => {
+            peer.source.connections.fetch_add(1, Ordering::Relaxed);
+            log!(
+                Debug,
+                "peer {remote} connected{}",
+                if conn.is_tls() { " (mutual TLS)" } else { "" }
+            );
+            let session = SourceSession::open(shared);
+            if let Err(e) = requests(shared, peer, &mut conn, session.id) {
+                log!(
+                    Debug,
+                    "peer {remote}: {e}; connection closed, its source leases released"
+                );
+            }
+            conn.close();
+        }
+        // Connected and closed without a byte (a port probe): nothing to refuse.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && e.to_string().contains("end of file") => {
+            log!(Debug, "peer {remote} closed before the TLS handshake: {e}");
+        }
+        Err(e) => {
+            peer.source.refused.fetch_add(1, Ordering::Relaxed);
+            warn_sampled!(REFUSALS.inc(), "refusing peer {remote}: {e}");
+        }
+    }
+    peer.untrack(id);
+}
+
+/// The source's cache session for one peer connection; ending it releases
+/// every lease it holds. Its slots are read only by this Manager's own thread
+/// (the source writes them to the socket), which has stopped when this drops,
+/// so the end is `Clean` (no quarantine: no other process holds an address).
+struct SourceSession<'a> {
+    shared: &'a Shared,
+    id: SessionId,
+}
+
+impl<'a> SourceSession<'a> {
+    fn open(shared: &'a Shared) -> Self {
+        let id = shared.cache().open_session();
+        SourceSession { shared, id }
+    }
+}
+
+impl Drop for SourceSession<'_> {
+    fn drop(&mut self) {
+        let _ = self.shared.cache().end_session(self.id, SessionEnd::Clean);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SourceError {
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Bad(String),
+}
+
+fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> Result<(), SourceError> {
+    loop {
+        conn.set_timeouts(Some(IDLE))?;
+        let (h, body) = match read_frame(conn) {
+            Ok(x) => x,
+            Err(FrameError::Closed) => return Ok(()),
+            Err(e) => {
+                if !matches!(e, FrameError::Io(_)) {
+                    peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(e.into());
+            }
+        };
+        conn.set_timeouts(Some(peer.settings.timeout))?;
+        match decode_peer_request(h.kind, &body) {
+            Ok(PeerRequest::Fetch {
+                fingerprint,
+                shard,
+                salt,
+                block_bytes,
+                generation,
+                hashes,
+            }) => {
+                let key = NamespaceKey {
+                    fingerprint: Fingerprint(fingerprint),
+                    shard,
+                    salt,
+                };
+                fetch(
+                    shared,
+                    peer,
+                    conn,
+                    s,
+                    h.request_id,
+                    key,
+                    block_bytes,
+                    generation,
+                    &hashes,
+                )?;
+            }
+            // Outside a fetch: a duplicate completion report counts nothing.
+            Ok(PeerRequest::Done { .. }) => {}
+            Err(e) => {
+                peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
+                let r = PeerResponse::Error {
+                    message: format!("kind {:#06x}: {e}", h.kind),
+                };
+                let _ = write_frame(conn, r.kind(), h.request_id, &r.encode());
+                let _ = conn.flush();
+                return Err(SourceError::Bad(format!("bad frame: {e}")));
+            }
+        }
+    }
+}
+
+fn miss(conn: &mut Conn, id: u32, block_bytes: u64) -> Result<(), SourceError> {
+    let r = PeerResponse::Leased {
+        lease: 0,
+        blocks: 0,
+        block_bytes,
+    };
+    write_frame(conn, r.kind(), id, &r.encode())?;
+    conn.flush()?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fetch(
+    shared: &Shared,
+    peer: &PeerTier,
+    conn: &mut Conn,
+    s: SessionId,
+    id: u32,
+    key: NamespaceKey,
+    block_bytes: u64,
+    generation: u64,
+    hashes: &[[u8; 32]],
+) -> Result<(), SourceError> {
+    peer.source.fetches.fetch_add(1, Ordering::Relaxed);
+    let lease = {
+        let mut cache = shared.cache();
+        let ns = match cache.register_namespace(key, block_bytes) {
+            Ok((ns, g)) if g == generation => ns,
+            // Another block size or generation: nothing here is the reader's block.
+            _ => {
+                drop(cache);
+                return miss(conn, id, block_bytes);
+            }
+        };
+        match cache.lookup(s, ns, hashes) {
+            Ok(r) => r.lease,
+            Err(_) => None,
+        }
+    };
+    let Some(lease) = lease else {
+        return miss(conn, id, block_bytes);
+    };
+    let Some(slots) = acquire(shared, s, lease) else {
+        return miss(conn, id, block_bytes);
+    };
+    peer.source.leases_open.fetch_add(1, Ordering::Relaxed);
+    let result = send(shared, peer, conn, id, lease, &slots, block_bytes);
+    // Whatever happened, the lease ends here or with the session (connection end).
+    let _ = shared.cache().release(s, lease);
+    peer.source.leases_open.fetch_sub(1, Ordering::Relaxed);
+    match &result {
+        Ok(true) => peer.source.leases_done.fetch_add(1, Ordering::Relaxed),
+        _ => peer.source.leases_dropped.fetch_add(1, Ordering::Relaxed),
+    };
+    result.map(|_| ())
+}
+
+/// Write the blocks and their checksums, then wait for the reader's `Done`.
+/// `Ok(true)`: the reader reported completion; an error ends the connection.
+fn send(
+    shared: &Shared,
+    peer: &PeerTier,
+    conn: &mut Conn,
+    id: u32,
+    lease: LeaseId,
+    slots: &[Slot],
+    block_bytes: u64,
+) -> Result<bool, SourceError> {
+    let head = PeerResponse::Leased {
+        lease: lease.0,
+        blocks: slots.len() as u32,
+        block_bytes,
+    };
+    write_frame(conn, head.kind(), id, &head.encode())?;
+    let mut checksums = Vec::with_capacity(slots.len());
+    for (i, slot) in slots.iter().enumerate() {
+        if i == 1
+            && let Some(ms) = stall_ms(shared)
+        {
+            // Fault injection (tests): hold the transfer mid-way so a test can
+            // kill this Manager while a reader has half of the bytes.
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        checksums.push(crate::tier::send_leased_slot(
+            &shared.segments,
+            *slot,
+            block_bytes as usize,
+            conn,
+        )?);
+    }
+    let n = slots.len() as u64;
+    let tail = PeerResponse::Sent { checksums };
+    write_frame(conn, tail.kind(), id, &tail.encode())?;
+    conn.flush()?;
+    peer.source.blocks_sent.fetch_add(n, Ordering::Relaxed);
+    peer.source
+        .bytes_sent
+        .fetch_add(n * block_bytes, Ordering::Relaxed);
+    // The reader's completion report, within the peer timeout of the last byte.
+    let (h, body) = read_frame(conn)?;
+    match decode_peer_request(h.kind, &body) {
+        Ok(PeerRequest::Done { lease: l, .. }) if l == lease.0 => Ok(true),
+        Ok(_) => Err(SourceError::Bad("expected Done for the open lease".into())),
+        Err(e) => {
+            peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
+            Err(SourceError::Bad(format!("bad frame: {e}")))
+        }
+    }
+}
+
+/// Acquire a lease's slots, staging SSD-only blocks first. `None`: the lease
+/// could not be served (it is released).
+fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
+    loop {
+        let mut cache = shared.cache();
+        match cache.acquire(s, l) {
+            Ok(AcquireStep::Ready(slots)) => return Some(slots),
+            Ok(AcquireStep::Wait) => {
+                let _unused = shared.staged.wait_timeout(cache, Duration::from_millis(100));
+            }
+            Ok(AcquireStep::Stage(jobs)) => {
+                drop(cache);
+                crate::tier::stage_for_lease(shared, jobs);
+            }
+            Ok(AcquireStep::Lost { .. }) => return None,
+            Err(_) => {
+                let _ = cache.release(s, l);
+                return None;
+            }
+        }
+    }
+}
+
+/// `ORBITKV_PEER_STALL_MS`, honoured only with `--enable-fault-injection`:
+/// pause that long after the first block of every multi-block transfer.
+fn stall_ms(shared: &Shared) -> Option<u64> {
+    if !shared.config.enable_fault_injection {
+        return None;
+    }
+    std::env::var("ORBITKV_PEER_STALL_MS").ok()?.parse().ok()
+}

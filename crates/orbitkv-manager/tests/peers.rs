@@ -1,0 +1,759 @@
+//! Peer Managers (issue 12, contract D3) with real Manager processes on
+//! loopback: restore through B what was saved on A (from A's DRAM, from A's
+//! SSD, after A restarts), A killed mid-transfer, source leases ended by
+//! completion / connection loss / timeout / shutdown, garbage from either
+//! side, mutual TLS with a wrong certificate, three Managers.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_request, decode_peer_response};
+use orbitkv_proto::{read_frame, write_frame};
+use support::*;
+
+const BB: usize = 64 << 10;
+const FP: [u8; 32] = [7; 32];
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn wait_port(port: u16) {
+    eventually(&format!("peer listener on {port}"), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+}
+
+/// A Manager serving peers on `port`, asking `peers`, with `extra` flags.
+fn manager(port: Option<u16>, peers: &[u16], extra: &[&str]) -> ManagerProc {
+    let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    if let Some(p) = port {
+        args.push("--peer-listen".into());
+        args.push(format!("127.0.0.1:{p}"));
+    }
+    for p in peers {
+        args.push("--peer".into());
+        args.push(format!("127.0.0.1:{p}"));
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let m = ManagerProc::start(&refs);
+    if let Some(p) = port {
+        wait_port(p);
+    }
+    m
+}
+
+fn blocks(seed: u8, n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| block(seed.wrapping_add(i as u8), BB)).collect()
+}
+
+fn hashes(chain: u8, n: usize) -> Vec<[u8; 32]> {
+    (0..n).map(|i| hash(chain, i as u8)).collect()
+}
+
+fn save(m: &ManagerProc, chain: u8, data: &[Vec<u8>]) {
+    let c = m.client();
+    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let r = c.save(&ns, &hashes(chain, data.len()), &src).expect("save");
+    assert_eq!(r.stored as usize, data.len());
+    c.close().expect("close");
+}
+
+/// Restore `n` blocks of `chain` through `m`: (blocks hit, their bytes).
+fn restore(m: &ManagerProc, chain: u8, n: usize) -> (usize, Vec<Vec<u8>>) {
+    let c = m.client();
+    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+    let mut out = vec![vec![0u8; BB]; n];
+    let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+    let hit = c.restore(&ns, &hashes(chain, n), &mut dst).expect("restore") as usize;
+    c.close().expect("close");
+    out.truncate(hit);
+    (hit, out)
+}
+
+fn peer_stat(m: &ManagerProc, field: &str) -> u64 {
+    let s = m.stats();
+    s["peers"]["peers"]
+        .as_array()
+        .expect("peers")
+        .iter()
+        .map(|p| p[field].as_u64().expect("u64"))
+        .sum()
+}
+
+fn source_stat(m: &ManagerProc, field: &str) -> u64 {
+    m.stats()["peers"]["source"][field].as_u64().expect("u64")
+}
+
+#[test]
+fn restore_through_b_is_byte_exact_from_a_dram() {
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &[]);
+    let b = manager(None, &[pa], &[]);
+    let data = blocks(10, 6);
+    save(&a, 1, &data);
+    let (hit, got) = restore(&b, 1, 6);
+    assert_eq!(hit, 6, "all blocks came from A");
+    assert_eq!(got, data, "byte-exact");
+    assert_eq!(source_stat(&a, "blocks_sent"), 6);
+    assert_eq!(peer_stat(&b, "blocks"), 6);
+    eventually("A's source lease ended by B's completion report", || {
+        source_stat(&a, "leases_open") == 0 && a.stats()["live_leases"] == 0
+    });
+    assert_eq!(source_stat(&a, "leases_done"), 1);
+    // Now a local hit on B: nothing more crosses.
+    let (hit, got) = restore(&b, 1, 6);
+    assert_eq!((hit, got), (6, data));
+    assert_eq!(source_stat(&a, "blocks_sent"), 6);
+    // Status shows the peer and its health.
+    let st = b.stats();
+    let p = &st["peers"]["peers"][0];
+    assert_eq!(p["addr"], format!("127.0.0.1:{pa}"));
+    assert_eq!(p["health"], "up");
+    assert_eq!(p["bytes"], (6 * BB) as u64);
+    assert_eq!(st["peers"]["tls"], false);
+}
+
+#[test]
+fn a_partial_local_hit_is_completed_from_a_peer() {
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &[]);
+    let b = manager(None, &[pa], &[]);
+    let data = blocks(20, 5);
+    save(&a, 2, &data);
+    save(&b, 2, &data[..2]);
+    let (hit, got) = restore(&b, 2, 5);
+    assert_eq!(hit, 5);
+    assert_eq!(got, data);
+    assert_eq!(
+        source_stat(&a, "blocks_sent"),
+        3,
+        "only the missing suffix crossed"
+    );
+    // A miss everywhere stays a miss.
+    assert_eq!(restore(&b, 99, 3).0, 0);
+}
+
+#[test]
+fn restore_through_b_from_a_ssd_after_a_restarts() {
+    let ssd = tempfile::tempdir().expect("ssd dir");
+    let dir = ssd.path().to_str().expect("utf8").to_string();
+    let ssd_flags = [
+        "--ssd-dir",
+        dir.as_str(),
+        "--ssd-capacity",
+        "64MiB",
+        "--ssd-mode",
+        "kernel",
+        "--ssd-write-policy",
+        "eager",
+    ];
+    let pa = free_port();
+    let data = blocks(30, 8);
+    {
+        let a = manager(Some(pa), &[], &ssd_flags);
+        save(&a, 3, &data);
+        eventually("A spilled every block", || a.stats()["ssd_blocks"] == 8);
+        let mut a = a;
+        // SIGTERM: a clean stop; the SSD copies are durable already.
+        Command::new("kill")
+            .arg(a.child.id().to_string())
+            .status()
+            .expect("kill");
+        let _ = a.child.wait();
+    }
+    let a = manager(Some(pa), &[], &ssd_flags);
+    assert_eq!(
+        a.stats()["dram_visible_blocks"],
+        0,
+        "after the restart A holds them on SSD only"
+    );
+    let b = manager(None, &[pa], &[]);
+    let (hit, got) = restore(&b, 3, 8);
+    assert_eq!(hit, 8, "served from A's SSD");
+    assert_eq!(got, data, "byte-exact");
+    eventually("A's source lease released", || a.stats()["live_leases"] == 0);
+}
+
+#[test]
+fn a_killed_mid_transfer_is_a_miss_never_wrong_bytes() {
+    let pa = free_port();
+    // A pauses after the first block of a transfer (fault injection), so the
+    // kill lands mid-transfer deterministically.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("a.sock");
+    let mut a = std::process::Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+        .args(["--socket", sock.to_str().expect("utf8"), "--dram-size", "8MiB"])
+        .args([
+            "--metrics-addr",
+            "off",
+            "--log-level",
+            "warn",
+            "--enable-fault-injection",
+        ])
+        .args(["--peer-listen", &format!("127.0.0.1:{pa}")])
+        .env("ORBITKV_PEER_STALL_MS", "30000")
+        .spawn()
+        .expect("spawn A");
+    wait_port(pa);
+    let a_client =
+        || orbitkv_client::Client::connect(&sock, None, Duration::from_secs(5)).expect("connect A");
+    let c = a_client();
+    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+    let data = blocks(40, 4);
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    c.save(&ns, &hashes(4, 4), &src).expect("save");
+    c.close().expect("close");
+    let b = manager(None, &[pa], &["--peer-timeout-ms", "20000"]);
+    let b_sock = b.socket().to_path_buf();
+    let reader = std::thread::spawn(move || {
+        let c = orbitkv_client::Client::connect(&b_sock, None, Duration::from_secs(60)).expect("connect B");
+        let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+        let hit = c.lookup(&ns, &hashes(4, 4)).expect("lookup").hit_blocks;
+        c.close().expect("close");
+        hit
+    });
+    eventually("A holds a source lease mid-transfer", || {
+        let c = a_client();
+        let s: serde_json::Value = serde_json::from_str(&c.stats_json().expect("stats")).expect("json");
+        c.close().expect("close");
+        s["peers"]["source"]["leases_open"] == 1
+    });
+    a.kill().expect("SIGKILL A");
+    let _ = a.wait();
+    let t0 = Instant::now();
+    let hit = reader.join().expect("reader");
+    assert_eq!(hit, 0, "a transfer cut short is a miss");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "noticed at once, not by timeout"
+    );
+    let s = b.stats();
+    assert_eq!(s["blocks_committed_total"], 0, "nothing stored on B");
+    assert_eq!(s["dram_visible_blocks"], 0);
+    assert_eq!(peer_stat(&b, "errors"), 1);
+    assert_eq!(s["peers"]["peers"][0]["health"], "down");
+    // B still serves its own blocks, and a restore through B is still a miss.
+    assert_eq!(restore(&b, 4, 4).0, 0);
+    save(&b, 5, &blocks(50, 2));
+    assert_eq!(restore(&b, 5, 2), (2, blocks(50, 2)));
+}
+
+/// Speak the peer protocol to a source by hand: Fetch, read the blocks.
+fn fetch_by_hand(port: u16, chain: u8, n: usize) -> (TcpStream, u64, Vec<Vec<u8>>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let req = PeerRequest::Fetch {
+        fingerprint: FP,
+        shard: 0,
+        salt: orbitkv_client::namespace_salt(b""),
+        block_bytes: BB as u64,
+        generation: 0,
+        hashes: hashes(chain, n),
+    };
+    write_frame(&mut s, req.kind(), 1, &req.encode()).expect("send");
+    let (h, body) = read_frame(&mut s).expect("leased");
+    let PeerResponse::Leased { lease, blocks, .. } = decode_peer_response(h.kind, &body).expect("decode")
+    else {
+        panic!("expected Leased");
+    };
+    let mut out = Vec::new();
+    for _ in 0..blocks {
+        let mut b = vec![0u8; BB];
+        s.read_exact(&mut b).expect("bytes");
+        out.push(b);
+    }
+    let (h, body) = read_frame(&mut s).expect("sent");
+    assert!(matches!(
+        decode_peer_response(h.kind, &body),
+        Ok(PeerResponse::Sent { .. })
+    ));
+    (s, lease, out)
+}
+
+#[test]
+fn the_source_lease_lives_until_completion_and_no_longer() {
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &["--peer-timeout-ms", "3000"]);
+    let data = blocks(60, 3);
+    save(&a, 6, &data);
+
+    // Completion: pinned until Done; a duplicate Done counts once.
+    let (mut s, lease, got) = fetch_by_hand(pa, 6, 3);
+    assert_eq!(got, data);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        a.stats()["live_leases"],
+        1,
+        "pinned until the reader reports completion"
+    );
+    let done = PeerRequest::Done { lease, stored: true };
+    write_frame(&mut s, done.kind(), 2, &done.encode()).expect("done");
+    eventually("released on Done", || a.stats()["live_leases"] == 0);
+    write_frame(&mut s, done.kind(), 3, &done.encode()).expect("duplicate done");
+    let (_s2, _, again) = {
+        // The connection still works after the duplicate (it counted nothing).
+        let req = PeerRequest::Fetch {
+            fingerprint: FP,
+            shard: 0,
+            salt: orbitkv_client::namespace_salt(b""),
+            block_bytes: BB as u64,
+            generation: 0,
+            hashes: hashes(6, 1),
+        };
+        write_frame(&mut s, req.kind(), 4, &req.encode()).expect("send");
+        let (h, body) = read_frame(&mut s).expect("leased");
+        let Ok(PeerResponse::Leased { blocks: 1, .. }) = decode_peer_response(h.kind, &body) else {
+            panic!("expected one block");
+        };
+        let mut b = vec![0u8; BB];
+        s.read_exact(&mut b).expect("bytes");
+        read_frame(&mut s).expect("sent");
+        let Ok(PeerResponse::Leased { lease, .. }) = decode_peer_response(h.kind, &body) else {
+            unreachable!()
+        };
+        let done = PeerRequest::Done { lease, stored: true };
+        write_frame(&mut s, done.kind(), 5, &done.encode()).expect("done");
+        (s, 0u64, b)
+    };
+    assert_eq!(again, data[0]);
+    eventually("released", || a.stats()["live_leases"] == 0);
+    assert_eq!(source_stat(&a, "leases_done"), 2);
+
+    // Cancel: the reader reports it did not keep the bytes; released at once.
+    let (mut s3, lease, _) = fetch_by_hand(pa, 6, 3);
+    eventually("pinned", || a.stats()["live_leases"] == 1);
+    let cancel = PeerRequest::Done { lease, stored: false };
+    write_frame(&mut s3, cancel.kind(), 2, &cancel.encode()).expect("cancel");
+    eventually("released on cancel", || a.stats()["live_leases"] == 0);
+    assert_eq!(source_stat(&a, "leases_done"), 3);
+    drop(s3);
+
+    // Connection loss: released at once.
+    let (s, _, _) = fetch_by_hand(pa, 6, 3);
+    eventually("pinned", || a.stats()["live_leases"] == 1);
+    let t0 = Instant::now();
+    drop(s);
+    eventually("released when the reader's connection dropped", || {
+        a.stats()["live_leases"] == 0
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "at once, not by the 3 s deadline"
+    );
+
+    // A reader that never reports: released within the peer timeout of the last byte.
+    let (_quiet, _, _) = fetch_by_hand(pa, 6, 3);
+    let t0 = Instant::now();
+    eventually("released by the completion deadline", || {
+        a.stats()["live_leases"] == 0
+    });
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    assert_eq!(source_stat(&a, "leases_dropped"), 2);
+}
+
+#[test]
+fn shutdown_ends_source_leases_in_bounded_time() {
+    let pa = free_port();
+    let mut a = manager(Some(pa), &[], &["--peer-timeout-ms", "60000"]);
+    save(&a, 7, &blocks(70, 2));
+    let (mut s, _, _) = fetch_by_hand(pa, 7, 2);
+    eventually("pinned", || a.stats()["live_leases"] == 1);
+    let t0 = Instant::now();
+    Command::new("kill")
+        .arg(a.child.id().to_string())
+        .status()
+        .expect("SIGTERM");
+    let status = a.child.wait().expect("wait");
+    assert!(status.success(), "clean exit: {status}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // The reader sees its connection closed.
+    let mut buf = [0u8; 1];
+    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)));
+}
+
+#[test]
+fn garbage_to_a_source_is_disconnected_and_serving_goes_on() {
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &[]);
+    save(&a, 8, &blocks(80, 2));
+    for garbage in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        &[0u8; 64][..],
+        &[0xffu8; 20000][..],
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", pa)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let _ = s.write_all(garbage);
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink); // returns once A closed the connection
+    }
+    // A client kind on the peer port is refused too (a valid frame, wrong protocol).
+    let mut s = TcpStream::connect(("127.0.0.1", pa)).expect("connect");
+    write_frame(&mut s, 0x0a, 1, &[]).expect("send");
+    let (h, body) = read_frame(&mut s).expect("error reply");
+    assert!(matches!(
+        decode_peer_response(h.kind, &body),
+        Ok(PeerResponse::Error { .. })
+    ));
+    assert!(source_stat(&a, "bad_frames") >= 3);
+    assert_eq!(a.stats()["live_leases"], 0);
+    let b = manager(None, &[pa], &[]);
+    assert_eq!(restore(&b, 8, 2), (2, blocks(80, 2)), "A still serves peers");
+}
+
+/// A fake source on `port`: answers every Fetch with `reply(request)`.
+fn fake_source(reply: fn(&PeerRequest) -> Vec<u8>) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            while let Ok((h, body)) = read_frame(&mut s) {
+                let Ok(req) = decode_peer_request(h.kind, &body) else {
+                    break;
+                };
+                if s.write_all(&reply(&req)).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    port
+}
+
+#[test]
+fn a_peer_sending_garbage_or_wrong_bytes_stores_nothing() {
+    // Plain garbage instead of a reply.
+    let garbage = fake_source(|_| b"\x00\x01not a frame at all".to_vec());
+    // A well-formed transfer whose checksums do not match the bytes.
+    let lying = fake_source(|req| {
+        let PeerRequest::Fetch { hashes, .. } = req else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let head = PeerResponse::Leased {
+            lease: 1,
+            blocks: hashes.len() as u32,
+            block_bytes: BB as u64,
+        };
+        write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
+        for _ in hashes {
+            out.extend(std::iter::repeat_n(0x5a, BB));
+        }
+        let tail = PeerResponse::Sent {
+            checksums: vec![12345; hashes.len()],
+        };
+        write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
+        out
+    });
+    // More blocks than asked for.
+    let greedy = fake_source(|_| {
+        let mut out = Vec::new();
+        let head = PeerResponse::Leased {
+            lease: 1,
+            blocks: 1000,
+            block_bytes: BB as u64,
+        };
+        write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
+        out
+    });
+    for port in [garbage, lying, greedy] {
+        let b = manager(None, &[port], &[]);
+        assert_eq!(restore(&b, 9, 3).0, 0, "a miss");
+        let s = b.stats();
+        assert_eq!(s["blocks_committed_total"], 0, "nothing stored");
+        assert_eq!(s["dram_visible_blocks"], 0);
+        assert_eq!(peer_stat(&b, "errors"), 1);
+        assert!(s["peers"]["peers"][0]["last_error"].is_string());
+    }
+}
+
+#[test]
+fn three_managers_each_find_the_others_blocks() {
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let a = manager(Some(pa), &[pb, pc], &[]);
+    let b = manager(Some(pb), &[pa, pc], &[]);
+    let c = manager(Some(pc), &[pa, pb], &[]);
+    save(&a, 11, &blocks(110, 3));
+    save(&b, 12, &blocks(120, 3));
+    assert_eq!(restore(&c, 11, 3), (3, blocks(110, 3)));
+    assert_eq!(restore(&c, 12, 3), (3, blocks(120, 3)));
+    assert_eq!(restore(&a, 12, 3), (3, blocks(120, 3)));
+    assert_eq!(restore(&b, 11, 3), (3, blocks(110, 3)));
+}
+
+#[test]
+fn off_loopback_without_tls_is_refused_at_start() {
+    for args in [
+        vec!["--peer-listen", "0.0.0.0:7470"],
+        vec!["--peer", "10.1.2.3:7470"],
+        vec!["--peer", "localhost:7470"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+            .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
+            .args(&args)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("requires mutual TLS"), "{args:?}: {err}");
+    }
+}
+
+/// A CA and certificates for 127.0.0.1 made with the openssl command.
+fn make_pki(dir: &Path, ca: &str, names: &[&str]) {
+    let run = |args: &[&str]| {
+        let st = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl");
+        assert!(st.success(), "openssl {args:?}");
+    };
+    let ca_key = format!("{ca}.key");
+    let ca_crt = format!("{ca}.crt");
+    run(&[
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        &ca_key,
+    ]);
+    run(&[
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        &ca_key,
+        "-subj",
+        &format!("/CN={ca}"),
+        "-days",
+        "2",
+        "-out",
+        &ca_crt,
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext");
+    for n in names {
+        let key = format!("{n}.key");
+        run(&[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            &key,
+        ]);
+        run(&[
+            "pkcs8",
+            "-topk8",
+            "-nocrypt",
+            "-in",
+            &key,
+            "-out",
+            &format!("{n}.pk8"),
+        ]);
+        run(&[
+            "req",
+            "-new",
+            "-key",
+            &key,
+            "-subj",
+            &format!("/CN={n}"),
+            "-out",
+            &format!("{n}.csr"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{n}.csr"),
+            "-CA",
+            &ca_crt,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            "-out",
+            &format!("{n}.crt"),
+        ]);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.join(format!("{n}.pk8")),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("chmod");
+    }
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn tls_flags(dir: &Path, name: &str, ca: &str) -> Vec<String> {
+    let p = |f: String| dir.join(f).to_str().expect("utf8").to_string();
+    vec![
+        "--peer-tls-cert".into(),
+        p(format!("{name}.crt")),
+        "--peer-tls-key".into(),
+        p(format!("{name}.pk8")),
+        "--peer-tls-ca".into(),
+        p(format!("{ca}.crt")),
+    ]
+}
+
+#[test]
+fn mutual_tls_serves_and_a_wrong_certificate_is_refused() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED: the openssl command (to make test certificates) is not installed");
+        return;
+    }
+    let pki = tempfile::tempdir().expect("tempdir");
+    make_pki(pki.path(), "ca", &["a", "b"]);
+    make_pki(pki.path(), "rogue", &["c"]);
+    let pa = free_port();
+    let fa = tls_flags(pki.path(), "a", "ca");
+    let fb = tls_flags(pki.path(), "b", "ca");
+    let fc = tls_flags(pki.path(), "c", "rogue");
+    let a = manager(Some(pa), &[], &refs(&fa));
+    save(&a, 13, &blocks(130, 4));
+    let b = manager(None, &[pa], &refs(&fb));
+    assert_eq!(restore(&b, 13, 4), (4, blocks(130, 4)), "over mutual TLS");
+    assert_eq!(b.stats()["peers"]["tls"], true);
+    assert_eq!(source_stat(&a, "refused"), 0);
+    // C's certificate chains to another CA: A refuses it (and C refuses A's).
+    let c = manager(None, &[pa], &refs(&fc));
+    assert_eq!(restore(&c, 13, 4).0, 0, "refused: a miss");
+    assert_eq!(c.stats()["blocks_committed_total"], 0);
+    assert_eq!(peer_stat(&c, "errors"), 1);
+    assert_eq!(source_stat(&a, "refused"), 1, "C's handshake refused");
+    // A plain-TCP client on the TLS port gets nothing either.
+    let mut s = TcpStream::connect(("127.0.0.1", pa)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let req = PeerRequest::Fetch {
+        fingerprint: FP,
+        shard: 0,
+        salt: orbitkv_client::namespace_salt(b""),
+        block_bytes: BB as u64,
+        generation: 0,
+        hashes: hashes(13, 4),
+    };
+    let _ = write_frame(&mut s, req.kind(), 1, &req.encode());
+    let mut sink = Vec::new();
+    let _ = s.read_to_end(&mut sink);
+    assert!(
+        sink.windows(BB.min(64)).all(|w| w != &blocks(130, 1)[0][..64]),
+        "no block bytes to a peer without a certificate"
+    );
+    // A key readable by others is refused at start-up.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(pki.path().join("b.pk8"), std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
+    let mut args = vec![
+        "--socket".to_string(),
+        "/nonexistent/x.sock".into(),
+        "--metrics-addr".into(),
+        "off".into(),
+    ];
+    args.extend(["--peer".into(), format!("127.0.0.1:{pa}")]);
+    args.extend(fb);
+    let out = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+        .args(&args)
+        .output()
+        .expect("run");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("chmod 600"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn plain_loopback_refuses_a_peer_of_another_uid() {
+    let is_root = orbitkv_shm::peer::my_uid() == 0;
+    let has_setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    if !is_root || !has_setpriv {
+        eprintln!(
+            "SKIPPED: needs root and setpriv to connect as another uid (root: {is_root}, setpriv: {has_setpriv})"
+        );
+        return;
+    }
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &[]);
+    save(&a, 14, &blocks(140, 2));
+    // uid 65534 connects to A's plain peer port and sends a valid Fetch.
+    let req = PeerRequest::Fetch {
+        fingerprint: FP,
+        shard: 0,
+        salt: orbitkv_client::namespace_salt(b""),
+        block_bytes: BB as u64,
+        generation: 0,
+        hashes: hashes(14, 2),
+    };
+    let mut frame = Vec::new();
+    write_frame(&mut frame, req.kind(), 1, &req.encode()).expect("frame");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("fetch.bin");
+    std::fs::write(&f, &frame).expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c"])
+        .arg(format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{pa}; cat {} >&3; timeout 5 cat <&3 | wc -c",
+            f.display()
+        ))
+        .output()
+        .expect("setpriv");
+    let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(got, "0", "no reply bytes to another uid: {out:?}");
+    assert_eq!(source_stat(&a, "refused"), 1);
+    assert_eq!(source_stat(&a, "fetches"), 0);
+    assert_eq!(a.stats()["live_leases"], 0);
+}
+
+#[test]
+fn a_restarted_source_is_reached_again_on_a_fresh_connection() {
+    let pa = free_port();
+    let mut a = manager(Some(pa), &[], &[]);
+    let b = manager(None, &[pa], &[]);
+    save(&a, 15, &blocks(150, 2));
+    assert_eq!(restore(&b, 15, 2), (2, blocks(150, 2)));
+    // B keeps that connection pooled; A dies and comes back on the same port.
+    a.child.kill().expect("SIGKILL A");
+    let _ = a.child.wait();
+    let a = manager(Some(pa), &[], &[]);
+    save(&a, 16, &blocks(160, 3));
+    assert_eq!(
+        restore(&b, 16, 3),
+        (3, blocks(160, 3)),
+        "the dead pooled connection is replaced, not reported as a miss"
+    );
+    assert_eq!(peer_stat(&b, "errors"), 0);
+}

@@ -1,0 +1,339 @@
+//! Peer Managers in two network namespaces joined by a veth pair (issue 12):
+//! each Manager sees only its own namespace's address, traffic crosses the veth
+//! over mutual TLS, and a Manager holding a certificate from another CA is
+//! refused. Created by the test; skipped, with the reason printed, where this
+//! user may not create network namespaces (not root, or no `ip netns`).
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use orbitkv_client::Client;
+use support::*;
+
+const BB: usize = 64 << 10;
+const FP: [u8; 32] = [3; 32];
+const PORT: u16 = 7470;
+
+/// Two namespaces `<tag>a` (10.77.<k>.1) and `<tag>b` (10.77.<k>.2) and the veth
+/// between them; removed on drop.
+struct Netns {
+    a: String,
+    b: String,
+    ip_a: String,
+    ip_b: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Netns {
+    fn create() -> Result<Netns, String> {
+        let k = std::process::id() % 200 + 20;
+        let tag = format!("okv{}", std::process::id());
+        let n = Netns {
+            a: format!("{tag}a"),
+            b: format!("{tag}b"),
+            ip_a: format!("10.77.{k}.1"),
+            ip_b: format!("10.77.{k}.2"),
+        };
+        ip(&["netns", "add", &n.a])?;
+        ip(&["netns", "add", &n.b])?;
+        let (va, vb) = (
+            format!("va{}", std::process::id()),
+            format!("vb{}", std::process::id()),
+        );
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        ip(&["link", "set", &va, "netns", &n.a])?;
+        ip(&["link", "set", &vb, "netns", &n.b])?;
+        for (ns, dev, addr) in [(&n.a, &va, &n.ip_a), (&n.b, &vb, &n.ip_b)] {
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+/// A Manager process inside network namespace `ns`.
+struct InNs {
+    child: Child,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl InNs {
+    fn start(ns: &str, args: &[String]) -> InNs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("m.sock");
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_orbitkv-manager")])
+            .arg("--socket")
+            .arg(&socket)
+            .args([
+                "--dram-size",
+                "8MiB",
+                "--metrics-addr",
+                "off",
+                "--log-level",
+                "warn",
+            ])
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        eventually("manager socket", || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
+        InNs {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket, None, Duration::from_secs(10)).expect("connect")
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let c = self.client();
+        let s = c.stats_json().expect("stats");
+        c.close().expect("close");
+        serde_json::from_str(&s).expect("json")
+    }
+}
+
+impl Drop for InNs {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let st = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl");
+    assert!(st.success(), "openssl {args:?}");
+}
+
+/// CA `ca` and one certificate per (name, IP).
+fn make_pki(dir: &Path, ca: &str, certs: &[(&str, &str)]) {
+    let (ca_key, ca_crt) = (format!("{ca}.key"), format!("{ca}.crt"));
+    openssl(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            &ca_key,
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            &ca_key,
+            "-subj",
+            &format!("/CN={ca}"),
+            "-days",
+            "2",
+            "-out",
+            &ca_crt,
+        ],
+    );
+    for (n, addr) in certs {
+        let ext = format!("{n}.cnf");
+        std::fs::write(
+            dir.join(&ext),
+            format!("subjectAltName=IP:{addr}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"),
+        )
+        .expect("ext");
+        let key = format!("{n}.key");
+        openssl(
+            dir,
+            &[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                &key,
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "pkcs8",
+                "-topk8",
+                "-nocrypt",
+                "-in",
+                &key,
+                "-out",
+                &format!("{n}.pk8"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-new",
+                "-key",
+                &key,
+                "-subj",
+                &format!("/CN={n}"),
+                "-out",
+                &format!("{n}.csr"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{n}.csr"),
+                "-CA",
+                &ca_crt,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &format!("{n}.crt"),
+            ],
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.join(format!("{n}.pk8")),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("chmod");
+    }
+}
+
+fn tls(dir: &Path, name: &str, ca: &str) -> Vec<String> {
+    let p = |f: String| dir.join(f).display().to_string();
+    vec![
+        "--peer-tls-cert".into(),
+        p(format!("{name}.crt")),
+        "--peer-tls-key".into(),
+        p(format!("{name}.pk8")),
+        "--peer-tls-ca".into(),
+        p(format!("{ca}.crt")),
+    ]
+}
+
+#[test]
+fn two_network_namespaces_over_mutual_tls() {
+    if orbitkv_shm::peer::my_uid() != 0 {
+        eprintln!("SKIPPED: creating network namespaces needs root");
+        return;
+    }
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED: the openssl command (to make test certificates) is not installed");
+        return;
+    }
+    let net = match Netns::create() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot create network namespaces and a veth pair here: {e}");
+            return;
+        }
+    };
+    let pki = tempfile::tempdir().expect("tempdir");
+    make_pki(pki.path(), "ca", &[("a", &net.ip_a), ("b", &net.ip_b)]);
+    make_pki(pki.path(), "rogue", &[("r", &net.ip_b)]);
+    let mut a_args = vec!["--peer-listen".to_string(), format!("{}:{PORT}", net.ip_a)];
+    a_args.extend(tls(pki.path(), "a", "ca"));
+    let a = InNs::start(&net.a, &a_args);
+    let mut b_args = vec!["--peer".to_string(), format!("{}:{PORT}", net.ip_a)];
+    b_args.extend(tls(pki.path(), "b", "ca"));
+
+    let data: Vec<Vec<u8>> = (0..4).map(|i| block(90 + i, BB)).collect();
+    let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(21, i)).collect();
+    let c = a.client();
+    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    assert_eq!(c.save(&ns, &hs, &src).expect("save").stored, 4);
+    c.close().expect("close");
+
+    // B, in the other namespace, reaches A only across the veth, over mutual TLS.
+    {
+        let b = InNs::start(&net.b, &b_args);
+        let c = b.client();
+        let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+        let mut out = vec![vec![0u8; BB]; 4];
+        let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        assert_eq!(c.restore(&ns, &hs, &mut dst).expect("restore"), 4);
+        c.close().expect("close");
+        assert_eq!(out, data, "byte-exact across the veth");
+        assert_eq!(b.stats()["peers"]["peers"][0]["health"], "up");
+        assert_eq!(a.stats()["peers"]["source"]["blocks_sent"], 4);
+    }
+
+    // The same Manager with a certificate from another CA is refused.
+    let mut r_args = vec!["--peer".to_string(), format!("{}:{PORT}", net.ip_a)];
+    r_args.extend(tls(pki.path(), "r", "rogue"));
+    let r = InNs::start(&net.b, &r_args);
+    let c = r.client();
+    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+    let mut out = vec![vec![0u8; BB]; 4];
+    let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+    assert_eq!(
+        c.restore(&ns, &hs, &mut dst).expect("restore"),
+        0,
+        "refused: a miss"
+    );
+    c.close().expect("close");
+    let st = r.stats();
+    assert_eq!(st["blocks_committed_total"], 0);
+    assert_eq!(st["peers"]["peers"][0]["errors"], 1);
+    assert_eq!(a.stats()["peers"]["source"]["refused"], 1);
+
+    // Without TLS files, the non-loopback address is refused at start-up.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.b, env!("CARGO_BIN_EXE_orbitkv-manager")])
+        .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
+        .args(["--peer", &format!("{}:{PORT}", net.ip_a)])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("requires mutual TLS"));
+}
