@@ -22,6 +22,22 @@ Reported per engine step (median over steps, then median over repetitions):
 The emulated model forward is not timed (there is no model on a CPU box); on a real
 engine the step also contains the forward, so these ratios are upper bounds.
 
+Admission (`admission` in the JSON): a burst of `--admission-requests` requests added at
+once, per admitted request, in the same run:
+  * `null`          - the null connector (the floor);
+  * `orbitkv_miss`  - every request misses (the presence table answers, no message);
+  * `orbitkv_hit`   - every prompt was saved beforehand (probable hit: background
+                      lookup, vLLM asked again next step);
+  * `orbitkv_hit_inline` - the same with `orbitkv.async_lookups = false` (the lookup
+                      round trip on the scheduler thread), for comparison.
+Reported: the scheduler-thread time inside `get_num_new_matched_tokens` per request
+(all its calls summed; median, p90, mean over requests), the whole scheduler-thread
+time (schedule + update_from_output, every step until all requests finished) per
+request, and the time from the burst to each request's answer (the connector
+returned a number: miss, or hit with its load planned). Hit and miss runs do
+different work after admission (loads instead of prefill), so only the hook cost
+compares them directly.
+
 Run inside the pinned venv (scripts/vllm-venv.sh) with the native wheel installed:
     python benches/vllm_overhead.py [--reps 5] [--requests 64] [--prompt-tokens 512]
 Writes bench-results/vllm_overhead.json.
@@ -175,6 +191,157 @@ def _instrument(connector: Any) -> list[float]:
     return clock
 
 
+def admission_run(
+    variant: str, model_dir: Path, socket_path: str, prompts: list[list[int]], max_tokens: int
+) -> dict[str, Any]:
+    """One burst of `prompts`: per-request scheduler-thread cost of the connector's
+    `get_num_new_matched_tokens` and time to its answer (see the module docs)."""
+    null = variant == "null"
+    connector, module = ("NullConnector", "null_connector") if null else ("OrbitKVConnector", "orbitkv.vllm")
+    extra = {"orbitkv.async_lookups": False} if variant == "orbitkv_hit_inline" else None
+    cfg = make_vllm_config(
+        model_dir,
+        socket_path=socket_path,
+        kv_connector=connector,
+        module_path=module,
+        max_num_batched_tokens=2048,
+        extra=extra,
+    )
+    engine = Engine.build(cfg, num_blocks=4096)
+    if variant != "null":
+        engine.connector.scheduler_side.session.client()
+        engine.worker.worker_side.session.client()
+        time.sleep(PREFAULT_WAIT_S)
+    per_req: dict[str, float] = {}
+    first_call: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    answered: dict[str, float] = {}
+    fn = engine.connector.get_num_new_matched_tokens
+
+    def timed(request: Any, num_computed_tokens: int) -> Any:
+        t = time.perf_counter()
+        r = fn(request, num_computed_tokens)
+        t2 = time.perf_counter()
+        per_req[request.request_id] = per_req.get(request.request_id, 0.0) + (t2 - t)
+        first_call.setdefault(request.request_id, t2 - t)
+        calls[request.request_id] = calls.get(request.request_id, 0) + 1
+        if r[0] is not None and request.request_id not in answered:
+            answered[request.request_id] = t2
+        return r
+
+    engine.connector.get_num_new_matched_tokens = timed
+    sched, w = engine.scheduler, engine.worker
+    reqs = [make_request(p, max_tokens=max_tokens) for p in prompts]
+    thread_s = 0.0
+    steps = 0
+    t_start = time.perf_counter()
+    for r in reqs:
+        sched.add_request(r)
+    while sched.requests:
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        t1 = time.perf_counter()
+        out = _step_output(engine, so)
+        meta = so.kv_connector_metadata
+        w.handle_preemptions(meta)
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(None)
+        w.wait_for_save()
+        out.kv_connector_output = kv_connector_output(w, so)
+        t2 = time.perf_counter()
+        sched.update_from_output(so, out)
+        t3 = time.perf_counter()
+        thread_s += (t1 - t0) + (t3 - t2)
+        steps += 1
+        if not so.total_num_scheduled_tokens:
+            time.sleep(0.0002)  # a real engine's busy loop; lets background work land
+    costs = sorted(per_req[r.request_id] * 1e6 for r in reqs)
+    waits = sorted((answered[r.request_id] - t_start) * 1e3 for r in reqs)
+    result: dict[str, Any] = {
+        "requests": len(reqs),
+        "hook_us_per_request_median": statistics.median(costs),
+        "hook_us_per_request_p90": statistics.quantiles(costs, n=10)[-1],
+        "hook_us_per_request_mean": statistics.fmean(costs),
+        # The first call alone (the presence probe, or the lookup's hand-off) and how
+        # often vLLM asked per request (again after a `None`, or when it could not
+        # allocate the request's blocks yet).
+        "hook_first_call_us_median": statistics.median(first_call[r.request_id] * 1e6 for r in reqs),
+        "hook_calls_per_request_median": statistics.median(calls[r.request_id] for r in reqs),
+        # Every schedule() + update_from_output() of the run (until all finished),
+        # per request: what the burst cost the scheduler thread in all.
+        "scheduler_thread_us_per_admitted_request": thread_s / len(reqs) * 1e6,
+        "steps": steps,
+        "answer_ms_median": statistics.median(waits),
+        "answer_ms_max": waits[-1],
+    }
+    if variant != "null":
+        c = engine.connector.scheduler_side.counters
+        for k in ("lookups", "presence_misses", "async_lookups", "hit_blocks", "manager_errors"):
+            result[k] = c[k]
+        engine.shutdown()
+    return result
+
+
+def admission_probe(
+    model_dir: Path, socket_path: str, requests: int, prompt_tokens_n: int, max_tokens: int, reps: int
+) -> dict[str, Any]:
+    variants = ["null", "orbitkv_miss", "orbitkv_hit", "orbitkv_hit_inline"]
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for rep in range(reps):
+        saved = [prompt_tokens(prompt_tokens_n, 7_000_000 * (rep + 1) + i) for i in range(requests)]
+        # Save the hit prompts through an engine of their own (its worker stores them).
+        saver = Engine.build(make_vllm_config(model_dir, socket_path=socket_path, max_num_batched_tokens=4096), 4096)
+        ids = []
+        for p in saved:
+            r = make_request(p, max_tokens=1)
+            saver.scheduler.add_request(r)
+            ids.append(r.request_id)
+        saver.run_to_completion(ids, max_steps=100_000)
+        saver.run_until_drained(max_steps=100_000)
+        saver.shutdown()
+        order = variants[rep % 4 :] + variants[: rep % 4]
+        for variant in order:
+            if variant.startswith("orbitkv_hit"):
+                prompts = saved
+            else:
+                seed = 9_000_000 * (rep + 1) + 100_000 * variants.index(variant)
+                prompts = [prompt_tokens(prompt_tokens_n, seed + i) for i in range(requests)]
+            runs[variant].append(admission_run(variant, model_dir, socket_path, prompts, max_tokens))
+
+    def med(v: str, k: str) -> float:
+        return statistics.median(r[k] for r in runs[v])
+
+    summary: dict[str, Any] = {
+        v: {
+            k: med(v, k)
+            for k in (
+                "hook_first_call_us_median",
+                "hook_calls_per_request_median",
+                "hook_us_per_request_median",
+                "hook_us_per_request_p90",
+                "hook_us_per_request_mean",
+                "scheduler_thread_us_per_admitted_request",
+                "answer_ms_median",
+                "answer_ms_max",
+            )
+        }
+        for v in variants
+    }
+    for v in variants[1:]:
+        summary[v]["hook_us_vs_null_median"] = (
+            summary[v]["hook_us_per_request_median"] - summary["null"]["hook_us_per_request_median"]
+        )
+        summary[v]["scheduler_thread_us_vs_null"] = (
+            summary[v]["scheduler_thread_us_per_admitted_request"]
+            - summary["null"]["scheduler_thread_us_per_admitted_request"]
+        )
+    return {
+        "workload": {"requests": requests, "prompt_tokens": prompt_tokens_n, "max_tokens": max_tokens, "reps": reps},
+        "summary": summary,
+        "runs": runs,
+    }
+
+
 def layout_probe(model_dir: Path, socket_path: str, blocks: int, reps: int) -> dict[str, Any]:
     """Save + restore throughput of the worker copy path per KV layout (real Manager).
 
@@ -246,6 +413,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--admission-requests", type=int, default=64)
+    ap.add_argument("--admission-reps", type=int, default=3)
+    ap.add_argument("--only-admission", action="store_true", help="skip the step-overhead runs and the layout probe")
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "vllm_overhead.json"))
     args = ap.parse_args()
 
@@ -255,6 +425,23 @@ def main() -> None:
     variants = ["none", "null", "orbitkv"]
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     try:
+        admission = admission_probe(
+            model_dir,
+            str(manager.socket_path),
+            args.admission_requests,
+            args.prompt_tokens,
+            args.max_tokens,
+            args.admission_reps,
+        )
+        # A full presence table answers "maybe" for everything: misses become lookups.
+        st = manager.stats()
+        admission["manager_presence"] = {k: st[k] for k in ("presence_slots", "presence_entries", "presence_saturated")}
+        if args.only_admission:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"benchmark": "vllm_overhead", "admission": admission}, indent=2))
+            print(json.dumps(admission["summary"], indent=1))
+            return
         for rep in range(args.reps):
             # Rotate the order so no variant always runs first or last.
             order = variants[rep % 3 :] + variants[: rep % 3]
@@ -329,6 +516,7 @@ def main() -> None:
         "orbitkv_hooks_share_of_none_step": med("orbitkv", "orbitkv_hooks_us_median") / none_sched,
         "step_overhead_ratio": okv_step / none_step - 1.0,
         "runs": runs,
+        "admission": admission,
         "layout_probe": layouts,
         "note": (
             "Step times exclude the model forward (none exists on CPU); on a real engine the "
@@ -351,6 +539,7 @@ def main() -> None:
         "step_overhead_ratio",
         "layout_probe",
     )
+    print(json.dumps(admission["summary"], indent=1))
     print(json.dumps({k: report[k] for k in keys}, indent=1))
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "Namespace",
     "OrbitKVError",
     "PageLayout",
+    "PendingLookup",
     "PendingSave",
     "ProtocolError",
     "RestoreFailed",
@@ -155,6 +156,11 @@ class PendingSave:
         """Aborts the save unless it was committed (a no-op when done)."""
 
 @final
+class PendingLookup:
+    def done(self) -> bool: ...  # the Manager answered, or the lookup failed
+    def result(self) -> Lease: ...  # waits (GIL released); raises the lookup's error; once
+
+@final
 class Client:
     def __new__(
         cls,
@@ -185,7 +191,18 @@ class Client:
         shard: int = 0,
         salt: bytes = ...,  # default b"": no salt; any length, encoded by `namespace_salt`
     ) -> Namespace: ...
+    @property
+    def has_presence(self) -> bool: ...  # the Manager publishes a presence table (--presence-slots)
+    def probably_present(self, ns: Namespace, hashes: Sequence[bytes]) -> int:
+        """Length of the prefix of `hashes` that may be present in `ns`, read from the
+        Manager's shared presence table with no message (0: the first block is certainly
+        absent; hashes after the first absent one are not examined). Promises nothing for
+        a non-zero answer: only `lookup` pins. `len(hashes)` without a table; raises
+        `ManagerUnavailable` once the Manager closed or died."""
     def lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> Lease: ...
+    def start_lookup(self, ns: Namespace, hashes: Sequence[bytes]) -> PendingLookup:
+        """`lookup` on this client's background thread (no Python code runs there, so it
+        needs no GIL); returns at once."""
     def lookup_tp(self, namespaces: Sequence[Namespace], hashes: Sequence[bytes]) -> TpLease: ...
     def redeem_tp(self, token: bytes, ns: Namespace) -> Lease: ...  # this shard's part, as a Lease of this client
     def release_tp(self, lease: TpLease) -> bool: ...  # owner only; False: it had ended already (or a repeat)

@@ -10,11 +10,13 @@ use orbitkv_proto::{
 };
 use orbitkv_shm::Mapping;
 use orbitkv_shm::fdpass::recv_with_fds;
+use orbitkv_shm::presence::PresenceView;
 
 use crate::ClientError;
 
-/// An open connection, its session id and the mapped arena segments.
-pub(crate) type Opened = (Conn, u64, Vec<SegmentView>);
+/// An open connection, its session id, the mapped arena segments and the
+/// presence table (when the Manager publishes one).
+pub(crate) type Opened = (Conn, u64, Vec<SegmentView>, Option<PresenceView>);
 
 /// One arena segment as the Manager announced it; mapped unless control-only.
 #[derive(Debug)]
@@ -34,6 +36,9 @@ struct Inner {
 #[derive(Debug)]
 pub(crate) struct Conn {
     inner: Mutex<Inner>,
+    /// A duplicate of the socket, polled without the lock for a hang-up
+    /// (the Manager closed or died) while another thread waits for a reply.
+    watch: std::os::fd::OwnedFd,
 }
 
 fn io_err(e: FrameError) -> ClientError {
@@ -171,8 +176,12 @@ impl Conn {
             );
         }
         let resp = decode_response(header.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let (session, segments) = match resp {
-            Response::HelloOk { session, segments } => (session, segments),
+        let (session, segments, presence_slots) = match resp {
+            Response::HelloOk {
+                session,
+                segments,
+                presence_slots,
+            } => (session, segments, presence_slots),
             Response::Error { code, message } => return Err(refusal(code, message)),
             other => {
                 return Err(ClientError::Protocol(format!(
@@ -181,14 +190,29 @@ impl Conn {
                 )));
             }
         };
-        let expected_fds = if map_arena { segments.len() } else { 0 };
+        let arena_fds = if map_arena { segments.len() } else { 0 };
+        let expected_fds = arena_fds + usize::from(presence_slots > 0);
         if fds.len() != expected_fds {
             return Err(ClientError::Protocol(format!(
-                "Manager announced {} segment(s) and passed {} fd(s); expected {expected_fds}",
+                "Manager announced {} segment(s){} and passed {} fd(s); expected {expected_fds}",
                 segments.len(),
+                if presence_slots > 0 {
+                    " and a presence table"
+                } else {
+                    ""
+                },
                 fds.len()
             )));
         }
+        let presence = match presence_slots {
+            0 => None,
+            slots => {
+                let fd = fds
+                    .pop()
+                    .ok_or_else(|| ClientError::Protocol("no presence fd".into()))?;
+                Some(PresenceView::open(fd, slots)?)
+            }
+        };
         let mut maps = Vec::with_capacity(segments.len());
         for (info, fd) in segments.iter().zip(fds) {
             maps.push(SegmentView {
@@ -205,6 +229,11 @@ impl Conn {
                 mapping: None,
             }));
         }
+        let watch = std::os::fd::OwnedFd::from(
+            stream
+                .try_clone()
+                .map_err(|e| ClientError::Unavailable(format!("duplicating the socket: {e}")))?,
+        );
         Ok((
             Conn {
                 inner: Mutex::new(Inner {
@@ -212,9 +241,11 @@ impl Conn {
                     next_id: 2,
                     broken: false,
                 }),
+                watch,
             },
             session,
             maps,
+            presence,
         ))
     }
 
@@ -242,6 +273,33 @@ impl Conn {
             g.broken = true; // framing can no longer be trusted
         }
         r
+    }
+
+    /// Has the Manager's end of the connection gone (closed, crashed,
+    /// restarted)? One `poll` with zero timeout, without taking the lock, so it
+    /// never waits for a reply another thread is expecting. A pending reply
+    /// (readable data) is not a hang-up.
+    pub(crate) fn hung_up(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, poll};
+        let mut fds = [PollFd::new(&self.watch, PollFlags::RDHUP)];
+        match poll(
+            &mut fds,
+            Some(&rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            }),
+        ) {
+            Ok(0) => false,
+            Ok(_) => fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+            Err(_) => false,
+        }
+    }
+
+    /// Mark the connection unusable (the Manager is gone).
+    pub(crate) fn mark_broken(&self) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).broken = true;
     }
 
     pub(crate) fn shutdown(&self) {

@@ -33,6 +33,9 @@ pub struct Namespace {
     pub block_bytes: u64,
     pub fingerprint: [u8; 32],
     pub shard: u32,
+    /// This namespace's key into the Manager's presence table (see
+    /// [`Client::probably_present`]); from the Manager that registered it.
+    pub presence_key: [u8; orbitkv_proto::PRESENCE_KEY_BYTES],
 }
 
 /// Result of a lookup: the longest contiguous hit, pinned under `lease`
@@ -92,6 +95,8 @@ pub struct Client {
     control_only: bool,
     socket_path: PathBuf,
     closed: AtomicBool,
+    /// The Manager's presence table, mapped read-only (None: it publishes none).
+    presence: Option<orbitkv_shm::presence::PresenceView>,
     /// Copies hold it shared; `close` takes it exclusively, so the Manager is
     /// told "drained" only after every copy touching the arena has finished
     /// (contract L6).
@@ -169,7 +174,7 @@ impl Client {
             ));
         }
         let map_arena = opts.map_arena;
-        let (conn, session, views) =
+        let (conn, session, views, presence) =
             conn::Conn::open(path, opts.token, opts.timeout, map_arena, opts.server_uid)?;
         let announced = views.iter().map(|v| (v.id, v.size)).collect();
         let segments: Vec<(u32, Arc<Mapping>)> = views
@@ -185,6 +190,7 @@ impl Client {
             control_only: !map_arena,
             socket_path: path.to_path_buf(),
             closed: AtomicBool::new(false),
+            presence,
             copies: RwLock::new(()),
         })
     }
@@ -295,15 +301,68 @@ impl Client {
             salt: namespace_salt(salt.as_ref()),
             block_bytes,
         })? {
-            Response::Namespace { ns, generation } => Ok(Namespace {
+            Response::Namespace {
+                ns,
+                generation,
+                presence_key,
+            } => Ok(Namespace {
                 id: ns,
                 generation,
                 block_bytes,
                 fingerprint,
                 shard,
+                presence_key,
             }),
             r => Err(Self::unexpected(r)),
         }
+    }
+
+    /// How many of `hashes`, from the first, may be present in `ns`: the
+    /// prefix before the first block the Manager's presence table says is
+    /// certainly absent. Sends no message: it reads the shared table (and
+    /// polls the socket once, so a Manager that closed or died is reported
+    /// as [`ClientError::Unavailable`] instead of answering from a dead
+    /// table). A prefix > 0 promises nothing: only [`Client::lookup`] takes a
+    /// lease on blocks that are there. Without a table (`--presence-slots
+    /// off`) every block may be present: returns `hashes.len()`.
+    pub fn probably_present(&self, ns: &Namespace, hashes: &[Hash]) -> Result<usize, ClientError> {
+        self.probably_present_iter(ns, hashes.iter().copied(), hashes.len())
+    }
+
+    /// [`Client::probably_present`] over hashes produced lazily (a binding
+    /// converts only those it needs: a miss stops at the first). `len` is the
+    /// answer when no table is published.
+    pub fn probably_present_iter(
+        &self,
+        ns: &Namespace,
+        hashes: impl IntoIterator<Item = Hash>,
+        len: usize,
+    ) -> Result<usize, ClientError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ClientError::Closed);
+        }
+        let Some(table) = &self.presence else {
+            return Ok(len);
+        };
+        let gone = || {
+            self.conn.mark_broken();
+            ClientError::Unavailable("the Manager closed the connection".into())
+        };
+        if self.conn.hung_up() {
+            return Err(gone());
+        }
+        table
+            .present_prefix(
+                hashes
+                    .into_iter()
+                    .map(|h| orbitkv_shm::presence::fingerprint(&ns.presence_key, &h)),
+            )
+            .map_err(|_| gone())
+    }
+
+    /// Whether the Manager published a presence table to this client.
+    pub fn has_presence(&self) -> bool {
+        self.presence.is_some()
     }
 
     pub fn lookup(&self, ns: &Namespace, hashes: &[Hash]) -> Result<LookupHit, ClientError> {

@@ -9,6 +9,8 @@
 //!   is not visible;
 //! - arena accounting and ownership invariants hold after every step.
 
+mod common;
+
 use std::collections::HashSet;
 
 use orbitkv_core::{
@@ -63,6 +65,7 @@ proptest! {
         // 12 slots of 4 KiB: small enough that eviction and refusal happen. Every
         // selectable policy must keep the same lease, pin and visibility rules.
         let mut c = CacheState::with_policy(&[8 * 4096, 4 * 4096], orbitkv_core::policy::PolicyKind::ALL[kind]);
+        let presence = common::Recorder::install(&mut c);
         let key = NamespaceKey { fingerprint: Fingerprint([7; 32]), shard: 0, salt: [0; 32] };
         let (ns, _) = c.register_namespace(key, 4096).expect("register");
         let mut sessions: Vec<SessionId> = (0..3).map(|_| c.open_session()).collect();
@@ -191,6 +194,7 @@ proptest! {
                 for h in hs { prop_assert!(c.is_visible(ns, h), "leased block evicted"); }
             }
             c.check_invariants().map_err(TestCaseError::fail)?;
+            presence.check(&c).map_err(TestCaseError::fail)?;
         }
         // Ending every session (cleanly or with proof) frees every hold.
         for s in sessions {

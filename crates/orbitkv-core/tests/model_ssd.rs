@@ -4,6 +4,8 @@
 //! invariants hold, a block whose staging failed is never visible again, and
 //! `Ready` never hands out a slot twice within one lease.
 
+mod common;
+
 use std::collections::HashSet;
 
 use orbitkv_core::{AcquireStep, BlockHash, CacheState, Fingerprint, NamespaceKey, SessionId};
@@ -39,6 +41,7 @@ proptest! {
         let mut c = CacheState::with_policy(&[6 * 4096], orbitkv_core::policy::PolicyKind::ALL[kind]);
         let policy = if eager { orbitkv_core::SpillPolicy::Eager } else { orbitkv_core::SpillPolicy::Evict };
         c.enable_ssd_with(min_hits, policy);
+        let presence = common::Recorder::install(&mut c);
         let key = NamespaceKey { fingerprint: Fingerprint([3; 32]), shard: 0, salt: [0; 32] };
         let (ns, _) = c.register_namespace(key, 4096).expect("ns");
         let s: SessionId = c.open_session();
@@ -104,6 +107,7 @@ proptest! {
             }
             let _ = c.take_ssd_removals();
             c.check_invariants().map_err(TestCaseError::fail)?;
+            presence.check(&c).map_err(TestCaseError::fail)?;
             prop_assert_eq!(c.gauges().live_leases, 0);
         }
     }

@@ -105,6 +105,11 @@ pub struct Args {
     /// lru-chain or tinylfu (docs/performance.md compares them on traces) [default: duel]
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
+    /// Slots of the presence table clients read to answer "certainly absent" without a
+    /// message: a power of two (1024..=268435456), `auto` (twice the 4 KiB extents of DRAM
+    /// and SSD: it cannot fill up) or `off` [default: auto]
+    #[arg(long, env = "ORBITKV_PRESENCE_SLOTS")]
+    pub presence_slots: Option<String>,
     /// Serve this Manager's blocks to peer Managers on this TCP address (host:port). Only a
     /// literal loopback address (127.0.0.0/8, [::1]) runs without TLS; any other needs
     /// --peer-tls-cert/--peer-tls-key/--peer-tls-ca (mutual TLS) [default: off]
@@ -175,6 +180,7 @@ struct FileConfig {
     ssd_engine: Option<String>,
     ssd_admit_hits: Option<u32>,
     ssd_write_policy: Option<String>,
+    presence_slots: Option<String>,
     cache_policy: Option<String>,
     peer_listen: Option<String>,
     peer: Option<Vec<String>>,
@@ -236,6 +242,8 @@ pub struct ManagerConfig {
     pub ssd: Option<SsdSettings>,
     /// DRAM eviction policy.
     pub cache_policy: orbitkv_core::policy::PolicyKind,
+    /// Slots of the presence table (0: none is published).
+    pub presence_slots: u64,
     /// Peer Managers (contract D3); `None` when this Manager neither serves nor asks peers.
     pub peers: Option<PeerSettings>,
 }
@@ -662,7 +670,45 @@ impl ManagerConfig {
                 .map_err(|e| ConfigError::Invalid(format!("cache_policy: {e}")))?,
             None => orbitkv_core::policy::PolicyKind::default(),
         };
+        // A Manager that asks peers on a local miss cannot let a local table answer
+        // "certainly absent": the block may be one peer fill away (session.rs `lookup`).
+        let asks_peers = peers
+            .as_ref()
+            .is_some_and(|p| !p.peers.is_empty() || p.etcd.is_some());
+        let presence_setting = a.presence_slots.or(file.presence_slots);
+        let presence_slots = match presence_setting.as_deref().unwrap_or("auto") {
+            "auto" if asks_peers => 0,
+            "off" => 0,
+            n if asks_peers => {
+                return Err(ConfigError::Invalid(format!(
+                    "presence_slots {n:?} with peers to ask (--peer / --etcd-endpoints): a local presence \
+                     table would answer misses that a peer could fill; use presence_slots auto or off"
+                )));
+            }
+            "auto" => {
+                // Every block takes at least one 4 KiB extent (DRAM arena and SSD file),
+                // so twice that many slots can never saturate: 16 bytes per 4 KiB cached
+                // (0.4 %), capped at 2^28 slots.
+                let bytes = dram_size.saturating_add(ssd.as_ref().map_or(0, |s| s.capacity));
+                orbitkv_shm::presence::slots_for(bytes / orbitkv_core::ALIGN)
+            }
+            n => n
+                .parse::<u64>()
+                .ok()
+                .filter(|n| {
+                    n.is_power_of_two()
+                        && (orbitkv_shm::presence::MIN_SLOTS..=orbitkv_shm::presence::MAX_SLOTS).contains(n)
+                })
+                .ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "presence_slots {n:?} must be auto, off or a power of two from {} to {}",
+                        orbitkv_shm::presence::MIN_SLOTS,
+                        orbitkv_shm::presence::MAX_SLOTS
+                    ))
+                })?,
+        };
         Ok(ManagerConfig {
+            presence_slots,
             peers,
             ssd,
             cache_policy,
@@ -802,6 +848,27 @@ mod tests {
         let c =
             ManagerConfig::from_argv(["x", "--dram-size", "10MiB", "--segment-size", "4MiB"]).expect("ok");
         assert_eq!(c.segment_sizes(), vec![4 << 20, 4 << 20, 2 << 20]);
+    }
+
+    #[test]
+    fn presence_slots_auto_off_or_a_power_of_two() {
+        let c = ManagerConfig::from_argv(["x", "--dram-size", "1GiB"]).expect("defaults");
+        // auto: twice the 4 KiB extents of 1 GiB.
+        assert_eq!(c.presence_slots, 1 << 19);
+        let c = ManagerConfig::from_argv(["x", "--presence-slots", "off"]).expect("off");
+        assert_eq!(c.presence_slots, 0);
+        let c = ManagerConfig::from_argv(["x", "--presence-slots", "4096"]).expect("4096");
+        assert_eq!(c.presence_slots, 4096);
+        for bad in ["1000", "512", "0", "lots"] {
+            let e = ManagerConfig::from_argv(["x", "--presence-slots", bad]).expect_err(bad);
+            assert!(e.to_string().contains("presence_slots"), "{e}");
+        }
+        // A Manager that asks peers on a miss publishes no table (auto), and refuses one.
+        let c = ManagerConfig::from_argv(["x", "--peer", "127.0.0.1:9"]).expect("peer");
+        assert_eq!(c.presence_slots, 0);
+        let e = ManagerConfig::from_argv(["x", "--peer", "127.0.0.1:9", "--presence-slots", "4096"])
+            .expect_err("explicit table with peers");
+        assert!(e.to_string().contains("peer"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod framing;
 pub mod log;
 mod metrics;
 mod peer;
+mod presence;
 mod server;
 mod session;
 mod shared;
@@ -40,6 +41,8 @@ pub enum ManagerError {
     Metrics { addr: SocketAddr, err: std::io::Error },
     #[error("opening the SSD tier: {0}")]
     Ssd(#[from] orbitkv_ssd::SsdError),
+    #[error(transparent)]
+    Presence(#[from] presence::PresenceError),
     #[error("peer tier: {0}")]
     Peer(String),
     #[error("binding the peer listener {addr}: {err}")]
@@ -96,6 +99,10 @@ impl Manager {
             Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,
         };
+        let presence = match config.presence_slots {
+            0 => None,
+            slots => Some(presence::Presence::start(slots, &mut cache)?),
+        };
         let peers = match &config.peers {
             Some(p) => {
                 Some(peer::PeerTier::new(p.clone(), config.allow_uids.clone()).map_err(ManagerError::Peer)?)
@@ -103,6 +110,7 @@ impl Manager {
             None => None,
         };
         let mut shared = Shared::new(config, segments, cache, below);
+        shared.presence = presence;
         shared.peers = peers;
         let shared = Arc::new(shared);
         let mut threads = Vec::new();
@@ -174,6 +182,9 @@ impl Manager {
     /// Session threads end with their connections (or the process).
     pub fn shutdown(mut self) {
         self.shared.shutdown.store(true, Ordering::Relaxed);
+        if let Some(p) = &self.shared.presence {
+            p.close(); // clients still mapping it must not trust it any more
+        }
         if let Some(addr) = self.metrics_addr() {
             let _ = std::net::TcpStream::connect(addr); // wake the blocking accept
         }

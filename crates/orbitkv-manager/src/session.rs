@@ -152,6 +152,7 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     let mut open = OpenSession::new(&shared, cred.pid, process);
     let session = open.id;
     let hello = Response::HelloOk {
+        presence_slots: shared.presence.as_ref().map_or(0, |p| p.slots()),
         session: session.0,
         segments: shared
             .segments
@@ -169,11 +170,16 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     }
     // A control-only session gets no arena: it can never copy (see `refused_for_control`).
     let control = flags & HELLO_CONTROL_ONLY != 0;
-    let fds: Vec<_> = if control {
+    let mut fds: Vec<_> = if control {
         Vec::new()
     } else {
         shared.segments.iter().map(|s| s.fd().as_fd()).collect()
     };
+    // Every authenticated session may look up, so every one gets the presence
+    // table (sealed: it can only map it read-only).
+    if let Some(p) = &shared.presence {
+        fds.push(p.fd().as_fd());
+    }
     if let Err(e) = send_with_fds(&stream, &frame, &fds) {
         log!(Warn, "session {}: sending arena fds failed: {e}", session.0);
         return; // `open` ends the session as vanished
@@ -406,7 +412,11 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             map(shared
                 .cache()
                 .register_namespace(key, block_bytes)
-                .map(|(ns, generation)| Response::Namespace { ns: ns.0, generation }))
+                .map(|(ns, generation)| Response::Namespace {
+                    ns: ns.0,
+                    generation,
+                    presence_key: shared.presence.as_ref().map_or([0; 16], |p| p.namespace_key(ns)),
+                }))
         }
         Request::Lookup { ns, hashes } => {
             map(lookup(shared, s, NsId(ns), &hashes).map(|r| Response::LookupOk {

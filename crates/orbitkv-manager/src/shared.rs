@@ -55,6 +55,8 @@ pub struct Shared {
     pub staged: Condvar,
     /// The tier below DRAM (the SSD), when configured.
     pub tier: Option<Box<dyn Tier>>,
+    /// The presence table clients read (None with `--presence-slots off`).
+    pub presence: Option<crate::presence::Presence>,
     /// Peer Managers (filled on a local miss; our blocks served to them), when configured.
     pub peers: Option<crate::peer::PeerTier>,
     pub quarantine: Mutex<Vec<Quarantined>>,
@@ -84,6 +86,7 @@ impl Shared {
             cache: Mutex::new(cache),
             staged: Condvar::new(),
             tier,
+            presence: None,
             peers: None,
             quarantine: Mutex::new(Vec::new()),
             restore_faults: AtomicU32::new(0),

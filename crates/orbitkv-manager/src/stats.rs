@@ -19,6 +19,7 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
     let sc = &shared.counters;
     let ssd = shared.tier.as_ref().map(|t| t.status().stats).unwrap_or_default();
     let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let presence = shared.presence.as_ref().map(|p| p.stats());
     vec![
         ("lookups_total", "Lookup requests", "counter", c.lookups),
         (
@@ -438,6 +439,24 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             "Recovered SSD blocks waiting for their namespace to register",
             "gauge",
             g.dormant_ssd_blocks,
+        ),
+        (
+            "presence_slots",
+            "Slots of the presence table clients read (0: none published)",
+            "gauge",
+            presence.map_or(0, |p| p.slots),
+        ),
+        (
+            "presence_entries",
+            "Visible blocks in the presence table",
+            "gauge",
+            presence.map_or(0, |p| p.entries),
+        ),
+        (
+            "presence_saturated",
+            "1 once the presence table refused an insert (clients then ask the Manager for every lookup)",
+            "gauge",
+            presence.map_or(0, |p| u64::from(p.saturated)),
         ),
     ]
 }

@@ -68,6 +68,13 @@ impl<'a> Reader<'a> {
         self.array(field)
     }
 
+    pub(crate) fn presence_key(
+        &mut self,
+        field: &'static str,
+    ) -> Result<[u8; crate::PRESENCE_KEY_BYTES], DecodeError> {
+        self.array(field)
+    }
+
     pub(crate) fn hash(&mut self, field: &'static str) -> Result<[u8; HASH_BYTES], DecodeError> {
         self.array(field)
     }

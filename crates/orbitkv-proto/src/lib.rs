@@ -14,7 +14,9 @@
 //! Bodies are little-endian fixed-width fields; sequences carry a `u32` count
 //! and are bounded. Decoding never panics and rejects trailing bytes. The arena
 //! file descriptors travel beside the `HelloOk` frame as `SCM_RIGHTS`, except to
-//! a control-only session (`Hello` flag [`HELLO_CONTROL_ONLY`]), which gets none.
+//! a control-only session (`Hello` flag [`HELLO_CONTROL_ONLY`]), which gets none;
+//! the presence table's fd (read-only) follows them to every session when the
+//! Manager publishes one (`HelloOk.presence_slots > 0`).
 //! These are the only serialisable types of OrbitKV's IPC boundary.
 #![forbid(unsafe_code)]
 
@@ -31,9 +33,12 @@ pub use frame::{
 pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, decode_response};
 
 /// Protocol version spoken by this build. 2: `LookupOk` names the SSD-only hit blocks;
-/// `LookupTp` / `RedeemTp` / `ReleaseTp` / `TpLeaseOk`. A client and a Manager of
-/// different versions refuse each other's first frame, naming both versions.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// `LookupTp` / `RedeemTp` / `ReleaseTp` / `TpLeaseOk`. 3: the presence table
+/// (`HelloOk.presence_slots` and its fd, `Namespace.presence_key`). A client and a
+/// Manager of different versions refuse each other's first frame, naming both versions.
+pub const PROTOCOL_VERSION: u16 = 3;
+/// Bytes of a namespace's presence key.
+pub const PRESENCE_KEY_BYTES: usize = 16;
 /// Bytes per block hash.
 pub const HASH_BYTES: usize = 32;
 /// Most hashes one request may carry.

@@ -1,7 +1,7 @@
 //! Message types and their body encodings.
 
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT, MAX_TOKEN, MAX_TP_SHARDS, TP_TOKEN_BYTES};
+use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT, MAX_TOKEN, MAX_TP_SHARDS, PRESENCE_KEY_BYTES, TP_TOKEN_BYTES};
 
 /// Message kinds. Requests are < 0x80, replies ≥ 0x80.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,14 +156,20 @@ pub enum SaveItem {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
-    /// Followed on the socket by one fd per segment (SCM_RIGHTS), in order.
+    /// Followed on the socket by one fd per segment (SCM_RIGHTS), in order
+    /// (none to a control-only session), then, when `presence_slots > 0`, the
+    /// fd of the read-only presence table of that many slots.
     HelloOk {
         session: u64,
         segments: Vec<SegmentInfo>,
+        presence_slots: u64,
     },
     Namespace {
         ns: u32,
         generation: u64,
+        /// This namespace's key into the presence table (keyed fingerprints;
+        /// see `orbitkv_shm::presence`). Handed only to registrants.
+        presence_key: [u8; PRESENCE_KEY_BYTES],
     },
     LookupOk {
         lease: u64,
@@ -400,14 +406,23 @@ impl Response {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            Response::HelloOk { session, segments } => {
+            Response::HelloOk {
+                session,
+                segments,
+                presence_slots,
+            } => {
                 w.u64(*session).count(segments.len());
                 for s in segments {
                     w.u32(s.id).u64(s.size);
                 }
+                w.u64(*presence_slots);
             }
-            Response::Namespace { ns, generation } => {
-                w.u32(*ns).u64(*generation);
+            Response::Namespace {
+                ns,
+                generation,
+                presence_key,
+            } => {
+                w.u32(*ns).u64(*generation).raw(presence_key);
             }
             Response::LookupOk {
                 lease,
@@ -503,11 +518,16 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
                     size: r.u64("segment size")?,
                 });
             }
-            Response::HelloOk { session, segments }
+            Response::HelloOk {
+                session,
+                segments,
+                presence_slots: r.u64("presence_slots")?,
+            }
         }
         0x82 => Response::Namespace {
             ns: r.u32("ns")?,
             generation: r.u64("generation")?,
+            presence_key: r.presence_key("presence_key")?,
         },
         0x83 => {
             let lease = r.u64("lease")?;

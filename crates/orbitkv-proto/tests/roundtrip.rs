@@ -85,8 +85,13 @@ fn every_response_round_trips() {
         Response::HelloOk {
             session: 1,
             segments: vec![SegmentInfo { id: 0, size: 1 << 28 }],
+            presence_slots: 1 << 16,
         },
-        Response::Namespace { ns: 1, generation: 2 },
+        Response::Namespace {
+            ns: 1,
+            generation: 2,
+            presence_key: [7; 16],
+        },
         Response::LookupOk {
             lease: 3,
             hit_blocks: 4,

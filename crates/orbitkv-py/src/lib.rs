@@ -405,9 +405,81 @@ impl PageLayout {
     }
 }
 
+/// The answer slot of a lookup run by a client's background thread.
+type LookupSlot = Arc<(
+    Mutex<Option<Result<orbitkv_client::LookupHit, ClientError>>>,
+    std::sync::Condvar,
+)>;
+
+/// A lookup handed to the client's background thread.
+struct LookupJob {
+    ns: orbitkv_client::Namespace,
+    hashes: Vec<[u8; 32]>,
+    slot: LookupSlot,
+}
+
+/// A lookup in flight on the client's background thread (`Client.start_lookup`):
+/// no Python code runs for it there, so it needs no GIL and never waits for the
+/// thread that started it.
+#[pyclass(frozen, module = "orbitkv._native")]
+struct PendingLookup {
+    client: Arc<orbitkv_client::Client>,
+    slot: LookupSlot,
+    block_bytes: u64,
+}
+
+#[pymethods]
+impl PendingLookup {
+    /// True once the Manager answered (or the lookup failed).
+    fn done(&self) -> bool {
+        self.slot.0.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// The lease (waits for the answer with the GIL released); raises the
+    /// lookup's error. May be called once: the answer is moved out.
+    fn result(&self, py: Python<'_>) -> PyResult<Lease> {
+        let r = py.detach(|| {
+            let (m, cv) = &*self.slot;
+            let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(r) = g.take() {
+                    return Some(r);
+                }
+                if Arc::strong_count(&self.slot) == 1 {
+                    return None; // the background thread is gone without answering
+                }
+                g = cv
+                    .wait_timeout(g, Duration::from_millis(50))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        });
+        let hit = match r {
+            Some(r) => r.map_err(to_py)?,
+            None => {
+                return Err(to_py(ClientError::Unavailable(
+                    "the lookup thread stopped before answering".into(),
+                )));
+            }
+        };
+        Ok(Lease {
+            client: self.client.clone(),
+            id: hit.lease,
+            hit_blocks: hit.hit_blocks,
+            ssd_blocks: hit.ssd_blocks.clone(),
+            block_bytes: self.block_bytes,
+            session: self.client.session_id(),
+            state: Mutex::new(LeaseState::default()),
+        })
+    }
+}
+
 #[pyclass(frozen, module = "orbitkv._native")]
 struct Client {
     inner: Arc<orbitkv_client::Client>,
+    /// The background lookup thread's queue, started on first use; the thread
+    /// ends when this (the last sender) is dropped with the client.
+    lookups: Mutex<Option<std::sync::mpsc::Sender<LookupJob>>>,
 }
 
 impl Client {
@@ -467,6 +539,7 @@ impl Client {
             .map_err(to_py)?;
         Ok(Client {
             inner: Arc::new(client),
+            lookups: Mutex::new(None),
         })
     }
 
@@ -506,6 +579,92 @@ impl Client {
             .detach(|| c.register_namespace(fp, block_bytes, shard, &salt))
             .map_err(to_py)?;
         Ok(Namespace { inner: ns })
+    }
+
+    /// How many of `hashes`, from the first, may be present in `ns`, read from
+    /// the Manager's shared presence table without sending a message: 0 means
+    /// the first block is certainly absent. Hashes are converted lazily (a
+    /// miss looks at one). A non-zero answer promises nothing: `lookup` pins.
+    fn probably_present(&self, ns: &Namespace, hashes: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let len = hashes.len()?;
+        let mut err: Option<PyErr> = None;
+        let mut items = hashes.try_iter()?;
+        let lazy = std::iter::from_fn(|| match items.next()? {
+            Ok(item) => match item.cast::<PyBytes>() {
+                Ok(b) => match hash32(b.as_bytes(), "block hash") {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        err = Some(e);
+                        None
+                    }
+                },
+                Err(_) => {
+                    err = Some(PyValueError::new_err("block hash must be bytes"));
+                    None
+                }
+            },
+            Err(e) => {
+                err = Some(e);
+                None
+            }
+        });
+        let n = self
+            .inner
+            .probably_present_iter(&ns.inner, lazy, len)
+            .map_err(to_py)?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    /// Start a lookup on this client's background thread (started on first
+    /// use; lookups run one after another on the session's connection) and
+    /// return at once. `PendingLookup.result()` gives the `Lease`.
+    fn start_lookup(&self, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<PendingLookup> {
+        let hs = hashes_of(hashes)?;
+        let slot: LookupSlot = Arc::new((Mutex::new(None), std::sync::Condvar::new()));
+        let job = LookupJob {
+            ns: ns.inner.clone(),
+            hashes: hs,
+            slot: slot.clone(),
+        };
+        let mut q = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
+        if q.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<LookupJob>();
+            let c = self.inner.clone();
+            std::thread::Builder::new()
+                .name("orbitkv-lookup".into())
+                .spawn(move || {
+                    for job in rx {
+                        let r = c.lookup(&job.ns, &job.hashes);
+                        let (m, cv) = &*job.slot;
+                        *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                        cv.notify_all();
+                    }
+                })
+                .map_err(|e| PyException::new_err(format!("starting the lookup thread: {e}")))?;
+            *q = Some(tx);
+        }
+        if let Some(tx) = q.as_ref()
+            && tx.send(job).is_err()
+        {
+            *q = None;
+            return Err(to_py(ClientError::Unavailable(
+                "the lookup thread stopped".into(),
+            )));
+        }
+        Ok(PendingLookup {
+            client: self.inner.clone(),
+            slot,
+            block_bytes: ns.inner.block_bytes,
+        })
+    }
+
+    /// Whether the Manager publishes a presence table to this client.
+    #[getter]
+    fn has_presence(&self) -> bool {
+        self.inner.has_presence()
     }
 
     fn lookup(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<Lease> {
@@ -1003,6 +1162,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RestoreFailed", py.get_type::<RestoreFailed>())?;
     m.add("SaveFailed", py.get_type::<SaveFailed>())?;
     m.add_class::<Client>()?;
+    m.add_class::<PendingLookup>()?;
     m.add_class::<Namespace>()?;
     m.add_class::<Lease>()?;
     m.add_class::<TpLease>()?;

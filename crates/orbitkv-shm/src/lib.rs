@@ -6,14 +6,20 @@
 //!   Manager or in a client after fd passing; bounds-checked copies.
 //! - [`fdpass`]: `SCM_RIGHTS` send/receive on Unix stream sockets.
 //! - [`peer`]: `SO_PEERCRED` and pidfd-based proof that a process is gone.
+//! - [`presence`]: the Manager's read-only (for clients) table answering
+//!   "certainly absent" without a message.
 //!
-//! Every `unsafe` block of this crate lives in `mapping.rs` (`fdpass` and
-//! `peer` use rustix's safe wrappers); elsewhere `unsafe_code` is denied.
+//! Every `unsafe` block of this crate lives in `mapping.rs` and `words.rs`
+//! (atomic word access to the presence table); `fdpass`, `peer` and
+//! `presence` use safe wrappers; elsewhere `unsafe_code` is denied.
 #![deny(unsafe_op_in_unsafe_fn, unsafe_code)]
 
 pub mod fdpass;
 #[allow(unsafe_code)] // memfd mappings: raw-pointer copies and borrowed slices
 mod mapping;
 pub mod peer;
+pub mod presence;
+#[allow(unsafe_code)] // shared words accessed only atomically
+mod words;
 
 pub use mapping::{Mapping, PageSize, Segment, ShmError};

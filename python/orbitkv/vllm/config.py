@@ -65,6 +65,11 @@ class OrbitKVSettings:
     # shard, its lease handed to the workers by token. Needs --enable-query-control
     # on the Manager; required for tensor_parallel_size > 1.
     query_control: bool = False
+    # A request whose first block the Manager's presence table says may be present is
+    # looked up on a background thread and vLLM asked to retry next step (it returns
+    # None from get_num_new_matched_tokens); False: looked up inline on the scheduler
+    # thread. A certain miss never sends a message either way.
+    async_lookups: bool = True
 
     @property
     def loads(self) -> bool:
@@ -91,6 +96,7 @@ _KEYS = {
     "copy_engine",
     "copy_kernel",
     "query_control",
+    "async_lookups",
 }
 
 
@@ -198,4 +204,6 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
         )
     if "query_control" in raw:
         kwargs["query_control"] = _expect_bool("query_control", raw["query_control"])
+    if "async_lookups" in raw:
+        kwargs["async_lookups"] = _expect_bool("async_lookups", raw["async_lookups"])
     return OrbitKVSettings(**kwargs)

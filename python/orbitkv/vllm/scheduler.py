@@ -5,6 +5,13 @@ Per request:
     is the engine's own (block-aligned) HBM hit and `stop` the engine's cap of
     `(num_tokens - 1) // block_size` blocks. Blocks the engine already holds are
     never queried (O5); a full native hit issues no lookup at all;
+  * before it, the Manager's shared presence table is read (no message): when block
+    `start` is certainly absent the request misses at once. Otherwise the lookup runs
+    on a background thread and `get_num_new_matched_tokens` returns None ("ask again
+    next step", honoured by vLLM 0.31 and 0.33: the request is skipped this step), so
+    the scheduler thread never waits for a Manager round trip on a probable hit; the
+    answer (its lease pinning the hit) is taken on a later step. A lookup that fails
+    (the Manager died meanwhile) is a miss;
   * a hit is loaded asynchronously: vLLM parks the request in
     `WAITING_FOR_REMOTE_KVS` until a worker reports it in `finished_recving`;
   * the lease from the lookup pins the hit until that report (L1/L2), and is released
@@ -22,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +46,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-    from orbitkv._native import Lease, TpLease
+    from orbitkv._native import Lease, PendingLookup, TpLease
 
 logger = logging.getLogger("orbitkv.vllm")
 
@@ -52,6 +60,8 @@ class _ReqState:
     lease: Lease | TpLease | None = None
     lease_start: int = -1  # start block of the last lookup (-1: none yet)
     hit_blocks: int = 0
+    pending: PendingLookup | Future[Lease | TpLease] | None = None  # a background lookup not yet taken
+    pending_since: float = 0.0  # perf_counter() when it started
     loading: bool = False
     load_done: bool = False  # a load just drained; the next alloc call is its follow-up
     preemptions: int = 0  # request.num_preemptions when the last lookup was made
@@ -118,8 +128,17 @@ class OrbitKVScheduler:
             "resets": 0,
             "delayed_frees": 0,
         }
-        self.lookup_seconds = 0.0  # time spent in successful lookups (vLLM connector stats)
+        self.counters.update({"presence_misses": 0, "async_lookups": 0, "stale_lookups": 0})
+        # Seconds of successful lookups (vLLM connector stats): inline, the round trip;
+        # in the background, from its start until the scheduler took its answer.
+        self.lookup_seconds = 0.0
         self._stats = CounterDeltas(SCHEDULER_KEYS)
+        # Background lookups (one thread: the session's connection serves one request at
+        # a time anyway). Their leases are taken, or released, on the scheduler thread.
+        self._lookups: ThreadPoolExecutor | None = None
+        # Lookups whose request moved on (finished, native hit moved, preempted) before
+        # their answer was taken: their leases are released once they complete.
+        self._orphans: list[PendingLookup | Future[Lease | TpLease]] = []
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -138,8 +157,10 @@ class OrbitKVScheduler:
     def _release(self, st: _ReqState) -> None:
         lease, st.lease = st.lease, None
         st.hit_blocks = 0
-        if lease is None:
-            return
+        if lease is not None:
+            self._release_lease(lease)
+
+    def _release_lease(self, lease: Lease | TpLease) -> None:
         try:
             if self.session.release(lease):
                 self.counters["leases_released"] += 1
@@ -151,29 +172,39 @@ class OrbitKVScheduler:
             if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
                 self.session.drop_client()
 
-    def _lookup(self, st: _ReqState, start: int, stop: int) -> int:
-        hashes = st.request.block_hashes[start:stop]
-        t0 = time.perf_counter()
+    def _lookup_call(self, salt: bytes, hashes: list[bytes]) -> Lease | TpLease:
+        """One Manager lookup (on the scheduler thread, or on the background thread)."""
+        if self.settings.query_control:
+            # T1: one call over every rank's shard; the common prefix is pinned in
+            # each under one TP lease the workers redeem (orbitkv.vllm.tp).
+            return self.session.client().lookup_tp(self.session.shard_namespaces(salt), hashes)
+        return self.session.client().lookup(self.session.namespace(salt), hashes)
+
+    def _lookup_failed(self, exc: BaseException) -> None:
+        self.counters["manager_errors"] += 1
+        level = logging.DEBUG if is_error(exc, "ManagerUnavailable") else logging.WARNING
+        logger.log(level, "orbitkv: lookup failed, treating as a miss: %s", exc)
+        if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+            self.session.drop_client()
+
+    def _certainly_absent(self, st: _ReqState, first: bytes) -> bool:
+        """The presence table (no message) says block `first` is not in the Manager."""
         try:
-            lease: Lease | TpLease
+            # With TP, shard 0 lacking the block empties the common prefix too.
             if self.settings.query_control:
-                # T1: one call over every rank's shard; the common prefix is pinned in
-                # each under one TP lease the workers redeem (orbitkv.vllm.tp).
-                lease = self.session.client().lookup_tp(self.session.shard_namespaces(st.salt), hashes)
+                ns = self.session.shard_namespaces(st.salt)[0]
             else:
                 ns = self.session.namespace(st.salt)
-                lease = self.session.client().lookup(ns, hashes)
+            # Without a table (--presence-slots off) the answer is 1: "maybe".
+            return self.session.client().probably_present(ns, (first,)) == 0
         except Exception as exc:
-            self.counters["manager_errors"] += 1
-            level = logging.DEBUG if is_error(exc, "ManagerUnavailable") else logging.WARNING
-            logger.log(level, "orbitkv: lookup failed, treating as a miss: %s", exc)
-            if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
-                self.session.drop_client()
-            return 0
-        self.lookup_seconds += time.perf_counter() - t0
+            self._lookup_failed(exc)
+            return True  # no Manager to ask: a miss, as a failed lookup would be
+
+    def _take(self, st: _ReqState, lease: Lease | TpLease, queried: int) -> int:
         self.counters["lookups"] += 1
-        self.counters["lookup_blocks"] += len(hashes)
-        hit = min(lease.hit_blocks, len(hashes))
+        self.counters["lookup_blocks"] += queried
+        hit = min(lease.hit_blocks, queried)
         if hit == 0:
             st.lease = lease
             self._release(st)
@@ -182,12 +213,83 @@ class OrbitKVScheduler:
         self.counters["hit_blocks"] += hit
         return hit
 
+    def _lookup(self, st: _ReqState, start: int, stop: int) -> int | None:
+        """Look up blocks [start, stop): the hit now, or None while a background
+        lookup is in flight (vLLM asks again next step)."""
+        if self._certainly_absent(st, st.request.block_hashes[start]):
+            self.counters["presence_misses"] += 1
+            return 0
+        hashes = st.request.block_hashes[start:stop]
+        if self.settings.async_lookups:
+            try:
+                if self.settings.query_control:
+                    # TP lookups go through a Python thread (it needs the GIL to run).
+                    if self._lookups is None:
+                        self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orbitkv-lookup")
+                    st.pending = self._lookups.submit(self._lookup_call, st.salt, list(hashes))
+                else:
+                    # The client's own native thread: no GIL, no Python code while it waits.
+                    st.pending = self.session.client().start_lookup(self.session.namespace(st.salt), hashes)
+            except Exception as exc:
+                self._lookup_failed(exc)
+                return 0
+            st.pending_since = time.perf_counter()
+            self.counters["async_lookups"] += 1
+            return None
+        t0 = time.perf_counter()
+        try:
+            lease = self._lookup_call(st.salt, hashes)
+        except Exception as exc:
+            self._lookup_failed(exc)
+            return 0
+        self.lookup_seconds += time.perf_counter() - t0
+        return self._take(st, lease, len(hashes))
+
+    def _collect(self, st: _ReqState) -> int | None:
+        """The answer of `st`'s background lookup if it completed (None: not yet)."""
+        fut = st.pending
+        if fut is None or not fut.done():
+            return None
+        st.pending = None
+        try:
+            lease = fut.result()
+        except Exception as exc:
+            self._lookup_failed(exc)
+            return 0
+        self.lookup_seconds += time.perf_counter() - st.pending_since  # start to answer taken
+        stop = min(len(st.request.block_hashes), (st.request.num_tokens - 1) // self.block_size)
+        return self._take(st, lease, stop - st.lease_start)
+
+    def _orphan(self, st: _ReqState) -> None:
+        """`st` no longer wants its background lookup: release its lease when it lands."""
+        if st.pending is not None:
+            self._orphans.append(st.pending)
+            st.pending = None
+            self.counters["stale_lookups"] += 1
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        if not self._orphans:
+            return
+        keep: list[PendingLookup | Future[Lease | TpLease]] = []
+        for fut in self._orphans:
+            if not fut.done():
+                keep.append(fut)
+                continue
+            try:
+                lease = fut.result()
+            except Exception:
+                continue  # failed: it pinned nothing
+            self.counters["lookups"] += 1  # answered, just too late to be used
+            self._release_lease(lease)
+        self._orphans = keep
+
     # ---- vLLM scheduler-side hooks -------------------------------------------------
 
     def on_new_request(self, request: Request) -> None:
         self._state(request)
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._state(request)
         start = num_computed_tokens // self.block_size
         st.local_hit_blocks = start
@@ -199,16 +301,22 @@ class OrbitKVScheduler:
         stop = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
         if start >= stop:
             # The engine holds every block it may reuse: no Manager query (O5).
+            self._orphan(st)
             self._release(st)
             st.lease_start = start
             return 0, False
+        self._reap_orphans()
         if st.lease_start != start or st.preemptions != request.num_preemptions:
             # First query for this request, or its native hit moved, or it was
             # preempted (its blocks were freed): one lookup.
             st.preemptions = request.num_preemptions
+            self._orphan(st)
             self._release(st)
             st.lease_start = start
-            self._lookup(st, start, stop)
+            if self._lookup(st, start, stop) is None:
+                return None, False  # vLLM: ask again next step
+        elif st.pending is not None and self._collect(st) is None:
+            return None, False  # still in flight
         hit = st.hit_blocks
         return hit * self.block_size, hit > 0
 
@@ -338,6 +446,7 @@ class OrbitKVScheduler:
         st = self._reqs.get(request.request_id)
         if st is None:
             return False, None
+        self._orphan(st)
         if st.loading:
             # Aborted mid-load: vLLM keeps the destination blocks until the worker
             # reports this id in finished_recving; the lease stays pinned until then.
@@ -360,6 +469,7 @@ class OrbitKVScheduler:
             "requests": len(self._reqs),
             "leases": sum(1 for s in self._reqs.values() if s.lease is not None),
             "loads": sum(1 for s in self._reqs.values() if s.loading),
+            "lookups": sum(1 for s in self._reqs.values() if s.pending is not None) + len(self._orphans),
             "saves": len(self._pending_save_batches),
             "sending": len(self._sending),
         }
@@ -407,6 +517,10 @@ class OrbitKVScheduler:
 
     def shutdown(self) -> None:
         for st in list(self._reqs.values()):
+            self._orphan(st)
             if not st.loading:
                 self._release(st)
+        if self._lookups is not None:
+            self._lookups.shutdown(wait=True)  # in-flight lookups end (answer or timeout)
+        self._reap_orphans()
         self.session.close()

@@ -134,8 +134,9 @@ def test_sleep_mid_load_drains_the_copy_refuses_transfers_and_resumes(
     w = b.worker
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
-    # One step by hand, up to the point where the load was submitted to the worker.
-    so = b.scheduler.schedule()
+    # One step by hand, up to the point where the load was submitted to the worker
+    # (earlier steps only wait for the background lookup: they carry no load).
+    so = b.schedule_admitting(r)
     meta = so.kv_connector_metadata
     assert isinstance(meta, OrbitKVConnectorMetadata) and [len(s.block_ids) for s in meta.loads] == [FULL_BLOCKS]
     w.handle_preemptions(meta)
@@ -258,7 +259,9 @@ def test_hits_are_reported_by_tier_dram_then_ssd_then_mixed(
     client.release(lease)
     r = make_request(PROMPT)
     e.scheduler.add_request(r)
-    first = e.step()  # lookup, allocation, load submitted; the lease is held while loading
+    # Lookup (in the background), then allocation and load submitted; the lease is held
+    # while loading.
+    first = e.execute(e.schedule_admitting(r))
     assert e.status(r.request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
     side = e.connector.scheduler_side
     # A shorter selection counts only its own blocks: of the first three, one is on SSD.

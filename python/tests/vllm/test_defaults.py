@@ -256,7 +256,7 @@ def test_manager_killed_between_lookup_and_load(model_dir: Path, restartable: di
     b = default_engine(model_dir, restartable["mgr"], copy_engine)
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
-    so = b.scheduler.schedule()  # the lookup found 6 blocks and pinned them; load planned
+    so = b.schedule_admitting(r)  # the lookup found 6 blocks and pinned them; load planned
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert counters(b)["hit_blocks"] == FULL_BLOCKS
     restartable["kill"]()
@@ -383,7 +383,7 @@ def test_manager_stalled_during_a_load(model_dir: Path, orbit_manager: ManagerPr
     b = Engine.build(make_vllm_config(model_dir, socket_path=str(orbit_manager.socket_path), extra=extra))
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
-    so = b.scheduler.schedule()
+    so = b.schedule_admitting(r)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     _stop(orbit_manager)
     try:

@@ -54,6 +54,11 @@ def counters(engine: Engine) -> dict[str, int]:
     return dict(engine.connector.scheduler_side.counters)
 
 
+def queries(c: dict[str, int]) -> int:
+    """Requests answered by a Manager lookup or, for a certain miss, by the presence table."""
+    return c["lookups"] + c["presence_misses"]
+
+
 def prefill_done(engine: Engine, req_id: str, n: int):  # type: ignore[no-untyped-def]
     def pred() -> bool:
         r = engine.scheduler.requests.get(req_id)
@@ -93,7 +98,8 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, manager: Manag
     a = build(model_dir, manager, layout=layout)
     rid = run_and_save(a, PROMPT)
     c = counters(a)
-    assert (c["lookups"], c["hit_blocks"], c["loads_started"]) == (1, 0, 0)
+    # A cold miss: the presence table answers, the Manager gets no lookup.
+    assert (c["lookups"], c["presence_misses"], c["hit_blocks"], c["loads_started"]) == (0, 1, 0, 0)
     assert c["save_blocks_planned"] >= FULL_BLOCKS and c["saved_blocks"] >= FULL_BLOCKS
     assert c["failed_saves"] == 0 and rid in a.finished
     a.assert_drained()
@@ -103,11 +109,12 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, manager: Manag
     b = build(model_dir, manager, layout=layout)
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
-    first = b.step()
+    so = b.schedule_admitting(r)  # the probable hit's lookup lands a step or more later
     assert b.status(r.request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
-    meta = first.scheduler_output.kv_connector_metadata
+    meta = so.kv_connector_metadata
     assert isinstance(meta, OrbitKVConnectorMetadata)
     assert [len(spec.block_ids) for spec in meta.loads] == [FULL_BLOCKS]
+    b.execute(so)
     b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="prefill after load")
     b.check_pages(r, len(PROMPT))  # 96 restored tokens + 4 computed, byte for byte
     w = b.worker.worker_side.counters
@@ -131,9 +138,10 @@ def test_partial_hit_loads_the_common_prefix(model_dir: Path, manager: ManagerPr
     mixed = PROMPT[: 4 * BLOCK] + prompt_tokens(36, seed=99)
     r = make_request(mixed)
     b.scheduler.add_request(r)
-    first = b.step()
-    meta = first.scheduler_output.kv_connector_metadata
+    so = b.schedule_admitting(r)
+    meta = so.kv_connector_metadata
     assert isinstance(meta, OrbitKVConnectorMetadata) and [len(s.block_ids) for s in meta.loads] == [4]
+    b.execute(so)
     b.run_until(prefill_done(b, r.request_id, len(mixed)), what="partial-hit prefill")
     b.check_pages(r, len(mixed))
     b.run_to_completion([r.request_id])
@@ -153,17 +161,20 @@ def test_native_hbm_hit_issues_no_manager_query(model_dir: Path, manager: Manage
     a.step()
     # vLLM's own prefix cache covers every reusable block: no lookup at all (O5).
     assert a.status(r.request_id) == RequestStatus.RUNNING
-    assert counters(a)["lookups"] == before["lookups"]
+    assert queries(counters(a)) == queries(before)
     assert manager.stats()["lookups_total"] == manager_lookups  # the Manager saw no query
     a.run_to_completion([r.request_id])
-    # A longer prompt queries only the blocks past the native hit.
+    # A longer prompt queries only the blocks past the native hit: the first of them was
+    # never saved, so the presence table answers a miss (a query from block 0, which
+    # was saved, would have been a probable hit sent to the Manager).
     longer = PROMPT + prompt_tokens(40, seed=5)
     r2 = make_request(longer)
     a.scheduler.add_request(r2)
     a.step()
     after = counters(a)
-    assert after["lookups"] == before["lookups"] + 1
-    assert after["lookup_blocks"] - before["lookup_blocks"] == (len(longer) - 1) // BLOCK - FULL_BLOCKS
+    assert after["presence_misses"] == before["presence_misses"] + 1
+    assert (after["lookups"], after["async_lookups"]) == (before["lookups"], before["async_lookups"])
+    assert manager.stats()["lookups_total"] == manager_lookups
     a.run_to_completion([r2.request_id])
     a.assert_drained()
     assert_no_leases_held(a, manager)
@@ -180,8 +191,12 @@ def test_preempted_request_resumes_from_orbitkv(model_dir: Path, manager: Manage
     assert r.status == RequestStatus.PREEMPTED and r.num_preemptions == 1
     res = a.step()
     assert r.request_id in (res.scheduler_output.preempted_req_ids or set())
+    so = res.scheduler_output
+    if r.status == RequestStatus.PREEMPTED:  # its lookup is in flight (a probable hit)
+        so = a.schedule_admitting(r)
+        a.execute(so)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    meta = res.scheduler_output.kv_connector_metadata
+    meta = so.kv_connector_metadata
     assert isinstance(meta, OrbitKVConnectorMetadata)
     loaded = sum(len(s.block_ids) for s in meta.loads)
     assert loaded >= FULL_BLOCKS, "the resumed request should load the blocks saved before preemption"
@@ -199,7 +214,7 @@ def test_abort_during_async_load_frees_everything(model_dir: Path, manager: Mana
     b = build(model_dir, manager)
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
-    so = b.scheduler.schedule()
+    so = b.schedule_admitting(r)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     # The abort arrives while the step that carries the load is in flight.
     b.scheduler.finish_requests(r.request_id, RequestStatus.FINISHED_ABORTED)
@@ -266,7 +281,8 @@ def test_failed_save_loses_the_entry_never_the_request(model_dir: Path, manager:
     b = build(model_dir, manager)
     run_and_save(b, PROMPT)
     c2 = counters(b)
-    assert (c2["lookups"], c2["hit_blocks"]) == (1, 0), "nothing of the failed saves is visible"
+    assert (queries(c2), c2["hit_blocks"]) == (1, 0), "nothing of the failed saves is visible"
+    assert c2["presence_misses"] == 1, "not even in the presence table"
     a.assert_drained()
     b.assert_drained()
     assert_no_leases_held(b, manager)
@@ -293,7 +309,7 @@ def test_external_reset_refused_while_tracked_then_fresh_generation(model_dir: P
     other = build(model_dir, manager)
     pending = make_request(PROMPT)
     other.scheduler.add_request(pending)
-    pending_step = other.scheduler.schedule()  # looked up and pinned; load not run yet
+    pending_step = other.schedule_admitting(pending)  # looked up and pinned; load not run yet
     assert pending.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert a.scheduler.reset_prefix_cache(reset_connector=True) is False
     assert side.counters["resets"] == 0
@@ -305,16 +321,17 @@ def test_external_reset_refused_while_tracked_then_fresh_generation(model_dir: P
     assert a.scheduler.reset_prefix_cache(reset_connector=True) is True
     assert side.counters["resets"] == 1
     assert manager.stats()["generation_bumps_total"] > bumps
-    lookups, hits = side.counters["lookups"], side.counters["hit_blocks"]
+    misses, hits = side.counters["presence_misses"], side.counters["hit_blocks"]
     run_and_save(a, PROMPT)  # cold miss in the new generation, then saved again
     run_and_save(a, PROMPT, cache_salt="tenant")  # every salt of the fingerprint moved
-    assert side.counters["lookups"] == lookups + 2 and side.counters["hit_blocks"] == hits
+    # The old generation left the presence table with the reset: two certain misses.
+    assert side.counters["presence_misses"] == misses + 2 and side.counters["hit_blocks"] == hits
 
     # HBM-only reset keeps the generation: the newly saved blocks are reused.
     assert a.scheduler.reset_prefix_cache() is True
     r = make_request(PROMPT)
     a.scheduler.add_request(r)
-    a.step()
+    a.execute(a.schedule_admitting(r))
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     a.run_until(prefill_done(a, r.request_id, len(PROMPT)), what="reuse after HBM reset")
     a.check_pages(r, len(PROMPT))
@@ -338,7 +355,7 @@ def test_lora_adapter_swap_changes_the_namespace(model_dir: Path, manager: Manag
     run_and_save(a, prompt_tokens(60, seed=8), lora_request=LoRARequest("other", 2, str(other)))
     after = counters(a)
     assert after["bypassed_requests"] == before["bypassed_requests"] + 1
-    assert after["lookups"] == before["lookups"] and after["save_blocks_planned"] == before["save_blocks_planned"]
+    assert queries(after) == queries(before) and after["save_blocks_planned"] == before["save_blocks_planned"]
 
     # Same name and path, new weights: vLLM's block hashes are unchanged, the
     # namespace is not, so nothing is shared.
@@ -346,7 +363,7 @@ def test_lora_adapter_swap_changes_the_namespace(model_dir: Path, manager: Manag
     b = build(model_dir, manager, lora=True, extra=extra)
     assert b.connector.fingerprint != a.connector.fingerprint
     run_and_save(b, PROMPT, lora_request=lora)
-    assert counters(b)["hit_blocks"] == 0 and counters(b)["lookups"] == 1
+    assert counters(b)["hit_blocks"] == 0 and queries(counters(b)) == 1
 
     # Restoring the original weights restores the original namespace.
     write_peft_adapter(adapter, b"weights-v1")
@@ -364,7 +381,8 @@ def test_two_salts_never_share(model_dir: Path, manager: ManagerProcess) -> None
     b = build(model_dir, manager)
     run_and_save(b, PROMPT, cache_salt="tenant-b")
     run_and_save(b, PROMPT)  # no salt: also a different namespace
-    assert counters(b)["hit_blocks"] == 0 and counters(b)["lookups"] == 2
+    # Other namespaces get other presence keys: certain misses, no Manager lookup.
+    assert counters(b)["hit_blocks"] == 0 and counters(b)["presence_misses"] == 2
     c = build(model_dir, manager)
     assert_full_hit(c, make_request(PROMPT, cache_salt="tenant-a"), "same-salt hit")
     for e in (a, b, c):
@@ -384,7 +402,7 @@ def test_dropped_scheduler_connection_loses_its_leases_not_the_next_connection(
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
     held = manager.stats()["live_leases"]  # (other engines' leases, if any)
-    so = b.scheduler.schedule()  # the lookup pins the hit; the load is planned, not run
+    so = b.schedule_admitting(r)  # the lookup pins the hit; the load is planned, not run
     assert b.status(r.request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
     side = b.connector.scheduler_side
     old = side.session.client()
@@ -406,37 +424,61 @@ def test_dropped_scheduler_connection_loses_its_leases_not_the_next_connection(
     b.shutdown()
 
 
+def _stop_all_threads(pid: int) -> None:
+    # kill() only queues the stop: wait until every Manager thread is stopped, or a
+    # running session thread may still answer the lookup.
+    os.kill(pid, signal.SIGSTOP)
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + 10
+    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
+        assert time.monotonic() < deadline, "the Manager did not stop"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("async_lookups", [True, False])
 def test_stalled_manager_holds_the_scheduler_step_at_most_the_scheduler_timeout(
-    model_dir: Path, manager: ManagerProcess
+    model_dir: Path, manager: ManagerProcess, async_lookups: bool
 ) -> None:
-    """A Manager that stops answering (SIGSTOP: alive, connected, silent) costs the
-    scheduler one bounded wait, then misses; the request runs and finishes."""
-    e = build(model_dir, manager, extra={"orbitkv.scheduler_timeout_ms": 200})
-    e.connector.scheduler_side.session.client()  # connected before the stall
-    r = make_request(prompt_tokens(80, seed=77))
+    """A Manager that stops answering (SIGSTOP: alive, connected, silent) during a
+    probable hit's lookup: inline, it costs the scheduler one bounded wait; in the
+    background, none. Either way the lookup times out into a miss and the request
+    runs and finishes. (A certain miss never asks the Manager at all.)"""
+    run_and_save(build(model_dir, manager), PROMPT)
+    extra = {"orbitkv.scheduler_timeout_ms": 200, "orbitkv.async_lookups": async_lookups}
+    e = build(model_dir, manager, extra=extra)
+    e.connector.scheduler_side.session.namespace(b"")  # connected and registered before the stall
+    miss = make_request(prompt_tokens(80, seed=77))
+    r = make_request(PROMPT)
+    e.scheduler.add_request(miss)
     e.scheduler.add_request(r)
-    os.kill(manager.proc.pid, signal.SIGSTOP)
+    side = e.connector.scheduler_side
+    _stop_all_threads(manager.proc.pid)
     try:
-        # kill() only queues the stop: wait until every Manager thread is stopped, or a
-        # running session thread may still answer the lookup.
-        tasks = Path(f"/proc/{manager.proc.pid}/task")
-        deadline = time.monotonic() + 10
-        while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
-            assert time.monotonic() < deadline, "the Manager did not stop"
-            time.sleep(0.01)
         t0 = time.monotonic()
         so = e.scheduler.schedule()
         waited = time.monotonic() - t0
+        if async_lookups:
+            pending = side._reqs[r.request_id].pending
+            assert pending is not None
+            deadline = time.monotonic() + 10
+            while not pending.done():  # the background lookup times out on its own
+                assert time.monotonic() < deadline, "the background lookup never timed out"
+                time.sleep(0.01)
     finally:
         os.kill(manager.proc.pid, signal.SIGCONT)
     # Liveness, not speed: far below the 5 s call timeout the workers keep.
     assert waited < 2.5, f"the scheduler step waited {waited:.2f}s on a stalled Manager"
-    assert so.num_scheduled_tokens.get(r.request_id, 0) > 0, "scheduled as a miss"
+    assert so.num_scheduled_tokens.get(miss.request_id, 0) > 0, "the certain miss is admitted at once"
+    if not async_lookups:
+        assert so.num_scheduled_tokens.get(r.request_id, 0) > 0, "scheduled as a miss"
+    else:
+        assert r.request_id not in so.num_scheduled_tokens, "asked again next step"
+    e.execute(so)
+    e.run_to_completion([r.request_id, miss.request_id])
+    assert {r.request_id, miss.request_id} <= e.finished
     c = counters(e)
     assert c["manager_errors"] == 1 and c["lookups"] == 0 and c["hit_blocks"] == 0, c
-    e.execute(so)
-    e.run_to_completion([r.request_id])
-    assert r.request_id in e.finished
+    assert c["presence_misses"] == 1 and c["async_lookups"] == int(async_lookups), c
     e.assert_drained()
     e.shutdown()
 

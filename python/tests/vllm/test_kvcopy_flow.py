@@ -113,7 +113,7 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, orbit_manager:
     a.run_to_completion([r.request_id])
     a.run_until_drained()
     c = counters(a)
-    assert (c["lookups"], c["hit_blocks"], c["loads_started"]) == (1, 0, 0)
+    assert (c["lookups"], c["presence_misses"], c["hit_blocks"], c["loads_started"]) == (0, 1, 0, 0)
     assert c["saved_blocks"] >= FULL_BLOCKS and c["failed_saves"] == 0, c
     assert c["delayed_frees"] == 1, "the finish waited for the asynchronous saves"
     a.assert_drained()
@@ -123,8 +123,10 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, orbit_manager:
     b = build(model_dir, manager, layout=layout)
     r2 = make_request(PROMPT)
     b.scheduler.add_request(r2)
-    meta = b.step().scheduler_output.kv_connector_metadata
+    so = b.schedule_admitting(r2)
+    meta = so.kv_connector_metadata
     assert isinstance(meta, OrbitKVConnectorMetadata) and [len(s.block_ids) for s in meta.loads] == [FULL_BLOCKS]
+    b.execute(so)
     b.run_until(prefill_done(b, r2.request_id, len(PROMPT)), what="prefill after load")
     b.check_pages(r2, len(PROMPT))
     assert b.worker.worker_side.counters["bytes_restored"] == FULL_BLOCKS * b.connector.block_bytes

@@ -299,6 +299,20 @@ class TPEngine:
                         self.failed.add(o.request_id)
         return so
 
+    def step_admitting(self, request: Any, max_steps: int = 200) -> Any:
+        """Step until the step in which `request` leaves WAITING (admitted, or parked for
+        its load: a probable hit's lookup runs in the background and vLLM asks again
+        each step until it lands); returns that step's (executed) output."""
+        from vllm.v1.request import RequestStatus
+
+        for _ in range(max_steps):
+            so = self.step()
+            if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                return so
+            if not so.num_scheduled_tokens:
+                time.sleep(0.002)
+        raise AssertionError(f"{request.request_id} not admitted after {max_steps} steps")
+
     def run_until(self, pred: Any, max_steps: int = 200, what: str = "condition", **kw: Any) -> None:
         for _ in range(max_steps):
             if pred():

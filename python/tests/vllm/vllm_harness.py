@@ -358,6 +358,21 @@ class Engine:
                         self.failed.add(o.request_id)
         return StepResult(so, kv_output, engine_outputs)
 
+    def schedule_admitting(self, request: Request, max_steps: int = 200) -> SchedulerOutput:
+        """`schedule()` until the step in which `request` leaves WAITING (or PREEMPTED):
+        admitted to run, or parked for its load; return that step's output unexecuted. The
+        connector answers a probable hit from a background lookup: until it lands,
+        `get_num_new_matched_tokens` returns None and vLLM skips the request, so the
+        steps before are executed (they schedule nothing for it)."""
+        for _ in range(max_steps):
+            so = self.scheduler.schedule()
+            if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                return so
+            self.execute(so)
+            if not so.num_scheduled_tokens:
+                time.sleep(0.002)  # let the background lookup land
+        raise AssertionError(f"{request.request_id} not admitted after {max_steps} steps")
+
     def run_until(self, pred: Any, max_steps: int = 200, what: str = "condition") -> list[StepResult]:
         steps: list[StepResult] = []
         for _ in range(max_steps):

@@ -4,7 +4,16 @@
 
 use super::CacheState;
 use crate::arena::aligned_len;
-use crate::keys::Slot;
+use crate::keys::{BlockKey, Slot};
+
+/// Told every change of a block's visibility to lookups, in order: `true` when
+/// it becomes visible (a commit, an SSD block adopted), `false` when it stops
+/// (evicted without an SSD copy, dropped from SSD, doomed). The Manager's
+/// presence table is one; see [`CacheState::set_presence_sink`]. Called under
+/// the cache lock, so it must be quick and must not call back into the cache.
+pub trait PresenceSink: Send + std::fmt::Debug {
+    fn changed(&mut self, key: &BlockKey, visible: bool);
+}
 
 /// One visible (or doomed) block. Residency: DRAM (`slot`), SSD (`on_ssd`), or both.
 #[derive(Debug, Clone)]
@@ -90,6 +99,13 @@ pub(super) enum SlotFree {
 }
 
 impl CacheState {
+    /// The one hook into visibility changes (see [`PresenceSink`]).
+    pub(super) fn note_visibility(&mut self, key: BlockKey, visible: bool) {
+        if let Some(sink) = self.presence.as_mut() {
+            sink.changed(&key, visible);
+        }
+    }
+
     /// Allocate a slot of `bytes`, evicting unpinned idle blocks until one fits.
     /// `None` when every DRAM-resident block is pinned or busy.
     pub(super) fn alloc_or_evict(&mut self, bytes: u64) -> Option<Slot> {
@@ -124,6 +140,7 @@ impl CacheState {
             self.free_slot(slot, SlotFree::Demoted);
         } else {
             self.index.remove(&key);
+            self.note_visibility(key, false);
             self.free_slot(slot, SlotFree::Evicted);
         }
         true

@@ -46,6 +46,7 @@ use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, Se
 use crate::map::Map;
 use crate::policy::{Policy, PolicyKind};
 
+pub use entries::PresenceSink;
 use entries::{Busy, Entry};
 use leases::Lease;
 pub use leases::{LeaseState, LookupResult};
@@ -181,6 +182,7 @@ pub struct CacheState {
     next_id: u64,
     counters: Counters,
     tier: TierState,
+    presence: Option<Box<dyn PresenceSink>>,
 }
 
 impl CacheState {
@@ -211,7 +213,17 @@ impl CacheState {
             next_id: 0,
             counters: Counters::default(),
             tier: TierState::default(),
+            presence: None,
         }
+    }
+
+    /// Install the sink told every visibility change from now on, after being
+    /// told every block visible now (so it starts in step with the index).
+    pub fn set_presence_sink(&mut self, mut sink: Box<dyn PresenceSink>) {
+        for k in self.visible_blocks() {
+            sink.changed(&k, true);
+        }
+        self.presence = Some(sink);
     }
 
     pub fn counters(&self) -> &Counters {
@@ -358,6 +370,15 @@ impl CacheState {
                 hash: *hash,
             })
             .is_some_and(|e| !e.doomed)
+    }
+
+    /// Every block visible to lookups (any order).
+    pub fn visible_blocks(&self) -> Vec<BlockKey> {
+        self.index
+            .iter()
+            .filter(|(_, e)| !e.doomed)
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     pub fn gauges(&self) -> Gauges {

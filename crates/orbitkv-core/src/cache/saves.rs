@@ -133,6 +133,7 @@ impl CacheState {
             }
             let block_bytes = ns_bytes.unwrap_or(slot.len);
             self.index.insert(key, Entry::in_dram(slot, block_bytes));
+            self.note_visibility(key, true);
             visible.push((key, slot.len));
         }
         let readmitted = self.policy.insert_chain(&visible);

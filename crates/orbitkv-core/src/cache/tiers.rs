@@ -276,7 +276,11 @@ impl CacheState {
             if !e.doomed && e.slot.is_some() {
                 self.policy.remove(&key);
             }
+            let was_visible = !e.doomed;
             e.doomed = true;
+            if was_visible {
+                self.note_visibility(key, false);
+            }
         }
         self.reap_if_doomed(key);
     }
@@ -326,7 +330,11 @@ impl CacheState {
             }
             e.on_ssd = false;
             if e.slot.is_none() {
+                let was_visible = !e.doomed;
                 self.index.remove(&key);
+                if was_visible {
+                    self.note_visibility(key, false);
+                }
             }
             self.counters.ssd_dropped_blocks += 1;
             ok.push(*tk);
@@ -375,6 +383,7 @@ impl CacheState {
             };
             if generation == current && len == info.block_bytes && !self.index.contains_key(&key) {
                 self.index.insert(key, Entry::on_ssd_only(len));
+                self.note_visibility(key, true);
                 self.counters.ssd_adopted_blocks += 1;
             } else {
                 self.tier.removals.push(tk);
