@@ -8,7 +8,6 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -513,116 +512,8 @@ fn off_loopback_without_tls_is_refused_at_start() {
     }
 }
 
-/// A CA and certificates for 127.0.0.1 made with the openssl command.
-fn make_pki(dir: &Path, ca: &str, names: &[&str]) {
-    let run = |args: &[&str]| {
-        let st = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl");
-        assert!(st.success(), "openssl {args:?}");
-    };
-    let ca_key = format!("{ca}.key");
-    let ca_crt = format!("{ca}.crt");
-    run(&[
-        "ecparam",
-        "-name",
-        "prime256v1",
-        "-genkey",
-        "-noout",
-        "-out",
-        &ca_key,
-    ]);
-    run(&[
-        "req",
-        "-x509",
-        "-new",
-        "-key",
-        &ca_key,
-        "-subj",
-        &format!("/CN={ca}"),
-        "-days",
-        "2",
-        "-out",
-        &ca_crt,
-    ]);
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
-    )
-    .expect("ext");
-    for n in names {
-        let key = format!("{n}.key");
-        run(&[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            &key,
-        ]);
-        run(&[
-            "pkcs8",
-            "-topk8",
-            "-nocrypt",
-            "-in",
-            &key,
-            "-out",
-            &format!("{n}.pk8"),
-        ]);
-        run(&[
-            "req",
-            "-new",
-            "-key",
-            &key,
-            "-subj",
-            &format!("/CN={n}"),
-            "-out",
-            &format!("{n}.csr"),
-        ]);
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{n}.csr"),
-            "-CA",
-            &ca_crt,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-            "-out",
-            &format!("{n}.crt"),
-        ]);
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            dir.join(format!("{n}.pk8")),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .expect("chmod");
-    }
-}
-
 fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
-}
-
-fn tls_flags(dir: &Path, name: &str, ca: &str) -> Vec<String> {
-    let p = |f: String| dir.join(f).to_str().expect("utf8").to_string();
-    vec![
-        "--peer-tls-cert".into(),
-        p(format!("{name}.crt")),
-        "--peer-tls-key".into(),
-        p(format!("{name}.pk8")),
-        "--peer-tls-ca".into(),
-        p(format!("{ca}.crt")),
-    ]
 }
 
 #[test]
@@ -632,12 +523,12 @@ fn mutual_tls_serves_and_a_wrong_certificate_is_refused() {
         return;
     }
     let pki = tempfile::tempdir().expect("tempdir");
-    make_pki(pki.path(), "ca", &["a", "b"]);
-    make_pki(pki.path(), "rogue", &["c"]);
+    pki::make_pki(pki.path(), "ca", &[("a", "127.0.0.1"), ("b", "127.0.0.1")]);
+    pki::make_pki(pki.path(), "rogue", &[("c", "127.0.0.1")]);
     let pa = free_port();
-    let fa = tls_flags(pki.path(), "a", "ca");
-    let fb = tls_flags(pki.path(), "b", "ca");
-    let fc = tls_flags(pki.path(), "c", "rogue");
+    let fa = pki::tls_flags(pki.path(), "a", "ca");
+    let fb = pki::tls_flags(pki.path(), "b", "ca");
+    let fc = pki::tls_flags(pki.path(), "c", "rogue");
     let a = manager(Some(pa), &[], &refs(&fa));
     save(&a, 13, &blocks(130, 4));
     let b = manager(None, &[pa], &refs(&fb));

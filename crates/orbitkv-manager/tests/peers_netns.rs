@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -133,133 +132,6 @@ impl Drop for InNs {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let st = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl");
-    assert!(st.success(), "openssl {args:?}");
-}
-
-/// CA `ca` and one certificate per (name, IP).
-fn make_pki(dir: &Path, ca: &str, certs: &[(&str, &str)]) {
-    let (ca_key, ca_crt) = (format!("{ca}.key"), format!("{ca}.crt"));
-    openssl(
-        dir,
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            &ca_key,
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            &ca_key,
-            "-subj",
-            &format!("/CN={ca}"),
-            "-days",
-            "2",
-            "-out",
-            &ca_crt,
-        ],
-    );
-    for (n, addr) in certs {
-        let ext = format!("{n}.cnf");
-        std::fs::write(
-            dir.join(&ext),
-            format!("subjectAltName=IP:{addr}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"),
-        )
-        .expect("ext");
-        let key = format!("{n}.key");
-        openssl(
-            dir,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                &key,
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "pkcs8",
-                "-topk8",
-                "-nocrypt",
-                "-in",
-                &key,
-                "-out",
-                &format!("{n}.pk8"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "req",
-                "-new",
-                "-key",
-                &key,
-                "-subj",
-                &format!("/CN={n}"),
-                "-out",
-                &format!("{n}.csr"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{n}.csr"),
-                "-CA",
-                &ca_crt,
-                "-CAkey",
-                &ca_key,
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-                "-out",
-                &format!("{n}.crt"),
-            ],
-        );
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            dir.join(format!("{n}.pk8")),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .expect("chmod");
-    }
-}
-
-fn tls(dir: &Path, name: &str, ca: &str) -> Vec<String> {
-    let p = |f: String| dir.join(f).display().to_string();
-    vec![
-        "--peer-tls-cert".into(),
-        p(format!("{name}.crt")),
-        "--peer-tls-key".into(),
-        p(format!("{name}.pk8")),
-        "--peer-tls-ca".into(),
-        p(format!("{ca}.crt")),
-    ]
-}
-
 #[test]
 fn two_network_namespaces_over_mutual_tls() {
     if orbitkv_shm::peer::my_uid() != 0 {
@@ -278,13 +150,13 @@ fn two_network_namespaces_over_mutual_tls() {
         }
     };
     let pki = tempfile::tempdir().expect("tempdir");
-    make_pki(pki.path(), "ca", &[("a", &net.ip_a), ("b", &net.ip_b)]);
-    make_pki(pki.path(), "rogue", &[("r", &net.ip_b)]);
+    pki::make_pki(pki.path(), "ca", &[("a", &net.ip_a), ("b", &net.ip_b)]);
+    pki::make_pki(pki.path(), "rogue", &[("r", &net.ip_b)]);
     let mut a_args = vec!["--peer-listen".to_string(), format!("{}:{PORT}", net.ip_a)];
-    a_args.extend(tls(pki.path(), "a", "ca"));
+    a_args.extend(pki::tls_flags(pki.path(), "a", "ca"));
     let a = InNs::start(&net.a, &a_args);
     let mut b_args = vec!["--peer".to_string(), format!("{}:{PORT}", net.ip_a)];
-    b_args.extend(tls(pki.path(), "b", "ca"));
+    b_args.extend(pki::tls_flags(pki.path(), "b", "ca"));
 
     let data: Vec<Vec<u8>> = (0..4).map(|i| block(90 + i, BB)).collect();
     let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(21, i)).collect();
@@ -310,7 +182,7 @@ fn two_network_namespaces_over_mutual_tls() {
 
     // The same Manager with a certificate from another CA is refused.
     let mut r_args = vec!["--peer".to_string(), format!("{}:{PORT}", net.ip_a)];
-    r_args.extend(tls(pki.path(), "r", "rogue"));
+    r_args.extend(pki::tls_flags(pki.path(), "r", "rogue"));
     let r = InNs::start(&net.b, &r_args);
     let c = r.client();
     let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");

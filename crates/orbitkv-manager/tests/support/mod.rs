@@ -1,6 +1,8 @@
 //! Real Manager processes for integration tests.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
