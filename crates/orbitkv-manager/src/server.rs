@@ -203,5 +203,9 @@ pub fn reaper(shared: Arc<Shared>) {
             log!(Info, "session {} released from quarantine: pid {pid} exited", s.0);
         }
         crate::tp::expire(&shared);
+        // Keep the policy current when no exclusive work comes by.
+        if shared.cache_shared().touches_pending() > 0 {
+            drop(shared.cache());
+        }
     }
 }

@@ -22,6 +22,10 @@ use crate::framing::{PeerReader, Stall};
 use crate::shared::{Quarantined, ServerCounters, Shared};
 use crate::stats;
 
+/// Policy touches logged by shared-lock lookups beyond which a lookup takes
+/// the exclusive lock once to apply them (the reaper also does, every 50 ms).
+const TOUCH_BACKLOG: usize = 1024;
+
 /// How long a last error reply before closing may block on a peer that does not read.
 const CLOSING_REPLY_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -427,6 +431,19 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             }))
         }
         Request::Acquire { lease } => {
+            // The common case (every block in DRAM, no fault armed) under the shared lock.
+            if shared.restore_faults.load(Ordering::Acquire) == 0 {
+                match shared.cache_shared().try_acquire_shared(s, LeaseId(lease)) {
+                    Ok(Some(slots)) => {
+                        ServerCounters::inc(&shared.counters.leases_acquired);
+                        return Response::Slots {
+                            slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
+                        };
+                    }
+                    Ok(None) => {}
+                    Err(e) => return map(Err(e)),
+                }
+            }
             let mut cache = shared.cache();
             let injected = shared
                 .restore_faults
@@ -447,7 +464,16 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             drop(cache);
             acquire(shared, s, LeaseId(lease))
         }
-        Request::Release { lease } => map(shared.cache().release(s, LeaseId(lease)).map(|_| Response::Ok)),
+        Request::Release { lease } => {
+            let fast = shared.cache_shared().try_release_shared(s, LeaseId(lease));
+            let r = match fast {
+                Ok(true) => Ok(()),
+                // A doomed block to reap or a TP part to end: the exclusive path.
+                Ok(false) => shared.cache().release(s, LeaseId(lease)),
+                Err(e) => Err(e),
+            };
+            map(r.map(|_| Response::Ok))
+        }
         Request::BeginSave { ns, hashes } => {
             map(shared
                 .cache()
@@ -547,7 +573,14 @@ fn lookup(
     ns: NsId,
     hashes: &[orbitkv_core::BlockHash],
 ) -> Result<orbitkv_core::LookupResult, CacheError> {
-    let first = shared.cache().lookup(s, ns, hashes)?;
+    let (first, pending) = {
+        let cache = shared.cache_shared();
+        (cache.lookup_shared(s, ns, hashes), cache.touches_pending())
+    };
+    if pending >= TOUCH_BACKLOG {
+        drop(shared.cache()); // the exclusive guard applies the logged touches
+    }
+    let first = first?;
     let Some(peers) = shared.peers.as_ref() else {
         return Ok(first);
     };
@@ -577,7 +610,7 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
                 };
             }
             Ok(AcquireStep::Wait) => {
-                let _unused = shared.staged.wait_timeout(cache, Duration::from_millis(100));
+                shared.wait_staged(cache);
             }
             Ok(AcquireStep::Lost { blocks }) => {
                 return Response::error(

@@ -2,7 +2,8 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 use std::time::Instant;
 
 use orbitkv_core::{CacheState, SessionId};
@@ -49,10 +50,13 @@ pub struct Quarantined {
 pub struct Shared {
     pub config: ManagerConfig,
     pub segments: Vec<Segment>,
-    cache: Mutex<CacheState>,
-    /// Signalled whenever staging reads finish (acquires waiting on a block
-    /// another lease is staging wake up).
-    pub staged: Condvar,
+    /// The cache lock: shared for the common case of lookup, acquire and
+    /// release ([`Shared::cache_shared`]), exclusive for everything else
+    /// ([`Shared::cache`]).
+    cache: RwLock<CacheState>,
+    /// Bumped and signalled whenever staging reads finish (acquires waiting
+    /// on a block another lease is staging wake up); see [`Shared::wait_staged`].
+    staged: (Mutex<u64>, Condvar),
     /// The tier below DRAM (the SSD), when configured.
     pub tier: Option<Box<dyn Tier>>,
     /// The presence table clients read (None with `--presence-slots off`).
@@ -83,8 +87,8 @@ impl Shared {
         Shared {
             config,
             segments,
-            cache: Mutex::new(cache),
-            staged: Condvar::new(),
+            cache: RwLock::new(cache),
+            staged: (Mutex::new(0), Condvar::new()),
             tier,
             presence: None,
             peers: None,
@@ -100,10 +104,40 @@ impl Shared {
         }
     }
 
-    /// The cache lock. A panic while holding it is a Manager bug; the state is
-    /// still consistent at every `CacheState` method boundary, so recover it.
-    pub fn cache(&self) -> MutexGuard<'_, CacheState> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    /// The cache lock, exclusive. The policy first catches up with the hits
+    /// of lookups made under the shared lock (`CacheState::apply_touches`), so
+    /// every decision made under this guard sees them. A panic while holding
+    /// the lock is a Manager bug; the state is still consistent at every
+    /// `CacheState` method boundary, so recover it.
+    pub fn cache(&self) -> RwLockWriteGuard<'_, CacheState> {
+        let mut g = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        g.apply_touches();
+        g
+    }
+
+    /// The cache lock, shared: only for `CacheState`'s `&self` operations
+    /// (`lookup_shared`, `try_acquire_shared`, `try_release_shared`, status).
+    /// Many sessions hold it at once; a preempted holder stalls no other reader.
+    pub fn cache_shared(&self) -> RwLockReadGuard<'_, CacheState> {
+        self.cache.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Give up the exclusive `cache` guard and wait (up to 100 ms) until a
+    /// staging read finishes. The epoch is read before the guard is dropped,
+    /// and stagers bump it after updating the cache, so no wake-up is lost.
+    pub fn wait_staged(&self, cache: RwLockWriteGuard<'_, CacheState>) {
+        let (m, cv) = &self.staged;
+        let seen = *m.lock().unwrap_or_else(|p| p.into_inner());
+        drop(cache);
+        let g = m.lock().unwrap_or_else(|p| p.into_inner());
+        let _unused = cv.wait_timeout_while(g, Duration::from_millis(100), |epoch| *epoch == seen);
+    }
+
+    /// Staging reads finished (after their results are in the cache).
+    pub fn notify_staged(&self) {
+        let (m, cv) = &self.staged;
+        *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        cv.notify_all();
     }
 
     pub fn quarantine(&self) -> MutexGuard<'_, Vec<Quarantined>> {

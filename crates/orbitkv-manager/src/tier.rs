@@ -135,7 +135,7 @@ impl<'a, J: TierMove> MoveGuard<'a, J> {
             J::end(&mut cache, j, ok.get(i).copied().unwrap_or(false));
         }
         drop(cache);
-        self.shared.staged.notify_all();
+        self.shared.notify_staged();
     }
 }
 

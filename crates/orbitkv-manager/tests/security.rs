@@ -255,6 +255,24 @@ fn token_file_open_to_group_or_others_is_refused() {
     c.close().expect("close");
 }
 
+/// Spawn a just-copied executable. Another test thread that forks while the
+/// copy's write descriptor is open holds it until its child execs (the copy's
+/// descriptor is close-on-exec, not close-on-fork), and exec then fails with
+/// ETXTBSY: retry briefly.
+fn spawn_retrying_busy(
+    mut spawn: impl FnMut() -> std::io::Result<std::process::Child>,
+) -> std::io::Result<std::process::Child> {
+    for _ in 0..100 {
+        match spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+    spawn()
+}
+
 /// A Manager run by uid 65534 that admits root with a token. A client of
 /// root refuses it unless told to trust 65534, and sends it nothing.
 #[test]
@@ -279,23 +297,25 @@ fn client_checks_who_answers_before_sending_the_token() {
     let exe = root.path().join("orbitkv-manager");
     std::fs::copy(env!("CARGO_BIN_EXE_orbitkv-manager"), &exe).expect("copy manager binary");
     chmod(&exe, 0o755);
-    let m = Command::new(&exe)
-        .args([
-            "--dram-size",
-            "4MiB",
-            "--metrics-addr",
-            "off",
-            "--allow-uid",
-            "0",
-            "--socket",
-        ])
-        .arg(&sock)
-        .arg("--token-file")
-        .arg(&tok)
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .spawn()
-        .expect("spawn manager as uid 65534");
+    let m = spawn_retrying_busy(|| {
+        Command::new(&exe)
+            .args([
+                "--dram-size",
+                "4MiB",
+                "--metrics-addr",
+                "off",
+                "--allow-uid",
+                "0",
+                "--socket",
+            ])
+            .arg(&sock)
+            .arg("--token-file")
+            .arg(&tok)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .spawn()
+    })
+    .expect("spawn manager as uid 65534");
     let _m = KillOnDrop(m);
     until("manager of uid 65534 up", || {
         std::os::unix::net::UnixStream::connect(&sock).is_ok()

@@ -2,6 +2,8 @@
 //! pressure) and [`CacheState::free_slot`], the only place a slot goes back to
 //! the arena. Calls no other part of the cache.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use super::CacheState;
 use crate::arena::aligned_len;
 use crate::keys::{BlockKey, Slot};
@@ -11,20 +13,23 @@ use crate::keys::{BlockKey, Slot};
 /// (evicted without an SSD copy, dropped from SSD, doomed). The Manager's
 /// presence table is one; see [`CacheState::set_presence_sink`]. Called under
 /// the cache lock, so it must be quick and must not call back into the cache.
-pub trait PresenceSink: Send + std::fmt::Debug {
+pub trait PresenceSink: Send + Sync + std::fmt::Debug {
     fn changed(&mut self, key: &BlockKey, visible: bool);
 }
 
 /// One visible (or doomed) block. Residency: DRAM (`slot`), SSD (`on_ssd`), or both.
-#[derive(Debug, Clone)]
+/// `pins` and `hits` are atomic because lookups and releases change them under
+/// the shared lock (see `concurrent.rs`); every other field changes only under
+/// the exclusive lock.
+#[derive(Debug)]
 pub(super) struct Entry {
     /// DRAM residency; `None` while the block lives on SSD only.
     pub(super) slot: Option<Slot>,
     /// Block bytes as registered by the namespace (not rounded).
     pub(super) block_bytes: u64,
     pub(super) on_ssd: bool,
-    pub(super) pins: u32,
-    pub(super) hits: u32,
+    pins: AtomicU32,
+    hits: AtomicU32,
     pub(super) busy: Busy,
     /// Invisible to lookups; freed (DRAM slot and SSD copy) once unpinned and idle.
     pub(super) doomed: bool,
@@ -37,8 +42,8 @@ impl Entry {
             slot: Some(slot),
             block_bytes,
             on_ssd: false,
-            pins: 0,
-            hits: 0,
+            pins: AtomicU32::new(0),
+            hits: AtomicU32::new(0),
             busy: Busy::Idle,
             doomed: false,
         }
@@ -62,7 +67,43 @@ impl Entry {
 
     /// May eviction take this entry's DRAM slot?
     pub(super) fn evictable(&self) -> bool {
-        self.pins == 0 && self.busy == Busy::Idle && !self.doomed
+        self.pins() == 0 && self.busy == Busy::Idle && !self.doomed
+    }
+
+    /// Leases pinning this block. Relaxed loads and updates suffice: the cache
+    /// lock orders the shared-side changes before every exclusive-side read.
+    pub(super) fn pins(&self) -> u32 {
+        self.pins.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn pin(&self) {
+        self.pins.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn unpin(&self) {
+        let _ = self
+            .pins
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| p.checked_sub(1));
+    }
+
+    /// Hits counted for SSD admission.
+    pub(super) fn hits(&self) -> u32 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_hits(&mut self, hits: u32) {
+        *self.hits.get_mut() = hits;
+    }
+
+    /// Count one hit (saturating); returns the new count.
+    pub(super) fn hit(&self) -> u32 {
+        let prev = self
+            .hits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                Some(h.saturating_add(1))
+            })
+            .unwrap_or(u32::MAX);
+        prev.saturating_add(1)
     }
 }
 

@@ -1,12 +1,22 @@
 //! Leases: the whole pin lifecycle — `lookup` grants (pins the hit),
 //! `acquire` hands out source slots (staging SSD-only blocks first),
-//! `release` retires — and [`CacheState::end_lease`], the only place a lease
-//! ends. Calls down into `tiers` (staging, doomed blocks), `entries` and
-//! `registry`, never up.
+//! `release` retires — and [`CacheState::end_lease`] /
+//! [`CacheState::try_release_shared`], the only places a lease ends. Calls down
+//! into `tiers` (staging, doomed blocks), `entries` and `registry`, never up.
+//!
+//! The common case of each step also runs with `&self` (the Manager's shared
+//! lock; see `concurrent.rs`): [`CacheState::lookup_shared`],
+//! [`CacheState::try_acquire_shared`] (every block in DRAM) and
+//! [`CacheState::try_release_shared`] (nothing doomed, no TP part). The `&mut`
+//! methods run that same code first and fall back to the exclusive path, so
+//! every test of the `&mut` API also runs the shared path.
 
+use std::sync::atomic::Ordering;
+
+use super::concurrent::{HotCounters, Touch};
 use super::tp::{TpPart, TpToken};
 use super::{AcquireStep, CacheError, CacheState};
-use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId};
+use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId, Slot};
 
 /// Lifecycle of a lease as the Manager can observe it (contract L2). The
 /// client-side facts (enqueue, per-layer readiness) are tracked by the client;
@@ -49,10 +59,25 @@ impl CacheState {
         ns: NsId,
         hashes: &[BlockHash],
     ) -> Result<LookupResult, CacheError> {
-        self.live_session(s)?;
+        let r = self.lookup_shared(s, ns, hashes);
+        self.apply_touches();
+        r
+    }
+
+    /// [`Self::lookup`] under a shared lock: the pins, the lease and the
+    /// counters change at once; the policy sees the hit at the next
+    /// [`Self::apply_touches`], which the holder of the exclusive lock must
+    /// call before anything else.
+    pub fn lookup_shared(
+        &self,
+        s: SessionId,
+        ns: NsId,
+        hashes: &[BlockHash],
+    ) -> Result<LookupResult, CacheError> {
+        self.session(s)?;
         let generation = self.generation_of(ns)?;
-        self.counters.lookups += 1;
-        self.counters.lookup_blocks += hashes.len() as u64;
+        HotCounters::add(&self.hot.lookups, 1);
+        HotCounters::add(&self.hot.lookup_blocks, hashes.len() as u64);
         let mut keys = Vec::new();
         for h in hashes {
             let key = BlockKey {
@@ -67,8 +92,8 @@ impl CacheState {
         }
         let hit_blocks = keys.len() as u32;
         let ssd_blocks = self.ssd_only(&keys);
-        self.counters.hit_blocks += u64::from(hit_blocks);
-        self.counters.ssd_hit_blocks += ssd_blocks.len() as u64;
+        HotCounters::add(&self.hot.hit_blocks, u64::from(hit_blocks));
+        HotCounters::add(&self.hot.ssd_hit_blocks, ssd_blocks.len() as u64);
         if keys.is_empty() {
             return Ok(LookupResult {
                 lease: None,
@@ -97,25 +122,33 @@ impl CacheState {
             .collect()
     }
 
-    /// Pin `keys` (visible blocks) under a new `Granted` lease of session `s`.
+    /// Pin `keys` (visible blocks) under a new `Granted` lease of session `s`
+    /// (live: checked by the caller), and log the touch for the policy.
     pub(super) fn grant_lease(
-        &mut self,
+        &self,
         s: SessionId,
         ns: NsId,
         keys: Vec<BlockKey>,
         tp: Option<TpToken>,
     ) -> LeaseId {
+        let mut spill = Vec::new();
         for k in &keys {
-            if let Some(e) = self.index.get_mut(k) {
-                e.pins += 1;
-                e.hits = e.hits.saturating_add(1);
+            if let Some(e) = self.index.get(k) {
+                e.pin();
+                if self.due_on_hit(e, e.hit()) {
+                    spill.push(*k);
+                }
             }
         }
-        self.policy.touch_chain(&keys);
-        for k in &keys {
-            self.note_hit(*k);
-        }
         let id = LeaseId(self.next());
+        self.touches.push(
+            s,
+            Touch {
+                seq: id.0,
+                chain: keys.clone(),
+                spill,
+            },
+        );
         self.leases.insert(
             id,
             Lease {
@@ -126,17 +159,35 @@ impl CacheState {
                 tp,
             },
         );
-        if let Some(info) = self.sessions.get_mut(&s) {
-            info.leases.insert(id);
+        if let Some(info) = self.sessions.get(&s) {
+            info.leases.add(id);
         }
-        self.counters.leases_granted += 1;
+        HotCounters::add(&self.hot.leases_granted, 1);
         id
+    }
+
+    /// Replay the touches of leases granted under the shared lock, in grant
+    /// order. The exclusive lock holder calls this before anything else; the
+    /// `&mut` methods that grant leases call it themselves.
+    pub fn apply_touches(&mut self) {
+        for t in self.touches.take() {
+            self.policy.touch_chain(&t.chain);
+            for k in t.spill {
+                self.queue_spill_on_hit(k);
+            }
+        }
+    }
+
+    /// Touches logged and not yet applied (the Manager takes the exclusive
+    /// lock when they pile up, so the log stays small).
+    pub fn touches_pending(&self) -> usize {
+        self.touches.pending()
     }
 
     /// The lease, if `s` is live and owns it.
     fn owned_lease(&mut self, s: SessionId, l: LeaseId) -> Result<&mut Lease, CacheError> {
         self.live_session(s)?;
-        let lease = self.leases.get_mut(&l).ok_or(CacheError::UnknownLease(l))?;
+        let lease = self.leases.get_mut(l).ok_or(CacheError::UnknownLease(l))?;
         if lease.session != s {
             return Err(CacheError::NotOwner {
                 what: "lease",
@@ -147,12 +198,15 @@ impl CacheState {
     }
 
     pub fn lease_state(&self, l: LeaseId) -> Option<LeaseState> {
-        self.leases.get(&l).map(|x| x.state)
+        self.leases.with(l, |x| x.state)
     }
 
     /// Hand out the source slots of a lease, staging SSD-only blocks first.
     /// Once `Ready` is returned, copies may be in flight until `release`.
     pub fn acquire(&mut self, s: SessionId, l: LeaseId) -> Result<AcquireStep, CacheError> {
+        if let Some(slots) = self.try_acquire_shared(s, l)? {
+            return Ok(AcquireStep::Ready(slots));
+        }
         let keys = self.owned_lease(s, l)?.keys.clone();
         let lost = keys
             .iter()
@@ -175,32 +229,93 @@ impl CacheState {
         ))
     }
 
+    /// [`Self::acquire`] when every block of the lease is visible and in DRAM
+    /// (`Some(slots)`, the lease now `Acquired`); `None`, with nothing
+    /// changed, when staging or a lost block needs the exclusive path.
+    pub fn try_acquire_shared(&self, s: SessionId, l: LeaseId) -> Result<Option<Vec<Slot>>, CacheError> {
+        self.session(s)?;
+        self.leases
+            .with(l, |lease| {
+                if lease.session != s {
+                    return Err(CacheError::NotOwner {
+                        what: "lease",
+                        id: l.0,
+                    });
+                }
+                let slots: Option<Vec<Slot>> = lease
+                    .keys
+                    .iter()
+                    .map(|k| self.index.get(k).filter(|e| !e.doomed).and_then(|e| e.slot))
+                    .collect();
+                if slots.is_some() {
+                    lease.state = LeaseState::Acquired;
+                }
+                Ok(slots)
+            })
+            .ok_or(CacheError::UnknownLease(l))?
+    }
+
     /// The client reports that every copy out of this lease has drained:
     /// the sources are retired (unpinned).
     pub fn release(&mut self, s: SessionId, l: LeaseId) -> Result<(), CacheError> {
+        if self.try_release_shared(s, l)? {
+            return Ok(());
+        }
         self.owned_lease(s, l)?;
         self.end_lease(l);
         Ok(())
     }
 
-    /// The only place a lease ends: unpin its blocks (reaping those doomed
-    /// meanwhile) and forget it in its session. Callers: `release` (the client
-    /// drained), `acquire` (a block was lost), `end_session` (granted leases of
-    /// a vanished session; every lease of an ended session).
+    /// [`Self::release`] when ending the lease frees nothing: no block of it
+    /// is doomed (a doomed block is reaped when its last pin goes) and it is
+    /// no TP lease's part. `Ok(false)`, with nothing changed, otherwise.
+    pub fn try_release_shared(&self, s: SessionId, l: LeaseId) -> Result<bool, CacheError> {
+        let info = self.session(s)?;
+        let taken = self.leases.take_if(l, CacheError::UnknownLease(l), |lease| {
+            if lease.session != s {
+                return Err(CacheError::NotOwner {
+                    what: "lease",
+                    id: l.0,
+                });
+            }
+            Ok(lease.tp.is_none()
+                && lease
+                    .keys
+                    .iter()
+                    .all(|k| self.index.get(k).is_some_and(|e| !e.doomed)))
+        })?;
+        let Some(lease) = taken else {
+            return Ok(false);
+        };
+        for k in &lease.keys {
+            if let Some(e) = self.index.get(k) {
+                e.unpin();
+            }
+        }
+        info.leases.drop_lease(l);
+        HotCounters::add(&self.hot.leases_retired, 1);
+        Ok(true)
+    }
+
+    /// The only place (with [`Self::try_release_shared`]) a lease ends: unpin
+    /// its blocks (reaping those doomed meanwhile) and forget it in its
+    /// session. Callers: `release` (the client drained), `acquire` (a block
+    /// was lost), `end_session` (granted leases of a vanished session; every
+    /// lease of an ended session).
     pub(super) fn end_lease(&mut self, l: LeaseId) {
-        let Some(lease) = self.leases.remove(&l) else {
+        let Some(lease) = self.leases.remove(l) else {
             return;
         };
         for k in &lease.keys {
-            if let Some(e) = self.index.get_mut(k) {
-                e.pins = e.pins.saturating_sub(1);
+            if let Some(e) = self.index.get(k) {
+                e.unpin();
             }
             self.reap_if_doomed(*k);
         }
         if let Some(info) = self.sessions.get_mut(&lease.session) {
-            info.leases.remove(&l);
+            info.leases.get_mut().remove(&l);
         }
-        self.counters.leases_retired += 1;
+        self.hot.leases_retired.fetch_add(1, Ordering::Relaxed);
         // One shard's part of a TP lease: that rank is done (once: the part is
         // found by its lease id, which ends only here). The TP lease ends with
         // its last part.

@@ -32,6 +32,7 @@
 //!   L2: a vanished connection proves nothing about physical drain). Leases it
 //!   never acquired handed out no address, so they are released at once.
 
+mod concurrent;
 mod entries;
 mod leases;
 mod registry;
@@ -40,15 +41,16 @@ mod tiers;
 mod tp;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 
 use crate::arena::ArenaAllocator;
 use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
 use crate::map::Map;
 use crate::policy::{Policy, PolicyKind};
+use concurrent::{HotCounters, LeaseTable, TouchLog};
 
 pub use entries::PresenceSink;
 use entries::{Busy, Entry};
-use leases::Lease;
 pub use leases::{LeaseState, LookupResult};
 use registry::{NsInfo, SessionInfo};
 use saves::PendingSave;
@@ -175,12 +177,16 @@ pub struct CacheState {
     namespaces: HashMap<NsId, NsInfo>,
     ns_by_key: HashMap<NamespaceKey, NsId>,
     generations: HashMap<Fingerprint, u64>,
-    leases: Map<LeaseId, Lease>,
+    leases: LeaseTable,
     saves: Map<SaveId, PendingSave>,
     sessions: Map<SessionId, SessionInfo>,
     tp: Map<TpToken, TpLease>,
-    next_id: u64,
+    next_id: AtomicU64,
+    /// Counters of the exclusive side; `hot` holds those the shared side moves.
     counters: Counters,
+    hot: HotCounters,
+    /// Policy touches of leases granted under the shared lock (see `concurrent.rs`).
+    touches: TouchLog,
     tier: TierState,
     presence: Option<Box<dyn PresenceSink>>,
 }
@@ -206,12 +212,14 @@ impl CacheState {
             namespaces: HashMap::new(),
             ns_by_key: HashMap::new(),
             generations: HashMap::new(),
-            leases: Map::default(),
+            leases: LeaseTable::default(),
             saves: Map::default(),
             sessions: Map::default(),
             tp: Map::default(),
-            next_id: 0,
+            next_id: AtomicU64::new(0),
             counters: Counters::default(),
+            hot: HotCounters::default(),
+            touches: TouchLog::default(),
             tier: TierState::default(),
             presence: None,
         }
@@ -226,8 +234,8 @@ impl CacheState {
         self.presence = Some(sink);
     }
 
-    pub fn counters(&self) -> &Counters {
-        &self.counters
+    pub fn counters(&self) -> Counters {
+        self.hot.merged(&self.counters)
     }
 
     pub fn segment_sizes(&self) -> &[u64] {
@@ -251,9 +259,9 @@ impl CacheState {
             }
             let granted: Vec<LeaseId> = info
                 .leases
-                .iter()
-                .copied()
-                .filter(|l| self.leases.get(l).is_some_and(|x| x.state == LeaseState::Granted))
+                .snapshot()
+                .into_iter()
+                .filter(|l| self.leases.with(*l, |x| x.state == LeaseState::Granted) == Some(true))
                 .collect();
             for l in granted {
                 self.end_lease(l);
@@ -266,7 +274,7 @@ impl CacheState {
             }
         }
         let info = self.sessions.remove(&s).unwrap_or_default();
-        for l in info.leases {
+        for l in info.leases.into_inner() {
             self.end_lease(l);
         }
         for sv in info.saves {
@@ -318,7 +326,8 @@ impl CacheState {
     pub fn bump_generation(&mut self, ns: NsId) -> Result<u64, CacheError> {
         let fp = self.ns(ns)?.key.fingerprint;
         let on_fp = |n: &NsId| self.namespaces.get(n).is_some_and(|i| i.key.fingerprint == fp);
-        let leases = self.leases.values().filter(|l| on_fp(&l.ns)).count();
+        let lease_ns: Vec<NsId> = self.leases.iter().map(|(_, l)| l.ns).collect();
+        let leases = lease_ns.iter().filter(|n| on_fp(n)).count();
         let saves = self.saves.values().filter(|s| on_fp(&s.ns)).count();
         if leases > 0 || saves > 0 {
             return Err(CacheError::Busy { leases, saves });
@@ -347,7 +356,7 @@ impl CacheState {
             .collect();
         for k in stale {
             debug_assert_eq!(
-                self.index.get(&k).map(|e| e.pins),
+                self.index.get(&k).map(Entry::pins),
                 Some(0),
                 "bump_generation checked for leases"
             );
@@ -396,7 +405,7 @@ impl CacheState {
             free_bytes: self.arena.free_bytes(),
             visible_blocks: self.index.values().filter(|e| !e.doomed).count() as u64,
             visible_bytes: self.index.values().filter_map(|e| e.slot.map(|s| s.len)).sum(),
-            pinned_blocks: self.index.values().filter(|e| e.pins > 0).count() as u64,
+            pinned_blocks: self.index.values().filter(|e| e.pins() > 0).count() as u64,
             pending_save_bytes: self.saves.values().map(PendingSave::bytes).sum(),
             live_leases: self.leases.len() as u64,
             live_saves: self.saves.len() as u64,
@@ -418,12 +427,12 @@ impl CacheState {
     /// Cross-check every ownership invariant; used by tests and debug builds.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut pins: HashMap<BlockKey, u32> = HashMap::new();
-        for (id, l) in &self.leases {
+        self.leases.try_for_each(|id, l| {
             let owner = self
                 .sessions
                 .get(&l.session)
                 .ok_or(format!("lease {id:?} without session"))?;
-            if !owner.leases.contains(id) {
+            if !owner.leases.contains(&id) {
                 return Err(format!("lease {id:?} not listed by its session"));
             }
             for k in &l.keys {
@@ -432,7 +441,8 @@ impl CacheState {
                 }
                 *pins.entry(*k).or_default() += 1;
             }
-        }
+            Ok(())
+        })?;
         for (id, sv) in &self.saves {
             let owner = self
                 .sessions
@@ -444,7 +454,7 @@ impl CacheState {
         }
         let mut tracked = 0;
         for (k, e) in &self.index {
-            if e.pins != pins.get(k).copied().unwrap_or(0) {
+            if e.pins() != pins.get(k).copied().unwrap_or(0) {
                 return Err(format!("pin count mismatch on {k:?}"));
             }
             let should_track = e.slot.is_some() && !e.doomed;
@@ -455,7 +465,7 @@ impl CacheState {
             if e.slot.is_none() && !e.on_ssd && !matches!(e.busy, Busy::Staging(_)) && !e.doomed {
                 return Err(format!("{k:?} is visible with no copy anywhere"));
             }
-            if e.doomed && e.pins == 0 && e.busy == Busy::Idle {
+            if e.doomed && e.pins() == 0 && e.busy == Busy::Idle {
                 return Err(format!("{k:?} is doomed, unpinned and idle but was not reaped"));
             }
         }

@@ -3,9 +3,11 @@
 //! [`CacheState`]: it calls no other part of the cache.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 
+use super::concurrent::SessionLeases;
 use super::{CacheError, CacheState};
-use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId, TierKey};
+use crate::keys::{BlockKey, Fingerprint, NamespaceKey, NsId, SaveId, SessionId, TierKey};
 
 #[derive(Debug, Clone)]
 pub(super) struct NsInfo {
@@ -13,18 +15,17 @@ pub(super) struct NsInfo {
     pub(super) block_bytes: u64,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(super) struct SessionInfo {
-    pub(super) leases: BTreeSet<LeaseId>,
+    pub(super) leases: SessionLeases,
     pub(super) saves: BTreeSet<SaveId>,
     pub(super) quarantined: bool,
 }
 
 impl CacheState {
     /// A fresh id for a session, lease or save (one sequence for all three).
-    pub(super) fn next(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
+    pub(super) fn next(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub fn open_session(&mut self) -> SessionId {
@@ -37,6 +38,15 @@ impl CacheState {
     /// may not start or end anything: its connection is gone).
     pub(super) fn live_session(&mut self, s: SessionId) -> Result<&mut SessionInfo, CacheError> {
         let info = self.sessions.get_mut(&s).ok_or(CacheError::UnknownSession(s))?;
+        if info.quarantined {
+            return Err(CacheError::SessionClosed(s));
+        }
+        Ok(info)
+    }
+
+    /// The same check from the shared side.
+    pub(super) fn session(&self, s: SessionId) -> Result<&SessionInfo, CacheError> {
+        let info = self.sessions.get(&s).ok_or(CacheError::UnknownSession(s))?;
         if info.quarantined {
             return Err(CacheError::SessionClosed(s));
         }

@@ -105,22 +105,23 @@ impl CacheState {
         }
         let hits = u32::from(readmitted);
         if let Some(e) = self.index.get_mut(&k) {
-            e.hits = hits;
+            e.set_hits(hits);
         }
         if hits >= self.tier.min_hits && self.tier.policy == SpillPolicy::Eager {
             self.tier.spill_queue.push_back(k);
         }
     }
 
-    pub(super) fn note_hit(&mut self, k: BlockKey) {
-        if !self.tier.enabled || self.tier.min_hits == 0 || self.tier.policy != SpillPolicy::Eager {
-            return;
-        }
-        if self
-            .index
-            .get(&k)
-            .is_some_and(|e| e.hits == self.tier.min_hits && !e.on_ssd)
-        {
+    /// Does this hit (the entry's count now `hits`) make the block due for an
+    /// eager spill? (It just reached `--ssd-admit-hits`.)
+    pub(super) fn due_on_hit(&self, e: &Entry, hits: u32) -> bool {
+        let t = &self.tier;
+        t.enabled && t.min_hits > 0 && t.policy == SpillPolicy::Eager && hits == t.min_hits && !e.on_ssd
+    }
+
+    /// Queue a block [`Self::due_on_hit`] found due (still DRAM-only).
+    pub(super) fn queue_spill_on_hit(&mut self, k: BlockKey) {
+        if self.index.get(&k).is_some_and(|e| !e.on_ssd) {
             self.tier.spill_queue.push_back(k);
         }
     }
@@ -138,7 +139,7 @@ impl CacheState {
                 // Only blocks that qualify count towards the low-water bytes: with
                 // `min_hits` > 0 the cold end is mostly unhit blocks, and stopping at
                 // them would spill nothing.
-                let eligible = |k: &BlockKey| index.get(k).is_some_and(|e| e.hits >= min_hits && !e.on_ssd);
+                let eligible = |k: &BlockKey| index.get(k).is_some_and(|e| e.hits() >= min_hits && !e.on_ssd);
                 self.tier
                     .spill_queue
                     .extend(self.policy.coldest(low_water, eligible));
@@ -289,7 +290,7 @@ impl CacheState {
         let reap = self
             .index
             .get(&key)
-            .is_some_and(|e| e.doomed && e.pins == 0 && e.busy == Busy::Idle);
+            .is_some_and(|e| e.doomed && e.pins() == 0 && e.busy == Busy::Idle);
         if !reap {
             return;
         }
@@ -325,7 +326,7 @@ impl CacheState {
                 ok.push(*tk);
                 continue;
             };
-            if e.busy != Busy::Idle || !e.on_ssd || (e.slot.is_none() && e.pins > 0) {
+            if e.busy != Busy::Idle || !e.on_ssd || (e.slot.is_none() && e.pins() > 0) {
                 continue;
             }
             e.on_ssd = false;

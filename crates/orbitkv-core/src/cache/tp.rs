@@ -16,6 +16,7 @@
 //!
 //! Layer 1: calls down into `leases` (pins) and `registry`, never up.
 
+use super::concurrent::HotCounters;
 use super::leases::{Lease, LeaseState};
 use super::{CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId};
@@ -98,7 +99,7 @@ impl CacheState {
         }
         let generation = self.generation_of(nss[0])?;
         self.counters.tp_lookups += 1;
-        self.counters.lookup_blocks += hashes.len() as u64;
+        HotCounters::add(&self.hot.lookup_blocks, hashes.len() as u64);
         let mut common = hashes.len();
         for &ns in nss {
             let present = hashes
@@ -140,9 +141,10 @@ impl CacheState {
         }
         let hit_blocks = common as u32;
         let ssd_blocks: Vec<u32> = ssd.into_iter().collect();
-        self.counters.hit_blocks += u64::from(hit_blocks);
-        self.counters.ssd_hit_blocks += ssd_blocks.len() as u64;
+        HotCounters::add(&self.hot.hit_blocks, u64::from(hit_blocks));
+        HotCounters::add(&self.hot.ssd_hit_blocks, ssd_blocks.len() as u64);
         self.counters.tp_leases_granted += 1;
+        self.apply_touches();
         self.tp.insert(
             token,
             TpLease {
@@ -227,7 +229,7 @@ impl CacheState {
         let generation = self.generation_of(ns)?;
         let l = self
             .leases
-            .get_mut(&lease)
+            .get_mut(lease)
             .ok_or(CacheError::UnknownLease(lease))?;
         l.session = s;
         let hit_blocks = l.keys.len() as u32;
@@ -235,9 +237,9 @@ impl CacheState {
         let ssd_blocks = self.ssd_only(&keys);
         // A transfer between sessions, not an end: the lease lives on.
         if let Some(info) = self.sessions.get_mut(&owner) {
-            info.leases.take(&lease);
+            info.leases.get_mut().remove(&lease);
         }
-        self.live_session(s)?.leases.insert(lease);
+        self.live_session(s)?.leases.get_mut().insert(lease);
         if let Some(tp) = self.tp.get_mut(&token) {
             tp.parts[idx] = TpPart::Redeemed(lease);
         }
@@ -324,20 +326,22 @@ impl CacheState {
                     TpPart::Redeemed(l) => (*l, None),
                     TpPart::Done => continue,
                 };
-                let lease: &Lease = self
-                    .leases
-                    .get(&l)
-                    .ok_or(format!("{token:?}: part {i} names an ended lease"))?;
-                if lease.tp != Some(*token) || lease.ns != tp.nss[i] {
-                    return Err(format!("{token:?}: part {i} lease does not belong to it"));
-                }
-                if owner.is_some_and(|o| o != lease.session)
-                    || (owner.is_some() && lease.state != LeaseState::Granted)
-                {
-                    return Err(format!(
-                        "{token:?}: pending part {i} is not a granted lease of the owner"
-                    ));
-                }
+                let check = |lease: &mut Lease| {
+                    if lease.tp != Some(*token) || lease.ns != tp.nss[i] {
+                        return Err(format!("{token:?}: part {i} lease does not belong to it"));
+                    }
+                    if owner.is_some_and(|o| o != lease.session)
+                        || (owner.is_some() && lease.state != LeaseState::Granted)
+                    {
+                        return Err(format!(
+                            "{token:?}: pending part {i} is not a granted lease of the owner"
+                        ));
+                    }
+                    Ok(())
+                };
+                self.leases
+                    .with(l, check)
+                    .ok_or(format!("{token:?}: part {i} names an ended lease"))??;
             }
         }
         Ok(())

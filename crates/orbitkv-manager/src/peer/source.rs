@@ -316,7 +316,7 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
         match cache.acquire(s, l) {
             Ok(AcquireStep::Ready(slots)) => return Some(slots),
             Ok(AcquireStep::Wait) => {
-                let _unused = shared.staged.wait_timeout(cache, Duration::from_millis(100));
+                shared.wait_staged(cache);
             }
             Ok(AcquireStep::Stage(jobs)) => {
                 drop(cache);
