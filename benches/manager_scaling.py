@@ -11,8 +11,10 @@ Baselines in the same run:
   * `echo`   - N pairs of processes exchanging the same request/reply sizes over
                Unix socketpairs (Python on both sides): the kernel IPC + process
                wake-up cost with no Manager at all.
-The Manager runs one thread per session and one cache mutex; this shows where that
-design stops scaling on the machine at hand.
+The Manager runs one thread per session; lookups and releases share its cache lock
+(saves take it exclusively). CPU per operation is reported for the Manager (all
+its threads) and the client processes, over the timed loop, to show where the
+time goes.
 
 Usage: python benches/manager_scaling.py [--clients 1,2,4,8] [--seconds 3]
                                          [--out bench-results/manager_scaling.json]
@@ -83,9 +85,12 @@ def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, ou
         keys = [worker.to_bytes(4, "little") + (4 * n + k).to_bytes(8, "little") + bytes(20) for k in range(4)]
         c.save(ns, keys, payload)
 
-    result = closed_loop(lookup if op == "lookup" else save, seconds, start)
+    cpu0 = time.process_time()
+    count, lat = closed_loop(lookup if op == "lookup" else save, seconds, start)
+    # The process's CPU from before the start signal to the end (this process's
+    # threads only: the native client runs on the calling thread).
+    out.put((count, lat, time.process_time() - cpu0))
     c.close()
-    out.put(result)
 
 
 def echo_server(conn: socket.socket) -> None:
@@ -106,34 +111,50 @@ def echo_client(conn: socket.socket, seconds: float, start: Any, out: Any) -> No
             while got < REPLY:
                 got += len(conn.recv(65536))
 
-    out.put(closed_loop(two_round_trips, seconds, start))
+    cpu0 = time.process_time()
+    count, lat = closed_loop(two_round_trips, seconds, start)
+    out.put((count, lat, time.process_time() - cpu0))
 
 
 def summarize(results: list[Any], seconds: float) -> dict[str, float]:
     failed = [r for r in results if isinstance(r, str)]
     if failed:
         raise SystemExit("benchmark worker failed: " + "; ".join(failed))
-    lat = sorted(x for _, xs in results for x in xs)
-    ops = sum(n for n, _ in results)
+    lat = sorted(x for r in results for x in r[1])
+    ops = sum(r[0] for r in results)
     return {
         "ops_per_s": ops / seconds,
         "p50_us": statistics.median(lat) * 1e6 if lat else 0.0,
         "p99_us": lat[int(0.99 * (len(lat) - 1))] * 1e6 if lat else 0.0,
+        # CPU of the timed loops' processes (clients; for echo, the client side only).
+        "clients_cpu_us_per_op": sum(r[2] for r in results) / ops * 1e6 if ops else 0.0,
     }
 
 
-def run_clients(sock: str, op: str, n: int, seconds: float) -> dict[str, float]:
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_clients(sock: str, op: str, n: int, seconds: float, mgr_pid: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=client_loop, args=(sock, op, seconds, w, start, out)) for w in range(n)]
     for p in procs:
         p.start()
     time.sleep(0.5 + 0.05 * n)  # every client connected and mapped
+    mgr0 = proc_cpu_s(mgr_pid)
     start.set()
     results = [out.get(timeout=seconds + 60) for _ in procs]
+    mgr1 = proc_cpu_s(mgr_pid)
     for p in procs:
         p.join()
-    return summarize(results, seconds)
+    row = summarize(results, seconds)
+    ops = row["ops_per_s"] * seconds
+    # Where the CPU goes per operation: the Manager's threads over the timed loop.
+    row["manager_cpu_us_per_op"] = (mgr1 - mgr0) / ops * 1e6 if ops else 0.0
+    return row
 
 
 def run_echo(n: int, seconds: float) -> dict[str, float]:
@@ -183,7 +204,7 @@ def main() -> int:
                     c.save(ns, chain(i), [bytes(BB)] * CHAIN)
             row: dict[str, Any] = {"clients": n}
             for op in ("lookup", "save"):
-                row[op] = run_clients(sock, op, n, a.seconds)
+                row[op] = run_clients(sock, op, n, a.seconds, mgr.pid)
             row["echo"] = run_echo(n, a.seconds)
             print(json.dumps(row), flush=True)
             rows.append(row)

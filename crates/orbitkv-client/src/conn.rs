@@ -1,5 +1,6 @@
 //! The session's socket: handshake with fd receipt, then request/reply.
 
+use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Mutex;
@@ -26,9 +27,15 @@ pub(crate) struct SegmentView {
     pub(crate) mapping: Option<Mapping>,
 }
 
+/// Replies are read through a buffer: the Manager writes each frame at once,
+/// so one `read` usually brings header and body (not one syscall for each).
+/// The protocol is one reply per request, so nothing is normally left in it
+/// between calls (anything unasked-for fails the next call's id check, as before).
+const READ_BUFFER: usize = 8192;
+
 #[derive(Debug)]
 struct Inner {
-    stream: UnixStream,
+    stream: BufReader<UnixStream>,
     next_id: u32,
     broken: bool,
 }
@@ -237,7 +244,7 @@ impl Conn {
         Ok((
             Conn {
                 inner: Mutex::new(Inner {
-                    stream,
+                    stream: BufReader::with_capacity(READ_BUFFER, stream),
                     next_id: 2,
                     broken: false,
                 }),
@@ -259,7 +266,7 @@ impl Conn {
         let id = g.next_id;
         g.next_id = g.next_id.wrapping_add(1);
         let r = (|| {
-            write_frame(&mut g.stream, req.kind() as u16, id, &req.encode()).map_err(io_err)?;
+            write_frame(&mut g.stream.get_ref(), req.kind() as u16, id, &req.encode()).map_err(io_err)?;
             let (h, body) = read_frame(&mut g.stream).map_err(io_err)?;
             if h.request_id != id && h.request_id != 0 {
                 return Err(ClientError::Protocol(format!(
@@ -304,6 +311,6 @@ impl Conn {
 
     pub(crate) fn shutdown(&self) {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = g.stream.shutdown(std::net::Shutdown::Both);
+        let _ = g.stream.get_ref().shutdown(std::net::Shutdown::Both);
     }
 }

@@ -89,7 +89,12 @@ fn shared_operations_beside_a_writer_never_hand_out_a_reused_slot() {
             let (mut hits, mut fast_acquires, mut fast_releases) = (0u64, 0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
                 let hashes = chain(rng.below(24), 1 + rng.below(8));
-                let r = cache.read().expect("lock").lookup_shared(s, ns, &hashes);
+                let r = {
+                    let c = cache.read().expect("lock");
+                    let r = c.lookup_shared(s, ns, &hashes);
+                    c.apply_touches_shared(false); // replays beside other readers
+                    r
+                };
                 let Some(lease) = r.expect("lookup").lease else {
                     continue;
                 };
@@ -184,7 +189,7 @@ fn run_policy(policy: &Policy<BlockKey>, shared: bool) -> Vec<Vec<(u32, u32)>> {
     let sessions: Vec<SessionId> = (0..3).map(|_| c.open_session()).collect();
     let mut rng = Rng(7);
     let mut history = Vec::new();
-    for _ in 0..400 {
+    for round in 0..400 {
         // A burst of lookups from three sessions, released, then saves.
         let mut leases = Vec::new();
         for _ in 0..6 {
@@ -203,7 +208,12 @@ fn run_policy(policy: &Policy<BlockKey>, shared: bool) -> Vec<Vec<(u32, u32)>> {
             c.release(s, l).expect("release");
         }
         if shared {
-            c.apply_touches(); // what the Manager's exclusive guard does first
+            if round % 2 == 0 {
+                // A replay under the shared lock (a lookup's, the reaper's) ...
+                assert!(c.apply_touches_shared(true) || c.touches_pending() == 0);
+            }
+            // ... and what the Manager's exclusive guard does first.
+            c.apply_touches();
         }
         for _ in 0..2 {
             let hashes = chain(rng.below(40), 1 + rng.below(8));

@@ -13,7 +13,8 @@
 //!   returned when the frame has been handled or the connection ends.
 //!
 //! So the Manager buffers at most `max_buffered_bytes + max_connections × 64 KiB`
-//! of frame bodies, whatever its peers announce.
+//! of frame bodies, whatever its peers announce, plus a fixed 8 KiB receive
+//! buffer per connection (one `recv` per small frame, not one per header and body).
 
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
@@ -57,7 +58,17 @@ pub struct PeerReader<'a> {
     announced: Option<usize>,
     request_id: u32,
     stalled: Option<Stall>,
+    /// Bytes received and not yet handed to the frame reader: one `recv` brings
+    /// a small frame's header and body together (and may bring the start of
+    /// the next frame, kept here for it). `pos..end` is unread.
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
 }
+
+/// The receive buffer: a lookup of 32 blocks is about 1 KiB; larger frame
+/// bodies are read straight into their own buffer once this one is drained.
+const RECV_BUFFER: usize = 8192;
 
 impl<'a> PeerReader<'a> {
     /// A reader for a fresh connection: the Hello deadline runs from now.
@@ -72,6 +83,9 @@ impl<'a> PeerReader<'a> {
             announced: None,
             request_id: 0,
             stalled: None,
+            buf: vec![0; RECV_BUFFER].into_boxed_slice(),
+            pos: 0,
+            end: 0,
         }
     }
 
@@ -137,21 +151,17 @@ impl<'a> PeerReader<'a> {
     }
 }
 
-impl Read for PeerReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+impl PeerReader<'_> {
+    /// One receive from the socket into `buf`, waiting as the deadlines allow.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let Some((deadline, stall)) = self.deadline() else {
             // Idle between frames: wait as long as the peer likes.
             let mut stream: &UnixStream = self.stream;
-            let n = stream.read(buf)?;
-            self.received += n;
-            return Ok(n);
+            return stream.read(buf);
         };
         loop {
             match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
-                Ok((n, _)) => {
-                    self.received += n;
-                    return Ok(n);
-                }
+                Ok((n, _)) => return Ok(n),
                 Err(rustix::io::Errno::AGAIN) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(e.into()),
@@ -170,6 +180,27 @@ impl Read for PeerReader<'_> {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+}
+
+impl Read for PeerReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.pos == self.end {
+            if out.len() >= self.buf.len() {
+                let n = self.recv(out)?;
+                self.received += n;
+                return Ok(n);
+            }
+            let mut buf = std::mem::take(&mut self.buf);
+            let got = self.recv(&mut buf);
+            self.buf = buf;
+            (self.pos, self.end) = (0, got?);
+        }
+        let n = out.len().min(self.end - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        self.received += n;
+        Ok(n)
     }
 }
 

@@ -203,9 +203,7 @@ pub fn reaper(shared: Arc<Shared>) {
             log!(Info, "session {} released from quarantine: pid {pid} exited", s.0);
         }
         crate::tp::expire(&shared);
-        // Keep the policy current when no exclusive work comes by.
-        if shared.cache_shared().touches_pending() > 0 {
-            drop(shared.cache());
-        }
+        // Keep the policy current when lookups stop short of a replay.
+        shared.cache_shared().apply_touches_shared(true);
     }
 }

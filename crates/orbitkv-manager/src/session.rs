@@ -22,10 +22,6 @@ use crate::framing::{PeerReader, Stall};
 use crate::shared::{Quarantined, ServerCounters, Shared};
 use crate::stats;
 
-/// Policy touches logged by shared-lock lookups beyond which a lookup takes
-/// the exclusive lock once to apply them (the reaper also does, every 50 ms).
-const TOUCH_BACKLOG: usize = 1024;
-
 /// How long a last error reply before closing may block on a peer that does not read.
 const CLOSING_REPLY_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -573,14 +569,14 @@ fn lookup(
     ns: NsId,
     hashes: &[orbitkv_core::BlockHash],
 ) -> Result<orbitkv_core::LookupResult, CacheError> {
-    let (first, pending) = {
+    let first = {
         let cache = shared.cache_shared();
-        (cache.lookup_shared(s, ns, hashes), cache.touches_pending())
-    };
-    if pending >= TOUCH_BACKLOG {
-        drop(shared.cache()); // the exclusive guard applies the logged touches
-    }
-    let first = first?;
+        let r = cache.lookup_shared(s, ns, hashes);
+        // Past a few dozen logged chains, replay them into the policy (unless
+        // another session is already doing so); no lookup waits for that.
+        cache.apply_touches_shared(false);
+        r
+    }?;
     let Some(peers) = shared.peers.as_ref() else {
         return Ok(first);
     };

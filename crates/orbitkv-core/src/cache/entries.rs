@@ -167,6 +167,7 @@ impl CacheState {
         let index = &self.index;
         let victim = self
             .policy
+            .get()
             .evict_one(|k| !index.get(k).is_some_and(Entry::evictable));
         let Some(key) = victim else {
             return false;

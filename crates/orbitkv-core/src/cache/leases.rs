@@ -13,7 +13,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::concurrent::{HotCounters, Touch};
+use super::concurrent::{DRAIN_AT, HotCounters, Touch};
+use super::entries::Entry;
 use super::tp::{TpPart, TpToken};
 use super::{AcquireStep, CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId, Slot};
@@ -78,7 +79,10 @@ impl CacheState {
         let generation = self.generation_of(ns)?;
         HotCounters::add(&self.hot.lookups, 1);
         HotCounters::add(&self.hot.lookup_blocks, hashes.len() as u64);
+        // One pass: each hit block is found, pinned and counted once.
         let mut keys = Vec::new();
+        let mut ssd_blocks = Vec::new();
+        let mut spill = Vec::new();
         for h in hashes {
             let key = BlockKey {
                 ns,
@@ -86,12 +90,17 @@ impl CacheState {
                 hash: *h,
             };
             match self.index.get(&key) {
-                Some(e) if !e.doomed => keys.push(key),
+                Some(e) if !e.doomed => {
+                    if e.slot.is_none() {
+                        ssd_blocks.push(keys.len() as u32);
+                    }
+                    self.pin_hit(&key, e, &mut spill);
+                    keys.push(key);
+                }
                 _ => break,
             }
         }
         let hit_blocks = keys.len() as u32;
-        let ssd_blocks = self.ssd_only(&keys);
         HotCounters::add(&self.hot.hit_blocks, u64::from(hit_blocks));
         HotCounters::add(&self.hot.ssd_hit_blocks, ssd_blocks.len() as u64);
         if keys.is_empty() {
@@ -102,7 +111,7 @@ impl CacheState {
                 generation,
             });
         }
-        let id = self.grant_lease(s, ns, keys, None);
+        let id = self.record_lease(s, ns, keys, None, spill);
         Ok(LookupResult {
             lease: Some(id),
             hit_blocks,
@@ -134,12 +143,30 @@ impl CacheState {
         let mut spill = Vec::new();
         for k in &keys {
             if let Some(e) = self.index.get(k) {
-                e.pin();
-                if self.due_on_hit(e, e.hit()) {
-                    spill.push(*k);
-                }
+                self.pin_hit(k, e, &mut spill);
             }
         }
+        self.record_lease(s, ns, keys, tp, spill)
+    }
+
+    /// Pin one hit block and count the hit (`spill`: the block just became
+    /// due for an eager spill).
+    fn pin_hit(&self, k: &BlockKey, e: &Entry, spill: &mut Vec<BlockKey>) {
+        e.pin();
+        if self.due_on_hit(e, e.hit()) {
+            spill.push(*k);
+        }
+    }
+
+    /// The lease over `keys`, pinned by the caller, and its touch for the policy.
+    fn record_lease(
+        &self,
+        s: SessionId,
+        ns: NsId,
+        keys: Vec<BlockKey>,
+        tp: Option<TpToken>,
+        spill: Vec<BlockKey>,
+    ) -> LeaseId {
         let id = LeaseId(self.next());
         self.touches.push(
             s,
@@ -170,16 +197,22 @@ impl CacheState {
     /// order. The exclusive lock holder calls this before anything else; the
     /// `&mut` methods that grant leases call it themselves.
     pub fn apply_touches(&mut self) {
-        for t in self.touches.take() {
-            self.policy.touch_chain(&t.chain);
-            for k in t.spill {
-                self.queue_spill_on_hit(k);
-            }
+        for k in self.policy.replay(&mut self.touches) {
+            self.queue_spill_on_hit(k);
         }
     }
 
-    /// Touches logged and not yet applied (the Manager takes the exclusive
-    /// lock when they pile up, so the log stays small).
+    /// The same from the shared side, when [`DRAIN_AT`] chains or more wait
+    /// (`force`: any) and no other replay is running; `true` when it ran.
+    pub fn apply_touches_shared(&self, force: bool) -> bool {
+        let pending = self.touches.pending();
+        if pending == 0 || (!force && pending < DRAIN_AT) {
+            return false;
+        }
+        self.policy.replay_shared(&self.touches)
+    }
+
+    /// Touches logged and not yet replayed.
     pub fn touches_pending(&self) -> usize {
         self.touches.pending()
     }

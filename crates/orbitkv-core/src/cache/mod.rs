@@ -47,7 +47,7 @@ use crate::arena::ArenaAllocator;
 use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
 use crate::map::Map;
 use crate::policy::{Policy, PolicyKind};
-use concurrent::{HotCounters, LeaseTable, TouchLog};
+use concurrent::{HotCounters, LeaseTable, PolicyCell, TouchLog};
 
 pub use entries::PresenceSink;
 use entries::{Busy, Entry};
@@ -172,7 +172,7 @@ pub struct Gauges {
 #[derive(Debug)]
 pub struct CacheState {
     arena: ArenaAllocator,
-    policy: Policy<BlockKey>,
+    policy: PolicyCell,
     index: Map<BlockKey, Entry>,
     namespaces: HashMap<NsId, NsInfo>,
     ns_by_key: HashMap<NamespaceKey, NsId>,
@@ -207,7 +207,7 @@ impl CacheState {
         let arena = ArenaAllocator::new(segment_sizes);
         CacheState {
             arena,
-            policy,
+            policy: PolicyCell::new(policy),
             index: Map::default(),
             namespaces: HashMap::new(),
             ns_by_key: HashMap::new(),
@@ -452,13 +452,14 @@ impl CacheState {
                 return Err(format!("save {id:?} not listed by its session"));
             }
         }
+        let policy = self.policy.lock();
         let mut tracked = 0;
         for (k, e) in &self.index {
             if e.pins() != pins.get(k).copied().unwrap_or(0) {
                 return Err(format!("pin count mismatch on {k:?}"));
             }
             let should_track = e.slot.is_some() && !e.doomed;
-            if should_track != self.policy.contains(k) {
+            if should_track != policy.contains(k) {
                 return Err(format!("policy tracking of {k:?} should be {should_track}"));
             }
             tracked += usize::from(should_track);
@@ -470,7 +471,7 @@ impl CacheState {
             }
         }
         self.check_tp_invariants()?;
-        if self.policy.len() != tracked {
+        if policy.len() != tracked {
             return Err("policy tracks blocks that are not DRAM-resident".into());
         }
         let staging: u64 = self

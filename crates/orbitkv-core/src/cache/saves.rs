@@ -136,7 +136,7 @@ impl CacheState {
             self.note_visibility(key, true);
             visible.push((key, slot.len));
         }
-        let readmitted = self.policy.insert_chain(&visible);
+        let readmitted = self.policy.get().insert_chain(&visible);
         for (&(key, _), again) in visible.iter().zip(readmitted) {
             self.note_committed(key, again);
             committed += 1;

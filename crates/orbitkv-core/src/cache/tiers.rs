@@ -142,7 +142,7 @@ impl CacheState {
                 let eligible = |k: &BlockKey| index.get(k).is_some_and(|e| e.hits() >= min_hits && !e.on_ssd);
                 self.tier
                     .spill_queue
-                    .extend(self.policy.coldest(low_water, eligible));
+                    .extend(self.policy.get().coldest(low_water, eligible));
             }
         }
         let mut jobs = Vec::new();
@@ -260,7 +260,7 @@ impl CacheState {
         e.busy = Busy::Idle;
         if ok && !e.doomed {
             e.slot = Some(job.slot);
-            self.policy.insert(job.key, job.slot.len);
+            self.policy.get().insert(job.key, job.slot.len);
             self.counters.staged_blocks += 1;
         } else {
             self.free_slot(job.slot, SlotFree::StageDiscarded);
@@ -275,7 +275,7 @@ impl CacheState {
     pub(super) fn doom(&mut self, key: BlockKey) {
         if let Some(e) = self.index.get_mut(&key) {
             if !e.doomed && e.slot.is_some() {
-                self.policy.remove(&key);
+                self.policy.get().remove(&key);
             }
             let was_visible = !e.doomed;
             e.doomed = true;
