@@ -137,6 +137,12 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def manager_counters(sock: str) -> tuple[int, int]:
+    with _native.Client(sock) as c:
+        st = c.stats()
+    return int(st.get("policy_touches_dropped_total", 0)), int(st["lookups_total"])
+
+
 def run_clients(sock: str, op: str, n: int, seconds: float, mgr_pid: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
@@ -204,7 +210,12 @@ def main() -> int:
                     c.save(ns, chain(i), [bytes(BB)] * CHAIN)
             row: dict[str, Any] = {"clients": n}
             for op in ("lookup", "save"):
+                before = manager_counters(sock)
                 row[op] = run_clients(sock, op, n, a.seconds, mgr.pid)
+                after = manager_counters(sock)
+                # Lookups whose hits the eviction policy never saw (its replay fell behind).
+                row[op]["policy_touches_dropped"] = after[0] - before[0]
+                row[op]["manager_lookups"] = after[1] - before[1]
             row["echo"] = run_echo(n, a.seconds)
             print(json.dumps(row), flush=True)
             rows.append(row)

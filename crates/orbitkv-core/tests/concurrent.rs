@@ -256,3 +256,45 @@ fn touches_replayed_in_grant_order_decide_like_immediate_ones() {
         }
     }
 }
+
+/// Lookups replay the log once a few dozen chains wait (or when forced), and
+/// the log empties; below the threshold a lookup leaves it to later.
+#[test]
+fn the_touch_log_is_replayed_past_its_threshold() {
+    let owners = Owners::default();
+    let mut c = CacheState::new(&[64 * BLOCK]);
+    let (ns, _) = c.register_namespace(ns_key(), BLOCK).expect("ns");
+    let s = c.open_session();
+    save(&mut c, s, ns, &chain(1, 4), &owners);
+    let mut leases = Vec::new();
+    for _ in 0..10 {
+        leases.push(
+            c.lookup_shared(s, ns, &chain(1, 4))
+                .expect("lookup")
+                .lease
+                .expect("hit"),
+        );
+    }
+    assert_eq!(c.touches_pending(), 10);
+    assert!(
+        !c.apply_touches_shared(false),
+        "10 chains are below the threshold"
+    );
+    assert!(c.apply_touches_shared(true), "forced (the reaper)");
+    assert_eq!(c.touches_pending(), 0);
+    for _ in 0..100 {
+        leases.push(
+            c.lookup_shared(s, ns, &chain(1, 4))
+                .expect("lookup")
+                .lease
+                .expect("hit"),
+        );
+    }
+    assert!(c.apply_touches_shared(false));
+    assert_eq!(c.touches_pending(), 0);
+    for l in leases {
+        assert!(c.try_release_shared(s, l).expect("release"));
+    }
+    c.check_invariants().expect("invariants");
+    assert_eq!(c.gauges().pinned_blocks, 0);
+}

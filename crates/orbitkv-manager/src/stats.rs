@@ -58,6 +58,12 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             "counter",
             c.leases_retired,
         ),
+        (
+            "policy_touches_dropped_total",
+            "Hits the eviction policy never saw: lookups outpaced its replay and found the touch log full",
+            "counter",
+            c.policy_touches_dropped,
+        ),
         ("saves_begun_total", "Save requests", "counter", c.saves_begun),
         (
             "blocks_committed_total",

@@ -13,9 +13,9 @@ use std::time::Duration;
 use orbitkv_client::{ClientError, PageSpec, SlotCopier, SlotStatus};
 use orbitkv_proto::ErrorCode;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 
 create_exception!(
     _native,
@@ -99,8 +99,32 @@ fn hash32(b: &[u8], what: &str) -> PyResult<[u8; 32]> {
         .map_err(|_| PyValueError::new_err(format!("{what} must be exactly 32 bytes, got {}", b.len())))
 }
 
-fn hashes_of(list: Vec<Vec<u8>>) -> PyResult<Vec<[u8; 32]>> {
-    list.iter().map(|h| hash32(h, "block hash")).collect()
+/// Block hashes from any iterable of 32-byte buffers. `bytes` items are
+/// copied straight into place (no buffer per item: a scheduler passes tens of
+/// hashes per request); other buffers (`bytearray`, `memoryview`) are read as
+/// bytes first.
+struct Hashes(Vec<[u8; 32]>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Hashes {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+            return Err(PyTypeError::new_err(
+                "block hashes must be a sequence of 32-byte values, not a single str or bytes",
+            ));
+        }
+        let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+        for item in obj.try_iter()? {
+            let item = item?;
+            let h = match item.cast::<PyBytes>() {
+                Ok(b) => hash32(b.as_bytes(), "block hash")?,
+                Err(_) => hash32(&item.extract::<Vec<u8>>()?, "block hash")?,
+            };
+            out.push(h);
+        }
+        Ok(Hashes(out))
+    }
 }
 
 #[pyclass(frozen, module = "orbitkv._native")]
@@ -621,8 +645,8 @@ impl Client {
     /// Start a lookup on this client's background thread (started on first
     /// use; lookups run one after another on the session's connection) and
     /// return at once. `PendingLookup.result()` gives the `Lease`.
-    fn start_lookup(&self, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<PendingLookup> {
-        let hs = hashes_of(hashes)?;
+    fn start_lookup(&self, ns: &Namespace, hashes: Hashes) -> PyResult<PendingLookup> {
+        let hs = hashes.0;
         let slot: LookupSlot = Arc::new((Mutex::new(None), std::sync::Condvar::new()));
         let job = LookupJob {
             ns: ns.inner.clone(),
@@ -667,8 +691,8 @@ impl Client {
         self.inner.has_presence()
     }
 
-    fn lookup(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<Lease> {
-        let hs = hashes_of(hashes)?;
+    fn lookup(&self, py: Python<'_>, ns: &Namespace, hashes: Hashes) -> PyResult<Lease> {
+        let hs = hashes.0;
         let c = self.inner.clone();
         let nsi = ns.inner.clone();
         let hit = py.detach(|| c.lookup(&nsi, &hs)).map_err(to_py)?;
@@ -685,13 +709,8 @@ impl Client {
 
     /// One lookup over every shard of a TP group (`namespaces[i]` is shard `i`):
     /// the common prefix, pinned in every shard under one TP lease.
-    fn lookup_tp(
-        &self,
-        py: Python<'_>,
-        namespaces: Vec<Py<Namespace>>,
-        hashes: Vec<Vec<u8>>,
-    ) -> PyResult<TpLease> {
-        let hs = hashes_of(hashes)?;
+    fn lookup_tp(&self, py: Python<'_>, namespaces: Vec<Py<Namespace>>, hashes: Hashes) -> PyResult<TpLease> {
+        let hs = hashes.0;
         let nss: Vec<orbitkv_client::Namespace> = namespaces.iter().map(|n| n.get().inner.clone()).collect();
         let c = self.inner.clone();
         let hit = py.detach(|| c.lookup_tp(&nss, &hs)).map_err(to_py)?;
@@ -913,10 +932,10 @@ impl Client {
         &self,
         py: Python<'_>,
         ns: &Namespace,
-        hashes: Vec<Vec<u8>>,
+        hashes: Hashes,
         src: &Bound<'_, PyAny>,
     ) -> PyResult<SaveResult> {
-        let hs = hashes_of(hashes)?;
+        let hs = hashes.0;
         let (_held, ranges) = buffers::hold_blocks(py, src, ns.inner.block_bytes as usize, hs.len(), false)?;
         self.check_outside_arena(&ranges, "source buffer")?;
         let c = self.inner.clone();
@@ -942,8 +961,8 @@ impl Client {
         })
     }
 
-    fn begin_save(&self, py: Python<'_>, ns: &Namespace, hashes: Vec<Vec<u8>>) -> PyResult<PendingSave> {
-        let hs = hashes_of(hashes)?;
+    fn begin_save(&self, py: Python<'_>, ns: &Namespace, hashes: Hashes) -> PyResult<PendingSave> {
+        let hs = hashes.0;
         let c = self.inner.clone();
         let nsi = ns.inner.clone();
         let p = py.detach(|| c.begin_save(&nsi, &hs)).map_err(to_py)?;

@@ -9,7 +9,8 @@
 //! in grant order (lease ids come from one counter) by whoever holds the
 //! policy's own mutex — a lookup that finds [`DRAIN_AT`] chains waiting (with
 //! `try_lock`: never waiting for another drainer), the Manager's reaper, and
-//! every holder of the exclusive lock before anything else. The policy's set
+//! every holder of the exclusive lock before anything else. The log holds at
+//! most [`LOG_CAP`] chains (see there: past it, touches are dropped, counted). The policy's set
 //! of blocks changes only under the exclusive lock, which first replays
 //! everything logged, so a replay under the shared lock only reorders blocks
 //! the policy tracks; and with one session at a time the policy sees exactly
@@ -28,6 +29,13 @@ use crate::policy::Policy;
 /// Chains waiting in the touch log at which a lookup replays them (about
 /// 2,000 block touches, tens of microseconds of policy work).
 pub(super) const DRAIN_AT: usize = 64;
+
+/// Chains the log holds at most. When lookups outpace the replays (hundreds of
+/// thousands of lookups a second on many cores), a lookup that finds the log
+/// full does not log its touch (counted in `policy_touches_dropped`): the
+/// policy misses some recency, no lookup waits for it, and memory stays
+/// bounded. A touch that makes a block due for an eager spill is always logged.
+pub(super) const LOG_CAP: usize = 4096;
 
 /// A poisoned shard only means a panic elsewhere; the data is consistent at
 /// every method boundary (each critical section here is a single map call).
@@ -168,6 +176,7 @@ pub(super) struct HotCounters {
     pub(super) ssd_hit_blocks: AtomicU64,
     pub(super) leases_granted: AtomicU64,
     pub(super) leases_retired: AtomicU64,
+    pub(super) policy_touches_dropped: AtomicU64,
 }
 
 impl HotCounters {
@@ -187,6 +196,7 @@ impl HotCounters {
             ssd_hit_blocks: get(&self.ssd_hit_blocks),
             leases_granted: get(&self.leases_granted),
             leases_retired: get(&self.leases_retired),
+            policy_touches_dropped: get(&self.policy_touches_dropped),
             ..base.clone()
         }
     }
@@ -220,11 +230,16 @@ impl Default for TouchLog {
 }
 
 impl TouchLog {
-    pub(super) fn push(&self, s: SessionId, t: Touch) {
+    /// Log `t` unless the log is full and `t` carries no spill (`false`: dropped).
+    pub(super) fn push(&self, s: SessionId, t: Touch) -> bool {
+        if t.spill.is_empty() && self.pending() >= LOG_CAP {
+            return false;
+        }
         let mut shard = lock(&self.shards[(s.0 % SHARDS as u64) as usize]);
         shard.push(t);
         // Counted under the shard lock, so a drain's decrement never comes first.
         self.pending.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Every touch logged so far, in grant order, from the shared side.
@@ -287,8 +302,10 @@ impl PolicyCell {
 
     /// Replay `log` into the policy unless another replay is running (`false`).
     pub(super) fn replay_shared(&self, log: &TouchLog) -> bool {
-        let Ok(mut p) = self.policy.try_lock() else {
-            return false;
+        let mut p = match self.policy.try_lock() {
+            Ok(p) => p,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
         };
         let mut due = Vec::new();
         for t in log.take_shared() {

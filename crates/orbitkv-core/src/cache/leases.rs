@@ -168,14 +168,14 @@ impl CacheState {
         spill: Vec<BlockKey>,
     ) -> LeaseId {
         let id = LeaseId(self.next());
-        self.touches.push(
-            s,
-            Touch {
-                seq: id.0,
-                chain: keys.clone(),
-                spill,
-            },
-        );
+        let touch = Touch {
+            seq: id.0,
+            chain: keys.clone(),
+            spill,
+        };
+        if !self.touches.push(s, touch) {
+            HotCounters::add(&self.hot.policy_touches_dropped, 1);
+        }
         self.leases.insert(
             id,
             Lease {
@@ -304,6 +304,7 @@ impl CacheState {
     /// no TP lease's part. `Ok(false)`, with nothing changed, otherwise.
     pub fn try_release_shared(&self, s: SessionId, l: LeaseId) -> Result<bool, CacheError> {
         let info = self.session(s)?;
+        let mut entries: Vec<&Entry> = Vec::new();
         let taken = self.leases.take_if(l, CacheError::UnknownLease(l), |lease| {
             if lease.session != s {
                 return Err(CacheError::NotOwner {
@@ -311,19 +312,22 @@ impl CacheState {
                     id: l.0,
                 });
             }
-            Ok(lease.tp.is_none()
-                && lease
-                    .keys
-                    .iter()
-                    .all(|k| self.index.get(k).is_some_and(|e| !e.doomed)))
-        })?;
-        let Some(lease) = taken else {
-            return Ok(false);
-        };
-        for k in &lease.keys {
-            if let Some(e) = self.index.get(k) {
-                e.unpin();
+            if lease.tp.is_some() {
+                return Ok(false);
             }
+            for k in &lease.keys {
+                match self.index.get(k) {
+                    Some(e) if !e.doomed => entries.push(e),
+                    _ => return Ok(false),
+                }
+            }
+            Ok(true)
+        })?;
+        if taken.is_none() {
+            return Ok(false);
+        }
+        for e in entries {
+            e.unpin();
         }
         info.leases.drop_lease(l);
         HotCounters::add(&self.hot.leases_retired, 1);

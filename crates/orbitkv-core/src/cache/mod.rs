@@ -116,6 +116,9 @@ pub struct Counters {
     pub ssd_hit_blocks: u64,
     pub leases_granted: u64,
     pub leases_retired: u64,
+    /// Hits the policy never saw: lookups outpaced the replay of the touch
+    /// log and found it full (see `concurrent.rs`); recency only, never bytes.
+    pub policy_touches_dropped: u64,
     pub saves_begun: u64,
     pub blocks_committed: u64,
     pub blocks_present: u64,
