@@ -146,6 +146,15 @@ pub struct Args {
     /// [default: the --peer-listen address]
     #[arg(long)]
     pub peer_advertise: Option<String>,
+    /// Tensor parallelism across Managers (contract T1): the worker of TP shard SHARD
+    /// (its TP rank) is a client of the peer Manager at HOST:PORT (its --peer-listen), given
+    /// as SHARD=HOST:PORT; repeatable. A TP lookup here pins those shards there. Needs
+    /// --enable-query-control; anything but literal loopback needs mutual TLS [default: none]
+    #[arg(long = "tp-shard-peer")]
+    pub tp_shard_peer: Vec<String>,
+    /// Most queries to peer Managers in flight at once for one TP lookup [default: 8]
+    #[arg(long)]
+    pub tp_peer_parallel: Option<usize>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -192,6 +201,8 @@ struct FileConfig {
     etcd_prefix: Option<String>,
     etcd_ttl_s: Option<u64>,
     peer_advertise: Option<String>,
+    tp_shard_peer: Option<Vec<String>>,
+    tp_peer_parallel: Option<usize>,
 }
 
 /// Validated SSD-tier settings.
@@ -276,6 +287,10 @@ pub struct PeerSettings {
     pub etcd: Option<EtcdSettings>,
     /// What this Manager registers in etcd.
     pub advertise: Option<String>,
+    /// TP shards whose rank is a client of a peer Manager: shard → `host:port`.
+    pub tp_shards: std::collections::BTreeMap<u32, String>,
+    /// Most peer queries in flight at once for one TP lookup.
+    pub tp_parallel: usize,
 }
 
 /// Whether `addr` (`host:port`) names a literal loopback IP.
@@ -305,10 +320,24 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
     let key = a.peer_tls_key.take().or(file.peer_tls_key.take());
     let ca = a.peer_tls_ca.take().or(file.peer_tls_ca.take());
     let advertise = a.peer_advertise.take().or(file.peer_advertise.take());
-    if listen_s.is_none() && peers.is_empty() && etcd_s.is_none() {
+    let mut tp_shard_s = std::mem::take(&mut a.tp_shard_peer);
+    tp_shard_s.extend(file.tp_shard_peer.take().unwrap_or_default());
+    let tp_parallel = a.tp_peer_parallel.or(file.tp_peer_parallel).unwrap_or(8);
+    if !(1..=64).contains(&tp_parallel) {
+        return Err(ConfigError::Invalid(format!(
+            "tp_peer_parallel {tp_parallel} must be 1..=64"
+        )));
+    }
+    let query_control = a.enable_query_control || file.enable_query_control.unwrap_or(false);
+    if !tp_shard_s.is_empty() && !query_control {
+        return Err(ConfigError::Invalid(
+            "--tp-shard-peer places TP shards on peer Managers, which needs tensor-parallel query control: add --enable-query-control (on every Manager of the group)".into(),
+        ));
+    }
+    if listen_s.is_none() && peers.is_empty() && etcd_s.is_none() && tp_shard_s.is_empty() {
         if cert.is_some() || key.is_some() || ca.is_some() || advertise.is_some() {
             return Err(ConfigError::Invalid(
-                "peer TLS files or --peer-advertise given without --peer-listen, --peer or --etcd-endpoints"
+                "peer TLS files or --peer-advertise given without --peer-listen, --peer, --etcd-endpoints or --tp-shard-peer"
                     .into(),
             ));
         }
@@ -350,6 +379,30 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
         if !is_literal_loopback(ad) && tls.is_none() {
             return Err(ConfigError::Invalid(format!(
                 "peer_advertise {ad} is not literal loopback: requires mutual TLS (--peer-tls-cert, --peer-tls-key, --peer-tls-ca)"
+            )));
+        }
+    }
+    let mut tp_shards = std::collections::BTreeMap::new();
+    for t in &tp_shard_s {
+        let (shard, addr) = t
+            .split_once('=')
+            .and_then(|(sh, ad)| Some((sh.trim().parse::<u32>().ok()?, ad.trim())))
+            .ok_or_else(|| ConfigError::Invalid(format!("tp_shard_peer {t:?} is not SHARD=HOST:PORT")))?;
+        if shard as usize >= orbitkv_core::MAX_TP_SHARDS {
+            return Err(ConfigError::Invalid(format!(
+                "tp_shard_peer {t:?}: shard {shard} is not below {}",
+                orbitkv_core::MAX_TP_SHARDS
+            )));
+        }
+        check_host_port("tp_shard_peer", addr)?;
+        if !is_literal_loopback(addr) && tls.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "tp_shard_peer {addr} is not a literal loopback address: Manager-to-Manager traffic off loopback requires mutual TLS; set --peer-tls-cert, --peer-tls-key and --peer-tls-ca"
+            )));
+        }
+        if tp_shards.insert(shard, addr.to_string()).is_some() {
+            return Err(ConfigError::Invalid(format!(
+                "tp_shard_peer names shard {shard} twice"
             )));
         }
     }
@@ -410,6 +463,8 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
         tls,
         timeout: std::time::Duration::from_millis(ms),
         etcd,
+        tp_shards,
+        tp_parallel,
     }))
 }
 
@@ -762,6 +817,19 @@ mod tests {
         assert_eq!(p.advertise.as_deref(), Some("127.0.0.1:7470"));
         assert!(p.tls.is_none() && p.etcd.is_none());
         assert!(peer_cfg(&[]).expect("none").peers.is_none());
+        let c = peer_cfg(&[
+            "--enable-query-control",
+            "--tp-shard-peer",
+            "1=127.0.0.1:7471",
+            "--tp-shard-peer",
+            "3=127.0.0.1:7471",
+        ])
+        .expect("tp across Managers");
+        let p = c.peers.expect("a peer tier for the TP links");
+        assert_eq!(p.tp_shards.len(), 2);
+        assert_eq!(p.tp_shards.get(&3).map(String::as_str), Some("127.0.0.1:7471"));
+        assert_eq!(p.tp_parallel, 8);
+        assert!(p.peers.is_empty(), "a TP shard peer is not asked on a local miss");
         for bad in [
             &["--peer-listen", "10.0.0.1:7470"][..],
             &["--peer", "localhost:7470"][..],
@@ -794,6 +862,26 @@ mod tests {
                 "http://127.0.0.1:2379",
             ][..],
             &["--peer", "127.0.0.1:1", "--peer-timeout-ms", "0"][..],
+            // TP across Managers: query control on, shard=host:port, loopback
+            // unless TLS, each shard once, a sane bound.
+            &["--tp-shard-peer", "1=127.0.0.1:7471"][..],
+            &["--enable-query-control", "--tp-shard-peer", "1:127.0.0.1:7471"][..],
+            &["--enable-query-control", "--tp-shard-peer", "64=127.0.0.1:7471"][..],
+            &["--enable-query-control", "--tp-shard-peer", "1=10.0.0.2:7471"][..],
+            &[
+                "--enable-query-control",
+                "--tp-shard-peer",
+                "1=127.0.0.1:7471",
+                "--tp-shard-peer",
+                "1=127.0.0.1:7472",
+            ][..],
+            &[
+                "--enable-query-control",
+                "--tp-shard-peer",
+                "1=127.0.0.1:7471",
+                "--tp-peer-parallel",
+                "0",
+            ][..],
         ] {
             assert!(peer_cfg(bad).is_err(), "{bad:?} must be refused");
         }

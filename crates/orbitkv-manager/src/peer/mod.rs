@@ -16,6 +16,7 @@
 
 mod etcd;
 mod source;
+mod tp;
 pub mod transport;
 
 use std::collections::BTreeMap;
@@ -86,6 +87,8 @@ pub struct PeerTier {
     pub etcd_up: AtomicBool,
     pub etcd_status: RwLock<String>,
     pub listen_addr: Mutex<Option<std::net::SocketAddr>>,
+    /// TP across Managers: links to shard holders, TP leases pinned there.
+    tp: tp::TpLinks,
 }
 
 impl std::fmt::Debug for PeerTier {
@@ -125,6 +128,7 @@ impl PeerTier {
             etcd_up: AtomicBool::new(false),
             etcd_status: RwLock::new("off".into()),
             listen_addr: Mutex::new(None),
+            tp: tp::TpLinks::default(),
         })
     }
 
@@ -397,6 +401,16 @@ impl PeerTier {
                 Some(_) => self.etcd_status.read().unwrap_or_else(|p| p.into_inner()).clone().into(),
             },
             "peers": peers,
+            "tp": {
+                "shard_peers": self.settings.tp_shards,
+                "parallel": self.settings.tp_parallel,
+                "pins": ld(&self.tp.pins),
+                "errors": ld(&self.tp.errors),
+                "settles": ld(&self.tp.settles),
+                "releases": ld(&self.tp.releases),
+                "remote_leases": self.tp.remote_leases(),
+                "served_pins": ld(&self.tp.served_pins),
+            },
             "source": {
                 "connections": ld(&src.connections),
                 "refused": ld(&src.refused),
@@ -466,7 +480,32 @@ impl PeerTier {
             }
         }
         let src = &self.source;
+        let remote = AtomicU64::new(self.tp.remote_leases() as u64);
         for (name, help, kind, v) in [
+            (
+                "peer_tp_pins_total",
+                "TP pin queries sent to Managers holding TP shards",
+                "counter",
+                &self.tp.pins,
+            ),
+            (
+                "peer_tp_errors_total",
+                "Failed TP queries to peers (each made a TP lookup a miss)",
+                "counter",
+                &self.tp.errors,
+            ),
+            (
+                "peer_tp_remote_leases",
+                "TP leases with parts pinned on peers, not yet ended by their owner",
+                "gauge",
+                &remote,
+            ),
+            (
+                "peer_tp_served_pins_total",
+                "TP pins served for other Managers",
+                "counter",
+                &self.tp.served_pins,
+            ),
             (
                 "peer_source_blocks_sent_total",
                 "Blocks sent to peers",

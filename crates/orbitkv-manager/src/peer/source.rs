@@ -149,6 +149,16 @@ fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> 
         let (h, body) = match read_frame(conn) {
             Ok(x) => x,
             Err(FrameError::Closed) => return Ok(()),
+            // An idle TP link keeps the TP leases it pinned until they end by
+            // their own rules (release, redemption, deadline): not by idleness.
+            Err(FrameError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && shared.cache().tp_leases_of(s) > 0 =>
+            {
+                continue;
+            }
             Err(e) => {
                 if !matches!(e, FrameError::Io(_)) {
                     peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
@@ -185,6 +195,19 @@ fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> 
             }
             // Outside a fetch: a duplicate completion report counts nothing.
             Ok(PeerRequest::Done { .. }) => {}
+            // Tensor parallelism across Managers: this Manager holds shards.
+            Ok(
+                req @ (PeerRequest::TpPin { .. }
+                | PeerRequest::TpSettle { .. }
+                | PeerRequest::TpRelease { .. }),
+            ) => {
+                let r = super::tp::serve(shared, peer, s, req);
+                write_frame(conn, r.kind(), h.request_id, &r.encode())?;
+                conn.flush()?;
+                if let PeerResponse::Error { message } = r {
+                    return Err(SourceError::Bad(format!("TP request refused: {message}")));
+                }
+            }
             Err(e) => {
                 peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
                 let r = PeerResponse::Error {
