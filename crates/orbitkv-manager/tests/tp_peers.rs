@@ -394,3 +394,59 @@ fn holders_are_queried_in_parallel_up_to_the_configured_bound() {
         assert_eq!(stat(&a, "dram_pinned_blocks"), 0);
     }
 }
+
+#[test]
+fn an_idle_link_keeps_its_parts_and_a_link_closed_for_idleness_is_replaced() {
+    // B closes peer connections idle for 300 ms (fault injection), except a
+    // link whose TP leases are still live.
+    let pb = free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("b.sock");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+        .arg("--socket")
+        .arg(&socket)
+        .args([
+            "--dram-size",
+            "8MiB",
+            "--metrics-addr",
+            "off",
+            "--log-level",
+            "warn",
+        ])
+        .args(["--enable-query-control", "--enable-fault-injection"])
+        .args(["--peer-listen", &format!("127.0.0.1:{pb}")])
+        .env("ORBITKV_PEER_IDLE_MS", "300")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn B");
+    let b = ManagerProc { child, socket, dir };
+    eventually("B up", || {
+        std::os::unix::net::UnixStream::connect(b.socket()).is_ok()
+            && TcpStream::connect(("127.0.0.1", pb)).is_ok()
+    });
+    let a = manager(None, &placement(&[(1, pb)]));
+    let w0 = rank(&a, 0, 2);
+    let w1 = rank(&b, 1, 2);
+    let (sched, nss) = scheduler(&a, 2);
+    let conns = || b.stats()["peers"]["source"]["connections"].as_u64().expect("u64");
+    let before = conns(); // the readiness probe's
+    let token = sched
+        .lookup_tp(&nss, &hashes(2))
+        .expect("lookup")
+        .token
+        .expect("hit");
+    // Several idle periods pass: the link stays, so does rank 1's part.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(stat(&b, "dram_pinned_blocks"), 2, "not released for idleness");
+    restore_part(&w0, 0, token, 2);
+    restore_part(&w1, 1, token, 2);
+    sched.release_tp(token).expect("release");
+    // Now the link has nothing to keep: B closes it when idle; the next lookup
+    // reconnects and still answers a hit.
+    std::thread::sleep(Duration::from_millis(1000));
+    let hit = sched.lookup_tp(&nss, &hashes(2)).expect("lookup");
+    assert_eq!(hit.hit_blocks, 2, "a fresh link after the idle close");
+    sched.release_tp(hit.token.expect("token")).expect("release");
+    eventually("B's part released", || stat(&b, "dram_pinned_blocks") == 0);
+    assert_eq!(conns() - before, 2, "the idle link was closed and replaced once");
+}

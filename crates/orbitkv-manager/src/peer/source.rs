@@ -145,7 +145,7 @@ enum SourceError {
 
 fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> Result<(), SourceError> {
     loop {
-        conn.set_timeouts(Some(IDLE))?;
+        conn.set_timeouts(Some(idle(shared)))?;
         let (h, body) = match read_frame(conn) {
             Ok(x) => x,
             Err(FrameError::Closed) => return Ok(()),
@@ -352,6 +352,18 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
             }
         }
     }
+}
+
+/// How long a connection may sit with no frame: [`IDLE`], or
+/// `ORBITKV_PEER_IDLE_MS` with `--enable-fault-injection` (tests).
+fn idle(shared: &Shared) -> Duration {
+    if !shared.config.enable_fault_injection {
+        return IDLE;
+    }
+    std::env::var("ORBITKV_PEER_IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(IDLE, Duration::from_millis)
 }
 
 /// `ORBITKV_PEER_STALL_MS`, honoured only with `--enable-fault-injection`:
