@@ -155,6 +155,10 @@ pub struct Args {
     /// Most queries to peer Managers in flight at once for one TP lookup [default: 8]
     #[arg(long)]
     pub tp_peer_parallel: Option<usize>,
+    /// On a local miss with several peers to ask: probe at most this many at once and
+    /// fetch from the longest hit; 1 asks them one at a time [default: 4]
+    #[arg(long)]
+    pub peer_fill_parallel: Option<usize>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -203,6 +207,7 @@ struct FileConfig {
     peer_advertise: Option<String>,
     tp_shard_peer: Option<Vec<String>>,
     tp_peer_parallel: Option<usize>,
+    peer_fill_parallel: Option<usize>,
 }
 
 /// Validated SSD-tier settings.
@@ -291,6 +296,8 @@ pub struct PeerSettings {
     pub tp_shards: std::collections::BTreeMap<u32, String>,
     /// Most peer queries in flight at once for one TP lookup.
     pub tp_parallel: usize,
+    /// Most peers probed at once on a local miss (1: one at a time).
+    pub fill_parallel: usize,
 }
 
 /// Whether `addr` (`host:port`) names a literal loopback IP.
@@ -326,6 +333,12 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
     if !(1..=64).contains(&tp_parallel) {
         return Err(ConfigError::Invalid(format!(
             "tp_peer_parallel {tp_parallel} must be 1..=64"
+        )));
+    }
+    let fill_parallel = a.peer_fill_parallel.or(file.peer_fill_parallel).unwrap_or(4);
+    if !(1..=64).contains(&fill_parallel) {
+        return Err(ConfigError::Invalid(format!(
+            "peer_fill_parallel {fill_parallel} must be 1..=64"
         )));
     }
     let query_control = a.enable_query_control || file.enable_query_control.unwrap_or(false);
@@ -465,6 +478,7 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
         etcd,
         tp_shards,
         tp_parallel,
+        fill_parallel,
     }))
 }
 
@@ -829,6 +843,7 @@ mod tests {
         assert_eq!(p.tp_shards.len(), 2);
         assert_eq!(p.tp_shards.get(&3).map(String::as_str), Some("127.0.0.1:7471"));
         assert_eq!(p.tp_parallel, 8);
+        assert_eq!(p.fill_parallel, 4);
         assert!(p.peers.is_empty(), "a TP shard peer is not asked on a local miss");
         for bad in [
             &["--peer-listen", "10.0.0.1:7470"][..],
@@ -862,6 +877,7 @@ mod tests {
                 "http://127.0.0.1:2379",
             ][..],
             &["--peer", "127.0.0.1:1", "--peer-timeout-ms", "0"][..],
+            &["--peer", "127.0.0.1:1", "--peer-fill-parallel", "0"][..],
             // TP across Managers: query control on, shard=host:port, loopback
             // unless TLS, each shard once, a sane bound.
             &["--tp-shard-peer", "1=127.0.0.1:7471"][..],

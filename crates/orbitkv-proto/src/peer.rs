@@ -18,6 +18,15 @@
 //! connection's end, or its own shutdown. `blocks == 0` is a miss (no lease,
 //! no bytes, no `PeerSent`).
 //!
+//! Asking several peers at once, the reader probes first and fetches from one:
+//!
+//! ```text
+//!   PeerProbe {as PeerFetch}               ─▶  lookup, pinned under a lease
+//!                                         ◀─  PeerLeased {lease, blocks, block_bytes} (no bytes)
+//!   the best answer:  PeerSend {lease}     ─▶  answered exactly like a PeerFetch
+//!   every other one:  PeerDone {lease, stored: false} ─▶ lease released
+//! ```
+//!
 //! Tensor parallelism across Managers (contract T1): the scheduler's Manager
 //! pins the shards a peer holds for a TP lookup over one long-lived link per
 //! peer; every request has one reply.
@@ -46,6 +55,8 @@ pub const PEER_DONE: u16 = 0x0402;
 pub const PEER_TP_PIN: u16 = 0x0403;
 pub const PEER_TP_SETTLE: u16 = 0x0404;
 pub const PEER_TP_RELEASE: u16 = 0x0405;
+pub const PEER_PROBE: u16 = 0x0406;
+pub const PEER_SEND: u16 = 0x0407;
 pub const PEER_LEASED: u16 = 0x0481;
 pub const PEER_SENT: u16 = 0x0482;
 pub const PEER_TP_PINNED: u16 = 0x0483;
@@ -73,6 +84,18 @@ pub enum PeerRequest {
     /// The reader is done with `lease` (`stored`: it kept the bytes); the
     /// source releases it. A duplicate or unknown lease is ignored.
     Done { lease: u64, stored: bool },
+    /// As `Fetch`, but only pin: the answer is a `Leased` with no bytes; the
+    /// reader then sends `Send` (fetch them) or `Done` (release them).
+    Probe {
+        fingerprint: [u8; 32],
+        shard: u32,
+        salt: [u8; 32],
+        block_bytes: u64,
+        generation: u64,
+        hashes: Vec<[u8; HASH_BYTES]>,
+    },
+    /// Send the blocks of the probed `lease`: answered as a `Fetch` is.
+    Send { lease: u64 },
     /// Pin the common prefix of `hashes` over `shards` (of the namespace
     /// `(fingerprint, shard, salt)` at `generation`) under a TP lease named
     /// `token`, whose parts this Manager's workers redeem; parts never
@@ -122,6 +145,8 @@ impl PeerRequest {
         match self {
             PeerRequest::Fetch { .. } => PEER_FETCH,
             PeerRequest::Done { .. } => PEER_DONE,
+            PeerRequest::Probe { .. } => PEER_PROBE,
+            PeerRequest::Send { .. } => PEER_SEND,
             PeerRequest::TpPin { .. } => PEER_TP_PIN,
             PeerRequest::TpSettle { .. } => PEER_TP_SETTLE,
             PeerRequest::TpRelease { .. } => PEER_TP_RELEASE,
@@ -132,6 +157,14 @@ impl PeerRequest {
         let mut w = Writer::default();
         match self {
             PeerRequest::Fetch {
+                fingerprint,
+                shard,
+                salt,
+                block_bytes,
+                generation,
+                hashes,
+            }
+            | PeerRequest::Probe {
                 fingerprint,
                 shard,
                 salt,
@@ -179,6 +212,9 @@ impl PeerRequest {
             }
             PeerRequest::TpSettle { token, blocks } => {
                 w.raw(token).u32(*blocks);
+            }
+            PeerRequest::Send { lease } => {
+                w.u64(*lease);
             }
             PeerRequest::TpRelease { token } => {
                 w.raw(token);
@@ -248,7 +284,7 @@ fn block_bytes(r: &mut Reader<'_>) -> Result<u64, DecodeError> {
 pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, DecodeError> {
     let mut r = Reader::new(body);
     let req = match kind {
-        PEER_FETCH => {
+        PEER_FETCH | PEER_PROBE => {
             let fingerprint = r.hash("fingerprint")?;
             let shard = r.u32("shard")?;
             let salt = r.hash("salt")?;
@@ -259,15 +295,29 @@ pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, Decode
             for _ in 0..n {
                 hashes.push(r.hash("hash")?);
             }
-            PeerRequest::Fetch {
-                fingerprint,
-                shard,
-                salt,
-                block_bytes,
-                generation,
-                hashes,
+            if kind == PEER_FETCH {
+                PeerRequest::Fetch {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }
+            } else {
+                PeerRequest::Probe {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }
             }
         }
+        PEER_SEND => PeerRequest::Send {
+            lease: r.u64("lease")?,
+        },
         PEER_DONE => {
             let lease = r.u64("lease")?;
             let stored = match r.u8("stored")? {
@@ -436,6 +486,15 @@ mod tests {
                 blocks: 2,
             },
             PeerRequest::TpRelease { token: [4; 16] },
+            PeerRequest::Probe {
+                fingerprint: [1; 32],
+                shard: 0,
+                salt: [2; 32],
+                block_bytes: 64,
+                generation: 1,
+                hashes: vec![[3; 32]],
+            },
+            PeerRequest::Send { lease: 9 },
         ];
         for r in reqs {
             assert_eq!(decode_peer_request(r.kind(), &r.encode()).expect("decode"), r);

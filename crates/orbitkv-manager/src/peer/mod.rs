@@ -9,10 +9,15 @@
 //!   reports completion, its connection ends, or we shut down);
 //! - `etcd.rs`: membership in etcd (register under a lease, discover peers).
 //!
-//! Peers are asked in rendezvous-hash order of the first missing block's key
-//! (every Manager asks the same peer first for the same block), one at a time,
-//! until one has a hit. A peer that failed is skipped for [`DOWN_BACKOFF`], so
-//! a dead peer costs one connect timeout, not one per miss.
+//! Peers are ranked in rendezvous-hash order of the first missing block's key
+//! (every Manager asks the same peer first for the same block). With one
+//! candidate, or `--peer-fill-parallel 1`, they are asked one at a time with a
+//! `Fetch` until one has a hit. Otherwise every candidate is *probed* at once
+//! (at most `--peer-fill-parallel` in flight): each pins what it has and
+//! answers the count; the longest answer wins (ties: rendezvous order) and is
+//! told to `Send`, every other hit is told `Done` (its source lease released).
+//! A peer that failed is skipped for [`DOWN_BACKOFF`], so a dead peer costs one
+//! connect timeout, not one per miss.
 
 mod etcd;
 mod source;
@@ -70,6 +75,10 @@ pub struct SourceCounters {
     pub leases_open: AtomicU64,
     pub leases_done: AtomicU64,
     pub leases_dropped: AtomicU64,
+    /// Probes answered with a hit (a reader asking several peers at once), and
+    /// those the reader let go for a better answer.
+    pub probes: AtomicU64,
+    pub probes_released: AtomicU64,
 }
 
 /// The peer tier of one Manager.
@@ -241,40 +250,121 @@ impl PeerTier {
             generation,
             hashes: hashes.to_vec(),
         };
-        for addr in self.candidates(first) {
+        let candidates = self.candidates(first);
+        if candidates.len() > 1 && self.settings.fill_parallel > 1 {
+            let probe = PeerRequest::Probe {
+                fingerprint: key.fingerprint.0,
+                shard: key.shard,
+                salt: key.salt,
+                block_bytes,
+                generation,
+                hashes: hashes.to_vec(),
+            };
+            return self.fill_parallel(shared, ns, &probe, hashes, block_bytes, candidates);
+        }
+        for addr in candidates {
             let t0 = Instant::now();
-            match self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes) {
-                Ok(n) => {
-                    let us = t0.elapsed().as_micros() as u64;
-                    self.record(&addr, |h| {
-                        h.fetches += 1;
-                        h.latency_us += us;
-                        h.down_until = None;
-                        if n > 0 {
-                            h.hit_fetches += 1;
-                            h.blocks += n as u64;
-                            h.bytes += n as u64 * block_bytes;
-                        }
-                    });
-                    if n > 0 {
-                        return n;
-                    }
-                }
-                Err(e) => {
-                    warn_sampled!(
-                        self.peers().get(&addr).map_or(1, |h| h.errors + 1),
-                        "peer {addr}: fetch failed: {e}; treated as a miss, peer skipped for {DOWN_BACKOFF:?}"
-                    );
-                    self.record(&addr, |h| {
-                        h.fetches += 1;
-                        h.errors += 1;
-                        h.last_error = Some(e.to_string());
-                        h.down_until = Some(Instant::now() + DOWN_BACKOFF);
-                    });
-                }
+            let got = self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes);
+            let n = self.note_fetch(&addr, got, t0, block_bytes);
+            if n > 0 {
+                return n;
             }
         }
         0
+    }
+
+    /// Record one fetch from `addr` in its health; the blocks stored (0 on error).
+    fn note_fetch(&self, addr: &str, got: Result<usize, PeerError>, t0: Instant, block_bytes: u64) -> usize {
+        match got {
+            Ok(n) => {
+                let us = t0.elapsed().as_micros() as u64;
+                self.record(addr, |h| {
+                    h.fetches += 1;
+                    h.latency_us += us;
+                    h.down_until = None;
+                    if n > 0 {
+                        h.hit_fetches += 1;
+                        h.blocks += n as u64;
+                        h.bytes += n as u64 * block_bytes;
+                    }
+                });
+                n
+            }
+            Err(e) => {
+                warn_sampled!(
+                    self.peers().get(addr).map_or(1, |h| h.errors + 1),
+                    "peer {addr}: fetch failed: {e}; treated as a miss, peer skipped for {DOWN_BACKOFF:?}"
+                );
+                self.record(addr, |h| {
+                    h.fetches += 1;
+                    h.errors += 1;
+                    h.last_error = Some(e.to_string());
+                    h.down_until = Some(Instant::now() + DOWN_BACKOFF);
+                });
+                0
+            }
+        }
+    }
+
+    /// Probe every candidate at once (bounded), fetch from the longest hit,
+    /// release the other hits. See the module comment.
+    fn fill_parallel(
+        &self,
+        shared: &Shared,
+        ns: NsId,
+        probe: &PeerRequest,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+        candidates: Vec<String>,
+    ) -> usize {
+        let t0 = Instant::now();
+        let body = probe.encode();
+        let answers = tp::fan_out(candidates, self.settings.fill_parallel, |addr| {
+            let r = self.open_leased(&addr, probe.kind(), &body, hashes.len(), block_bytes);
+            (addr, r)
+        });
+        // The longest hit; `max_by_key` keeps the last of equals, so walk in reverse
+        // to let the earliest in rendezvous order win a tie.
+        let best = answers
+            .iter()
+            .enumerate()
+            .rev()
+            .filter_map(|(i, (_, r))| match r {
+                Ok((_, (_, blocks, _))) if *blocks > 0 => Some((i, *blocks)),
+                _ => None,
+            })
+            .max_by_key(|&(_, blocks)| blocks)
+            .map(|(i, _)| i);
+        let mut winner = None;
+        for (i, (addr, r)) in answers.into_iter().enumerate() {
+            match r {
+                Ok((conn, leased)) if Some(i) == best => winner = Some((addr, conn, leased)),
+                Ok((mut conn, (lease, blocks, _))) => {
+                    if blocks > 0 {
+                        let done = PeerRequest::Done { lease, stored: false };
+                        let sent = write_frame(&mut conn, done.kind(), 0, &done.encode())
+                            .map_err(PeerError::from)
+                            .and_then(|()| conn.flush().map_err(PeerError::from));
+                        if sent.is_err() {
+                            conn.close();
+                            continue;
+                        }
+                    }
+                    self.put_conn(&addr, conn);
+                    self.note_fetch(&addr, Ok(0), t0, block_bytes);
+                }
+                Err(e) => {
+                    self.note_fetch(&addr, Err(e), t0, block_bytes);
+                }
+            }
+        }
+        let Some((addr, mut conn, (lease, _, _))) = winner else {
+            return 0;
+        };
+        let send = PeerRequest::Send { lease };
+        let got = send_and_read_leased(&mut conn, send.kind(), &send.encode(), self.settings.timeout)
+            .and_then(|leased| self.receive_leased(shared, &addr, conn, leased, ns, hashes, block_bytes));
+        self.note_fetch(&addr, got, t0, block_bytes)
     }
 
     fn connect(&self, addr: &str) -> Result<Conn, PeerError> {
@@ -286,8 +376,44 @@ impl PeerTier {
         )?)
     }
 
-    /// One fetch from one peer. A pooled connection that fails before any
-    /// reply is retried once on a fresh connection (the source may have closed it).
+    /// Send a `Fetch` or `Probe` to `addr` and read its `Leased` answer,
+    /// checked against what was asked. A pooled connection that fails before
+    /// any reply is retried once on a fresh connection (the source may have
+    /// closed it).
+    fn open_leased(
+        &self,
+        addr: &str,
+        kind: u16,
+        body: &[u8],
+        asked: usize,
+        block_bytes: u64,
+    ) -> Result<(Conn, (u64, u32, u64)), PeerError> {
+        let (conn, leased) = match self.take_conn(addr) {
+            Some(mut c) => match send_and_read_leased(&mut c, kind, body, self.settings.timeout) {
+                Ok(l) => (c, l),
+                Err(_) => {
+                    let mut c = self.connect(addr)?;
+                    let l = send_and_read_leased(&mut c, kind, body, self.settings.timeout)?;
+                    (c, l)
+                }
+            },
+            None => {
+                let mut c = self.connect(addr)?;
+                let l = send_and_read_leased(&mut c, kind, body, self.settings.timeout)?;
+                (c, l)
+            }
+        };
+        let (_, blocks, got_bytes) = leased;
+        if blocks > 0 && (blocks as usize > asked || got_bytes != block_bytes) {
+            conn.close();
+            return Err(PeerError::Protocol(format!(
+                "peer offered {blocks} block(s) of {got_bytes} bytes for {asked} of {block_bytes}"
+            )));
+        }
+        Ok((conn, leased))
+    }
+
+    /// One fetch from one peer.
     fn fetch_from(
         &self,
         shared: &Shared,
@@ -297,22 +423,22 @@ impl PeerTier {
         hashes: &[BlockHash],
         block_bytes: u64,
     ) -> Result<usize, PeerError> {
-        let body = req.encode();
-        let (mut conn, leased) = match self.take_conn(addr) {
-            Some(mut c) => match send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout) {
-                Ok(l) => (c, l),
-                Err(_) => {
-                    let mut c = self.connect(addr)?;
-                    let l = send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout)?;
-                    (c, l)
-                }
-            },
-            None => {
-                let mut c = self.connect(addr)?;
-                let l = send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout)?;
-                (c, l)
-            }
-        };
+        let (conn, leased) = self.open_leased(addr, req.kind(), &req.encode(), hashes.len(), block_bytes)?;
+        self.receive_leased(shared, addr, conn, leased, ns, hashes, block_bytes)
+    }
+
+    /// Read the blocks a `Leased` announced into our arena, report `Done`.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_leased(
+        &self,
+        shared: &Shared,
+        addr: &str,
+        mut conn: Conn,
+        leased: (u64, u32, u64),
+        ns: NsId,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+    ) -> Result<usize, PeerError> {
         let (lease, blocks, got_bytes) = leased;
         if blocks == 0 {
             self.put_conn(addr, conn);
@@ -328,8 +454,7 @@ impl PeerTier {
         let n = blocks as usize;
         let stored = {
             let mut reader = FillSession::open(shared);
-            let result = reader.receive(&mut conn, ns, &hashes[..n], block_bytes);
-            match result {
+            match reader.receive(&mut conn, ns, &hashes[..n], block_bytes) {
                 Ok(stored) => stored,
                 Err(e) => {
                     conn.close();
@@ -421,6 +546,8 @@ impl PeerTier {
                 "leases_open": ld(&src.leases_open),
                 "leases_done": ld(&src.leases_done),
                 "leases_dropped": ld(&src.leases_dropped),
+                "probes": ld(&src.probes),
+                "probes_released": ld(&src.probes_released),
             },
         })
     }

@@ -168,30 +168,43 @@ fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> 
         };
         conn.set_timeouts(Some(peer.settings.timeout))?;
         match decode_peer_request(h.kind, &body) {
-            Ok(PeerRequest::Fetch {
-                fingerprint,
-                shard,
-                salt,
-                block_bytes,
-                generation,
-                hashes,
-            }) => {
+            Ok(req @ (PeerRequest::Fetch { .. } | PeerRequest::Probe { .. })) => {
+                let probe = matches!(req, PeerRequest::Probe { .. });
+                let (PeerRequest::Fetch {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }
+                | PeerRequest::Probe {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }) = req
+                else {
+                    continue;
+                };
                 let key = NamespaceKey {
                     fingerprint: Fingerprint(fingerprint),
                     shard,
                     salt,
                 };
-                fetch(
-                    shared,
-                    peer,
-                    conn,
-                    s,
-                    h.request_id,
+                let want = Want {
                     key,
                     block_bytes,
                     generation,
-                    &hashes,
-                )?;
+                    probe,
+                };
+                fetch(shared, peer, conn, s, h.request_id, want, &hashes)?;
+            }
+            // A `Send` for no probed lease: nothing is pinned for it, a miss.
+            Ok(PeerRequest::Send { .. }) => {
+                miss(conn, h.request_id, 1)?;
             }
             // Outside a fetch: a duplicate completion report counts nothing.
             Ok(PeerRequest::Done { .. }) => {}
@@ -232,20 +245,33 @@ fn miss(conn: &mut Conn, id: u32, block_bytes: u64) -> Result<(), SourceError> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a `Fetch` or `Probe` asks for.
+struct Want {
+    key: NamespaceKey,
+    block_bytes: u64,
+    generation: u64,
+    /// Pin and answer with the count only; the bytes follow a `Send`.
+    probe: bool,
+}
+
 fn fetch(
     shared: &Shared,
     peer: &PeerTier,
     conn: &mut Conn,
     s: SessionId,
     id: u32,
-    key: NamespaceKey,
-    block_bytes: u64,
-    generation: u64,
+    want: Want,
     hashes: &[[u8; 32]],
 ) -> Result<(), SourceError> {
+    let Want {
+        key,
+        block_bytes,
+        generation,
+        probe,
+    } = want;
+    let mut id = id;
     peer.source.fetches.fetch_add(1, Ordering::Relaxed);
-    let lease = {
+    let found = {
         let mut cache = shared.cache();
         let ns = match cache.register_namespace(key, block_bytes) {
             Ok((ns, g)) if g == generation => ns,
@@ -256,13 +282,47 @@ fn fetch(
             }
         };
         match cache.lookup(s, ns, hashes) {
-            Ok(r) => r.lease,
+            Ok(r) => r.lease.map(|l| (l, r.hit_blocks)),
             Err(_) => None,
         }
     };
-    let Some(lease) = lease else {
+    let Some((lease, hit)) = found else {
         return miss(conn, id, block_bytes);
     };
+    if probe {
+        peer.source.probes.fetch_add(1, Ordering::Relaxed);
+        let head = PeerResponse::Leased {
+            lease: lease.0,
+            blocks: hit,
+            block_bytes,
+        };
+        let asked = write_frame(conn, head.kind(), id, &head.encode())
+            .and_then(|()| conn.flush().map_err(FrameError::from))
+            .and_then(|()| read_frame(conn));
+        let (h, body) = match asked {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = shared.cache().release(s, lease);
+                return Err(e.into());
+            }
+        };
+        match decode_peer_request(h.kind, &body) {
+            Ok(PeerRequest::Send { lease: l }) if l == lease.0 => id = h.request_id,
+            // Another peer's answer was better: the reader lets this one go.
+            Ok(PeerRequest::Done { lease: l, .. }) if l == lease.0 => {
+                let _ = shared.cache().release(s, lease);
+                peer.source.probes_released.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            _ => {
+                let _ = shared.cache().release(s, lease);
+                peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
+                return Err(SourceError::Bad(
+                    "expected Send or Done for the probed lease".into(),
+                ));
+            }
+        }
+    }
     let Some(slots) = acquire(shared, s, lease) else {
         return miss(conn, id, block_bytes);
     };

@@ -86,7 +86,7 @@ impl TpLinks {
 }
 
 /// Run `f` over `jobs` with at most `bound` in flight; results in job order.
-fn fan_out<T: Send, R: Send>(jobs: Vec<T>, bound: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+pub(super) fn fan_out<T: Send, R: Send>(jobs: Vec<T>, bound: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     if jobs.len() <= 1 || bound <= 1 {
         return jobs.into_iter().map(f).collect();
     }
