@@ -318,11 +318,46 @@ impl PeerTier {
         candidates: Vec<String>,
     ) -> usize {
         let t0 = Instant::now();
-        let body = probe.encode();
-        let answers = tp::fan_out(candidates, self.settings.fill_parallel, |addr| {
-            let r = self.open_leased(&addr, probe.kind(), &body, hashes.len(), block_bytes);
-            (addr, r)
-        });
+        let (kind, body) = (probe.kind(), probe.encode());
+        let timeout = self.settings.timeout;
+        let asked = hashes.len();
+        // In flight at once without a thread each: write a wave's probes, then
+        // read their answers (every peer works on its probe meanwhile).
+        let mut answers = Vec::with_capacity(candidates.len());
+        for wave in candidates.chunks(self.settings.fill_parallel) {
+            let sent: Vec<(&String, Sent)> = wave
+                .iter()
+                .map(|addr| {
+                    let fresh = || -> Result<(Conn, bool), PeerError> {
+                        let mut c = self.connect(addr)?;
+                        send_request(&mut c, kind, &body, timeout)?;
+                        Ok((c, false))
+                    };
+                    let r = match self.take_conn(addr) {
+                        Some(mut c) => match send_request(&mut c, kind, &body, timeout) {
+                            Ok(()) => Ok((c, true)),
+                            Err(_) => fresh(),
+                        },
+                        None => fresh(),
+                    };
+                    (addr, r)
+                })
+                .collect();
+            for (addr, r) in sent {
+                let r = r.and_then(|(mut c, pooled)| match read_leased(&mut c) {
+                    Ok(l) => Ok((c, l)),
+                    // A pooled connection the source had closed: once more on a fresh one.
+                    Err(e) if pooled && !tp::is_timeout(&e) => {
+                        let mut c = self.connect(addr)?;
+                        let l = send_and_read_leased(&mut c, kind, &body, timeout)?;
+                        Ok((c, l))
+                    }
+                    Err(e) => Err(e),
+                });
+                let r = r.and_then(|(c, l)| check_leased(c, l, asked, block_bytes));
+                answers.push((addr.clone(), r));
+            }
+        }
         // The longest hit; `max_by_key` keeps the last of equals, so walk in reverse
         // to let the earliest in rendezvous order win a tie.
         let best = answers
@@ -335,10 +370,21 @@ impl PeerTier {
             })
             .max_by_key(|&(_, blocks)| blocks)
             .map(|(i, _)| i);
+        // Ask the winner to send first; release the others while it reads its slots.
         let mut winner = None;
+        if let Some(i) = best
+            && let (addr, Ok((conn, (lease, _, _)))) = &mut answers[i]
+        {
+            let send = PeerRequest::Send { lease: *lease };
+            winner = Some((
+                addr.clone(),
+                send_request(conn, send.kind(), &send.encode(), self.settings.timeout),
+            ));
+        }
+        let mut winner_conn = None;
         for (i, (addr, r)) in answers.into_iter().enumerate() {
             match r {
-                Ok((conn, leased)) if Some(i) == best => winner = Some((addr, conn, leased)),
+                Ok((conn, _)) if Some(i) == best => winner_conn = Some(conn),
                 Ok((mut conn, (lease, blocks, _))) => {
                     if blocks > 0 {
                         let done = PeerRequest::Done { lease, stored: false };
@@ -358,11 +404,11 @@ impl PeerTier {
                 }
             }
         }
-        let Some((addr, mut conn, (lease, _, _))) = winner else {
+        let (Some((addr, sent)), Some(mut conn)) = (winner, winner_conn) else {
             return 0;
         };
-        let send = PeerRequest::Send { lease };
-        let got = send_and_read_leased(&mut conn, send.kind(), &send.encode(), self.settings.timeout)
+        let got = sent
+            .and_then(|()| read_leased(&mut conn))
             .and_then(|leased| self.receive_leased(shared, &addr, conn, leased, ns, hashes, block_bytes));
         self.note_fetch(&addr, got, t0, block_bytes)
     }
@@ -403,14 +449,7 @@ impl PeerTier {
                 (c, l)
             }
         };
-        let (_, blocks, got_bytes) = leased;
-        if blocks > 0 && (blocks as usize > asked || got_bytes != block_bytes) {
-            conn.close();
-            return Err(PeerError::Protocol(format!(
-                "peer offered {blocks} block(s) of {got_bytes} bytes for {asked} of {block_bytes}"
-            )));
-        }
-        Ok((conn, leased))
+        check_leased(conn, leased, asked, block_bytes)
     }
 
     /// One fetch from one peer.
@@ -673,6 +712,9 @@ impl PeerTier {
     }
 }
 
+/// A request written on a connection (`true`: a pooled one), or why not.
+type Sent = Result<(Conn, bool), PeerError>;
+
 /// Send a Fetch and read the `Leased` answer: (lease, blocks, block_bytes).
 fn send_and_read_leased(
     conn: &mut Conn,
@@ -680,9 +722,19 @@ fn send_and_read_leased(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(u64, u32, u64), PeerError> {
+    send_request(conn, kind, body, timeout)?;
+    read_leased(conn)
+}
+
+fn send_request(conn: &mut Conn, kind: u16, body: &[u8], timeout: Duration) -> Result<(), PeerError> {
     conn.set_timeouts(Some(timeout))?;
     write_frame(conn, kind, 0, body)?;
     conn.flush()?;
+    Ok(())
+}
+
+/// Read a `Leased` answer: (lease, blocks, block_bytes).
+fn read_leased(conn: &mut Conn) -> Result<(u64, u32, u64), PeerError> {
     let (h, body) = read_frame(conn)?;
     match decode_peer_response(h.kind, &body).map_err(|e| PeerError::Protocol(e.to_string()))? {
         PeerResponse::Leased {
@@ -696,6 +748,23 @@ fn send_and_read_leased(
             other.kind()
         ))),
     }
+}
+
+/// A `Leased` answer must not offer more blocks than asked, nor another size.
+fn check_leased(
+    conn: Conn,
+    leased: (u64, u32, u64),
+    asked: usize,
+    block_bytes: u64,
+) -> Result<(Conn, (u64, u32, u64)), PeerError> {
+    let (_, blocks, got_bytes) = leased;
+    if blocks > 0 && (blocks as usize > asked || got_bytes != block_bytes) {
+        conn.close();
+        return Err(PeerError::Protocol(format!(
+            "peer offered {blocks} block(s) of {got_bytes} bytes for {asked} of {block_bytes}"
+        )));
+    }
+    Ok((conn, leased))
 }
 
 /// A Manager-internal session that owns the save a fill writes into; ended

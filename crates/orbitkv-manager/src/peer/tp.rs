@@ -114,7 +114,7 @@ pub(super) fn fan_out<T: Send, R: Send>(jobs: Vec<T>, bound: usize, f: impl Fn(T
         .collect()
 }
 
-fn is_timeout(e: &PeerError) -> bool {
+pub(super) fn is_timeout(e: &PeerError) -> bool {
     let io = match e {
         PeerError::Io(io) | PeerError::Frame(FrameError::Io(io)) => io,
         _ => return false,
