@@ -98,6 +98,8 @@ pub struct PeerTier {
     pub listen_addr: Mutex<Option<std::net::SocketAddr>>,
     /// TP across Managers: links to shard holders, TP leases pinned there.
     tp: tp::TpLinks,
+    /// HTTPS to etcd (`https://` endpoints), built at start-up.
+    etcd_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for PeerTier {
@@ -121,6 +123,12 @@ pub enum PeerError {
 impl PeerTier {
     pub fn new(settings: PeerSettings, allowed_uids: Vec<u32>) -> Result<PeerTier, String> {
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
+        let etcd_tls = settings
+            .etcd
+            .as_ref()
+            .and_then(|e| e.tls.as_ref())
+            .map(etcd::load_tls)
+            .transpose()?;
         let peers = settings
             .peers
             .iter()
@@ -138,6 +146,7 @@ impl PeerTier {
             etcd_status: RwLock::new("off".into()),
             listen_addr: Mutex::new(None),
             tp: tp::TpLinks::default(),
+            etcd_tls,
         })
     }
 
