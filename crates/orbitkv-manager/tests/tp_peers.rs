@@ -450,3 +450,45 @@ fn an_idle_link_keeps_its_parts_and_a_link_closed_for_idleness_is_replaced() {
     eventually("B's part released", || stat(&b, "dram_pinned_blocks") == 0);
     assert_eq!(conns() - before, 2, "the idle link was closed and replaced once");
 }
+
+#[test]
+fn tp_across_managers_over_mutual_tls_and_a_holder_with_a_foreign_certificate_is_a_miss() {
+    let pki = tempfile::tempdir().expect("pki");
+    let d = pki.path();
+    support::pki::make_pki(d, "ca", &[("a", "127.0.0.1"), ("b", "127.0.0.1")]);
+    support::pki::make_pki(d, "other", &[("x", "127.0.0.1")]);
+    let (pb, px) = (free_port(), free_port());
+    let b = manager(Some(pb), &support::pki::tls_flags(d, "b", "ca"));
+    // A holder whose certificate chains to another CA.
+    let x = manager(Some(px), &support::pki::tls_flags(d, "x", "other"));
+    let mut extra = placement(&[(1, pb)]);
+    extra.extend(support::pki::tls_flags(d, "a", "ca"));
+    let a = manager(None, &extra);
+    assert_eq!(a.stats()["peers"]["tls"], true);
+    let w0 = rank(&a, 0, 4);
+    let w1 = rank(&b, 1, 3);
+    let (sched, nss) = scheduler(&a, 2);
+    let hit = sched.lookup_tp(&nss, &hashes(4)).expect("lookup over mutual TLS");
+    assert_eq!(hit.hit_blocks, 3);
+    let token = hit.token.expect("token");
+    restore_part(&w0, 0, token, 3);
+    restore_part(&w1, 1, token, 3);
+    sched.release_tp(token).expect("release");
+    assert_eq!(stat(&b, "dram_pinned_blocks"), 0);
+    // The same group with shard 1 placed on the foreign-CA holder: refused, a miss.
+    let _x1 = rank(&x, 1, 3);
+    let mut extra = placement(&[(1, px)]);
+    extra.extend(support::pki::tls_flags(d, "a", "ca"));
+    let a2 = manager(None, &extra);
+    let _w0 = rank(&a2, 0, 4);
+    let (sched2, nss2) = scheduler(&a2, 2);
+    let hit = sched2.lookup_tp(&nss2, &hashes(4)).expect("an answer");
+    assert_eq!((hit.hit_blocks, hit.token), (0, None));
+    assert_eq!(stat(&a2, "dram_pinned_blocks"), 0);
+    assert_eq!(
+        stat(&x, "dram_pinned_blocks"),
+        0,
+        "nothing pinned for a refused peer"
+    );
+    assert!(x.stats()["peers"]["source"]["refused"].as_u64().expect("u64") >= 1);
+}
