@@ -125,7 +125,7 @@ pub fn handle(
 
 /// End TP leases past their deadline, and the parts peers hold for TP leases
 /// whose owner is gone (called by the reaper thread).
-pub fn expire(shared: &std::sync::Arc<Shared>) {
+pub fn expire(shared: &Shared) {
     let now = now_ms(shared);
     if let Some(peer) = shared.peers.as_ref() {
         peer.tp_reap(shared, now);

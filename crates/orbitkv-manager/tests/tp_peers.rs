@@ -183,6 +183,9 @@ fn tp4_over_three_managers_pins_every_shard_at_its_holder() {
     assert_eq!(tp_stat(&a, "remote_leases"), 1, "until the scheduler ends it");
     sched.release_tp(token).expect("release");
     assert_eq!(tp_stat(&a, "remote_leases"), 0);
+    eventually("the release forwarded to B and C", || {
+        tp_stat(&a, "releases") == 2
+    });
     for m in [&a, &b, &c] {
         assert_eq!(stat(m, "dram_pinned_blocks"), 0);
         assert_eq!(stat(m, "live_tp_leases"), 0);

@@ -886,6 +886,14 @@ pub fn start(shared: &Arc<Shared>, spawn: Spawn<'_>) -> std::io::Result<()> {
         let sh = shared.clone();
         spawn("orbitkv-etcd", Box::new(move || etcd::membership(sh)));
     }
+    if peer.has_tp_shard_peers() {
+        let rx = peer.forwarder();
+        let sh = shared.clone();
+        spawn(
+            "orbitkv-tp-release",
+            Box::new(move || tp::forward_releases(sh, rx)),
+        );
+    }
     Ok(())
 }
 

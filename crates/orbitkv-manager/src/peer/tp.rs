@@ -36,6 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -69,7 +70,13 @@ pub struct TpLinks {
     pub releases: AtomicU64,
     /// As a holder: pins served for other Managers.
     pub served_pins: AtomicU64,
+    /// Releases to forward to holders, handled by the `orbitkv-tp-release`
+    /// thread (off the scheduler's request path). `None` before it started.
+    forward: Mutex<Option<Sender<Forward>>>,
 }
+
+/// A TP lease whose parts on `peers` are to be ended.
+type Forward = ([u8; 16], Vec<String>);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -387,8 +394,33 @@ impl PeerTier {
         }
         let r = remote.remove(&token.0)?;
         drop(remote);
-        self.release_at(token, r.peers);
+        self.forward(vec![(token.0, r.peers)]);
         Some(Ok(()))
+    }
+
+    /// End these TP leases' parts on their holders: on the release thread,
+    /// or here if it is not running.
+    fn forward(&self, list: Vec<Forward>) {
+        let rest: Vec<Forward> = {
+            let tx = lock(&self.tp.forward);
+            match tx.as_ref() {
+                Some(tx) => list
+                    .into_iter()
+                    .filter_map(|f| tx.send(f).err().map(|e| e.0))
+                    .collect(),
+                None => list,
+            }
+        };
+        for (t, peers) in rest {
+            self.release_at(TpToken(t), peers);
+        }
+    }
+
+    /// Start forwarding releases on a thread of their own (`peer::start`).
+    pub fn forwarder(&self) -> Receiver<Forward> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        *lock(&self.tp.forward) = Some(tx);
+        rx
     }
 
     fn release_at(&self, token: TpToken, peers: Vec<String>) {
@@ -401,10 +433,10 @@ impl PeerTier {
 
     /// Reaper: forget TP leases past their deadline (holders expire their
     /// parts at the same deadline) and end, on the holders, those whose owner
-    /// session is gone (on a thread of its own: a slow peer never stalls the
+    /// session is gone (on the release thread: a slow peer never stalls the
     /// reaper).
-    pub fn tp_reap(&self, shared: &Arc<Shared>, now_ms: u64) {
-        let gone: Vec<([u8; 16], Vec<String>)> = {
+    pub fn tp_reap(&self, shared: &Shared, now_ms: u64) {
+        let gone: Vec<Forward> = {
             let mut remote = lock(&self.tp.remote);
             if remote.is_empty() {
                 return;
@@ -421,24 +453,22 @@ impl PeerTier {
                 .filter_map(|t| remote.remove(&t).map(|r| (t, r.peers)))
                 .collect()
         };
-        if gone.is_empty() {
-            return;
+        if !gone.is_empty() {
+            self.forward(gone);
         }
-        let sh = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("orbitkv-tp-release".into())
-            .spawn(move || {
-                if let Some(me) = sh.peers.as_ref() {
-                    for (t, peers) in gone {
-                        me.release_at(TpToken(t), peers);
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            log!(
-                Warn,
-                "starting a TP release thread: {e}; holders end those parts at their deadline"
-            );
+    }
+}
+
+/// The `orbitkv-tp-release` thread: forward releases until shutdown.
+pub fn forward_releases(shared: Arc<Shared>, rx: Receiver<Forward>) {
+    let Some(peer) = shared.peers.as_ref() else {
+        return;
+    };
+    while !shared.is_shutting_down() {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok((t, peers)) => peer.release_at(TpToken(t), peers),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
         }
     }
 }
