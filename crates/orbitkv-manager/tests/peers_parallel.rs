@@ -122,7 +122,8 @@ fn fake_peer(garbage: bool) -> u16 {
 
 #[test]
 fn a_dead_silent_or_garbled_peer_beside_a_good_one_costs_no_hit() {
-    let d = data(4);
+    // 768 KiB: more than a socket buffer holds while a slow answer is awaited.
+    let d = data(48);
     for (what, bad) in [
         ("down", free_port()),
         ("silent", fake_peer(false)),
@@ -132,7 +133,7 @@ fn a_dead_silent_or_garbled_peer_beside_a_good_one_costs_no_hit() {
         let a = manager(Some(pa), &[], &[]);
         save(&a, &d);
         let b = manager(None, &[bad, pa], &["--peer-timeout-ms", "500"]);
-        assert_eq!(restore(&b, 4), (4, d.clone()), "{what}");
+        assert_eq!(restore(&b, 48), (48, d.clone()), "{what}");
         let peers = b.stats()["peers"]["peers"].clone();
         let errors: u64 = peers
             .as_array()

@@ -333,6 +333,9 @@ impl PeerTier {
         // In flight at once without a thread each: write a wave's probes, then
         // read their answers (every peer works on its probe meanwhile).
         let mut answers = Vec::with_capacity(candidates.len());
+        let mut early: Option<(usize, Result<(), PeerError>)> = None;
+        // Probes whose answers are read after the early winner's bytes.
+        let mut pending: Vec<(String, Sent)> = Vec::new();
         for wave in candidates.chunks(self.settings.fill_parallel) {
             let sent: Vec<(&String, Sent)> = wave
                 .iter()
@@ -352,7 +355,8 @@ impl PeerTier {
                     (addr, r)
                 })
                 .collect();
-            for (addr, r) in sent {
+            let mut sent = sent.into_iter();
+            for (addr, r) in sent.by_ref() {
                 let r = r.and_then(|(mut c, pooled)| match read_leased(&mut c) {
                     Ok(l) => Ok((c, l)),
                     // A pooled connection the source had closed: once more on a fresh one.
@@ -363,32 +367,55 @@ impl PeerTier {
                     }
                     Err(e) => Err(e),
                 });
-                let r = r.and_then(|(c, l)| check_leased(c, l, asked, block_bytes));
+                let mut r = r.and_then(|(c, l)| check_leased(c, l, asked, block_bytes));
+                // The first whole hit in rendezvous order cannot be beaten: ask
+                // it to send now and read its bytes before the other answers
+                // (a slow peer must not stall its stream).
+                if early.is_none()
+                    && let Ok((conn, (lease, blocks, _))) = &mut r
+                    && *blocks as usize == asked
+                {
+                    let send = PeerRequest::Send { lease: *lease };
+                    let sent = send_request(conn, send.kind(), &send.encode(), timeout);
+                    early = Some((answers.len(), sent));
+                }
                 answers.push((addr.clone(), r));
+                if early.is_some() {
+                    break;
+                }
+            }
+            if early.is_some() {
+                pending.extend(sent.map(|(a, r)| (a.clone(), r)));
+                break; // later waves could not do better
             }
         }
-        // The longest hit; `max_by_key` keeps the last of equals, so walk in reverse
-        // to let the earliest in rendezvous order win a tie.
-        let best = answers
-            .iter()
-            .enumerate()
-            .rev()
-            .filter_map(|(i, (_, r))| match r {
-                Ok((_, (_, blocks, _))) if *blocks > 0 => Some((i, *blocks)),
-                _ => None,
-            })
-            .max_by_key(|&(_, blocks)| blocks)
-            .map(|(i, _)| i);
+        // Otherwise the longest hit; `max_by_key` keeps the last of equals, so
+        // walk in reverse to let the earliest in rendezvous order win a tie.
+        let best = early.as_ref().map(|(i, _)| *i).or_else(|| {
+            answers
+                .iter()
+                .enumerate()
+                .rev()
+                .filter_map(|(i, (_, r))| match r {
+                    Ok((_, (_, blocks, _))) if *blocks > 0 => Some((i, *blocks)),
+                    _ => None,
+                })
+                .max_by_key(|&(_, blocks)| blocks)
+                .map(|(i, _)| i)
+        });
         // Ask the winner to send first; release the others while it reads its slots.
         let mut winner = None;
         if let Some(i) = best
             && let (addr, Ok((conn, (lease, _, _)))) = &mut answers[i]
         {
-            let send = PeerRequest::Send { lease: *lease };
-            winner = Some((
-                addr.clone(),
-                send_request(conn, send.kind(), &send.encode(), self.settings.timeout),
-            ));
+            let sent = match early.take() {
+                Some((_, sent)) => sent,
+                None => {
+                    let send = PeerRequest::Send { lease: *lease };
+                    send_request(conn, send.kind(), &send.encode(), self.settings.timeout)
+                }
+            };
+            winner = Some((addr.clone(), sent));
         }
         let mut winner_conn = None;
         for (i, (addr, r)) in answers.into_iter().enumerate() {
@@ -413,13 +440,40 @@ impl PeerTier {
                 }
             }
         }
-        let (Some((addr, sent)), Some(mut conn)) = (winner, winner_conn) else {
-            return 0;
+        let stored = match (winner, winner_conn) {
+            (Some((addr, sent)), Some(mut conn)) => {
+                let got = sent.and_then(|()| read_leased(&mut conn)).and_then(|leased| {
+                    self.receive_leased(shared, &addr, conn, leased, ns, hashes, block_bytes)
+                });
+                self.note_fetch(&addr, got, t0, block_bytes)
+            }
+            _ => 0,
         };
-        let got = sent
-            .and_then(|()| read_leased(&mut conn))
-            .and_then(|leased| self.receive_leased(shared, &addr, conn, leased, ns, hashes, block_bytes));
-        self.note_fetch(&addr, got, t0, block_bytes)
+        // Probes not read yet (an early winner): release their hits now.
+        for (addr, r) in pending {
+            match r.and_then(|(mut c, pooled)| read_leased(&mut c).map(|l| (c, l, pooled))) {
+                Ok((mut conn, (lease, blocks, _), _)) => {
+                    if blocks > 0 {
+                        let done = PeerRequest::Done { lease, stored: false };
+                        if write_frame(&mut conn, done.kind(), 0, &done.encode()).is_err()
+                            || conn.flush().is_err()
+                        {
+                            conn.close();
+                            continue;
+                        }
+                    }
+                    self.put_conn(&addr, conn);
+                    self.note_fetch(&addr, Ok(0), t0, block_bytes);
+                }
+                // A stale pooled connection is not the peer's fault; anything else is.
+                Err(e) => {
+                    if !matches!(&e, PeerError::Frame(FrameError::Closed)) {
+                        self.note_fetch(&addr, Err(e), t0, block_bytes);
+                    }
+                }
+            }
+        }
+        stored
     }
 
     fn connect(&self, addr: &str) -> Result<Conn, PeerError> {
