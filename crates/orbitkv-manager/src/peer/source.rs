@@ -8,7 +8,11 @@
 //! no `Done` within `--peer-timeout-ms` of the last byte sent, garbage) and at
 //! shutdown (every live connection is shut down), because ending the session
 //! releases everything it holds. No lease is ended while its bytes are still
-//! being written: the writer is this same thread.
+//! being written: the writer is this same thread. A `Probe` pins the same way
+//! and answers only the count; the lease is then sent on `Send`, released on
+//! `Done`, or ends as above (no answer within `--peer-timeout-ms`). TP
+//! requests (`TpPin` / `TpSettle` / `TpRelease`, `tp.rs`) pin TP leases owned
+//! by this connection's session; while it owns any, idleness does not close it.
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
