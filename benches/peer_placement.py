@@ -6,7 +6,10 @@ per saved block), measured in one run on loopback.
     python benches/peer_placement.py [--out bench-results/peer_placement.json] [--n 300]
 
 Rows: lookup miss on a Manager with no peers; lookup miss on a Manager with one
-peer that does not hold the block (one peer round trip); one etcd v3 put through
+peer that does not hold the block (one peer round trip); with three peers, a miss
+and a hit held by one of them, asked one at a time (`--peer-fill-parallel 1`, the
+rule before parallel asks) and probed at once (the default), same run, same build;
+one etcd v3 put through
 the JSON gateway (what an inventory would add per saved block) and one range read
 of a key (what an inventory lookup would add per miss). Needs `orbitkv` installed
 and the `etcd` binary (Debian etcd-server) for the etcd rows.
@@ -71,6 +74,27 @@ def miss_us(sock: str, n: int) -> list[float]:
     return out
 
 
+def hit_us(sock: str, holder: str, first: int, n: int) -> list[float]:
+    """Save `n` fresh blocks on `holder`, then restore each once through `sock`
+    (every sample is a peer fill of one block)."""
+    fp = fingerprint(model="placement", block_bytes=BB)
+    hs = [(first + i).to_bytes(8, "little") * 4 for i in range(n)]
+    with _native.Client(holder) as c:
+        ns = c.register_namespace(fp, BB)
+        for h in hs:
+            c.save(ns, [h], [bytes([h[0]]) * BB])
+    out = []
+    with _native.Client(sock) as c:
+        ns = c.register_namespace(fp, BB)
+        for h in hs:
+            t0 = time.perf_counter()
+            lease = c.lookup(ns, [h])
+            out.append((time.perf_counter() - t0) * 1e6)
+            assert lease.hit_blocks == 1, "filled from a peer"
+            c.release(lease)
+    return out
+
+
 def etcd_us(port: int, n: int) -> tuple[list[float], list[float]]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     puts, gets = [], []
@@ -111,6 +135,21 @@ def main() -> int:
         procs.append(serve(f"{tmp}/b.sock", "--peer", f"127.0.0.1:{pa}"))
         rows["miss_no_peers"] = summary(miss_us(f"{tmp}/alone.sock", a.n))
         rows["miss_one_peer_asked"] = summary(miss_us(f"{tmp}/b.sock", a.n))
+        # Three peers: one at a time (the rule before parallel asks) vs probed at once.
+        ports = [free_port() for _ in range(3)]
+        for i, p in enumerate(ports):
+            procs.append(serve(f"{tmp}/p{i}.sock", "--peer-listen", f"127.0.0.1:{p}"))
+        for p in ports:
+            wait(lambda p=p: socket.create_connection(("127.0.0.1", p), timeout=1).close() is None, "peer port")
+        peers = [x for p in ports for x in ("--peer", f"127.0.0.1:{p}")]
+        procs.append(serve(f"{tmp}/seq.sock", *peers, "--peer-fill-parallel", "1"))
+        procs.append(serve(f"{tmp}/par.sock", *peers))
+        rows["miss_three_peers_one_at_a_time"] = summary(miss_us(f"{tmp}/seq.sock", a.n))
+        rows["miss_three_peers_probed_at_once"] = summary(miss_us(f"{tmp}/par.sock", a.n))
+        # At most 100 fills per rule: both sets stay in the holder's 16 MiB arena.
+        holder, nh = f"{tmp}/p2.sock", min(a.n, 100)
+        rows["hit_on_one_of_three_one_at_a_time"] = summary(hit_us(f"{tmp}/seq.sock", holder, 10**6, nh))
+        rows["hit_on_one_of_three_probed_at_once"] = summary(hit_us(f"{tmp}/par.sock", holder, 2 * 10**6, nh))
         etcd = shutil.which("etcd")
         if etcd:
             cp, pp = free_port(), free_port()

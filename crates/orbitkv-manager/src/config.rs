@@ -132,10 +132,21 @@ pub struct Args {
     /// reader's completion report) in milliseconds [default: 5000]
     #[arg(long)]
     pub peer_timeout_ms: Option<u64>,
-    /// etcd v3 endpoints for membership (comma-separated http://host:port, literal loopback
-    /// only in this build); peers register under --etcd-prefix with a lease [default: off]
+    /// etcd v3 endpoints for membership, comma-separated: http://IP:port on literal loopback
+    /// only, or https://HOST:PORT (needs --etcd-tls-ca); peers register under --etcd-prefix
+    /// with a lease [default: off]
     #[arg(long, env = "ORBITKV_ETCD_ENDPOINTS")]
     pub etcd_endpoints: Option<String>,
+    /// PEM CA certificate(s) the etcd server's certificate must chain to (https endpoints)
+    #[arg(long, env = "ORBITKV_ETCD_TLS_CA")]
+    pub etcd_tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain presented to etcd (with --etcd-tls-key; for etcd's
+    /// --client-cert-auth)
+    #[arg(long, env = "ORBITKV_ETCD_TLS_CERT")]
+    pub etcd_tls_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-tls-cert (mode 0600 or tighter)
+    #[arg(long, env = "ORBITKV_ETCD_TLS_KEY")]
+    pub etcd_tls_key: Option<PathBuf>,
     /// Key prefix of the membership records in etcd [default: /orbitkv/]
     #[arg(long)]
     pub etcd_prefix: Option<String>,
@@ -146,6 +157,19 @@ pub struct Args {
     /// [default: the --peer-listen address]
     #[arg(long)]
     pub peer_advertise: Option<String>,
+    /// Tensor parallelism across Managers (contract T1): the worker of TP shard SHARD
+    /// (its TP rank) is a client of the peer Manager at HOST:PORT (its --peer-listen), given
+    /// as SHARD=HOST:PORT; repeatable. A TP lookup here pins those shards there. Needs
+    /// --enable-query-control; anything but literal loopback needs mutual TLS [default: none]
+    #[arg(long = "tp-shard-peer")]
+    pub tp_shard_peer: Vec<String>,
+    /// Most queries to peer Managers in flight at once for one TP lookup [default: 8]
+    #[arg(long)]
+    pub tp_peer_parallel: Option<usize>,
+    /// On a local miss with several peers to ask: probe at most this many at once and
+    /// fetch from the longest hit; 1 asks them one at a time [default: 4]
+    #[arg(long)]
+    pub peer_fill_parallel: Option<usize>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -189,9 +213,15 @@ struct FileConfig {
     peer_tls_ca: Option<PathBuf>,
     peer_timeout_ms: Option<u64>,
     etcd_endpoints: Option<String>,
+    etcd_tls_ca: Option<PathBuf>,
+    etcd_tls_cert: Option<PathBuf>,
+    etcd_tls_key: Option<PathBuf>,
     etcd_prefix: Option<String>,
     etcd_ttl_s: Option<u64>,
     peer_advertise: Option<String>,
+    tp_shard_peer: Option<Vec<String>>,
+    tp_peer_parallel: Option<usize>,
+    peer_fill_parallel: Option<usize>,
 }
 
 /// Validated SSD-tier settings.
@@ -259,10 +289,22 @@ pub struct PeerTlsFiles {
 /// etcd membership settings.
 #[derive(Debug, Clone)]
 pub struct EtcdSettings {
-    /// `host:port` of each endpoint (plain HTTP on literal loopback).
-    pub endpoints: Vec<SocketAddr>,
+    /// `host:port` of each endpoint: a literal loopback `IP:port` over plain
+    /// HTTP, or any `host:port` over HTTPS when `tls` is set.
+    pub endpoints: Vec<String>,
+    /// HTTPS to etcd: the CA its certificate must chain to, and an optional
+    /// client certificate and key.
+    pub tls: Option<EtcdTlsFiles>,
     pub prefix: String,
     pub ttl_s: u64,
+}
+
+/// TLS files for the etcd gateway.
+#[derive(Debug, Clone)]
+pub struct EtcdTlsFiles {
+    pub ca: PathBuf,
+    /// Client certificate chain and key (both or neither).
+    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 /// Validated peer-tier settings.
@@ -276,6 +318,12 @@ pub struct PeerSettings {
     pub etcd: Option<EtcdSettings>,
     /// What this Manager registers in etcd.
     pub advertise: Option<String>,
+    /// TP shards whose rank is a client of a peer Manager: shard → `host:port`.
+    pub tp_shards: std::collections::BTreeMap<u32, String>,
+    /// Most peer queries in flight at once for one TP lookup.
+    pub tp_parallel: usize,
+    /// Most peers probed at once on a local miss (1: one at a time).
+    pub fill_parallel: usize,
 }
 
 /// Whether `addr` (`host:port`) names a literal loopback IP.
@@ -305,10 +353,40 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
     let key = a.peer_tls_key.take().or(file.peer_tls_key.take());
     let ca = a.peer_tls_ca.take().or(file.peer_tls_ca.take());
     let advertise = a.peer_advertise.take().or(file.peer_advertise.take());
-    if listen_s.is_none() && peers.is_empty() && etcd_s.is_none() {
-        if cert.is_some() || key.is_some() || ca.is_some() || advertise.is_some() {
+    let etcd_ca = a.etcd_tls_ca.take().or(file.etcd_tls_ca.take());
+    let etcd_cert = a.etcd_tls_cert.take().or(file.etcd_tls_cert.take());
+    let etcd_key = a.etcd_tls_key.take().or(file.etcd_tls_key.take());
+    let mut tp_shard_s = std::mem::take(&mut a.tp_shard_peer);
+    tp_shard_s.extend(file.tp_shard_peer.take().unwrap_or_default());
+    let tp_parallel = a.tp_peer_parallel.or(file.tp_peer_parallel).unwrap_or(8);
+    if !(1..=64).contains(&tp_parallel) {
+        return Err(ConfigError::Invalid(format!(
+            "tp_peer_parallel {tp_parallel} must be 1..=64"
+        )));
+    }
+    let fill_parallel = a.peer_fill_parallel.or(file.peer_fill_parallel).unwrap_or(4);
+    if !(1..=64).contains(&fill_parallel) {
+        return Err(ConfigError::Invalid(format!(
+            "peer_fill_parallel {fill_parallel} must be 1..=64"
+        )));
+    }
+    let query_control = a.enable_query_control || file.enable_query_control.unwrap_or(false);
+    if !tp_shard_s.is_empty() && !query_control {
+        return Err(ConfigError::Invalid(
+            "--tp-shard-peer places TP shards on peer Managers, which needs tensor-parallel query control: add --enable-query-control (on every Manager of the group)".into(),
+        ));
+    }
+    if listen_s.is_none() && peers.is_empty() && etcd_s.is_none() && tp_shard_s.is_empty() {
+        if cert.is_some()
+            || key.is_some()
+            || ca.is_some()
+            || advertise.is_some()
+            || etcd_ca.is_some()
+            || etcd_cert.is_some()
+            || etcd_key.is_some()
+        {
             return Err(ConfigError::Invalid(
-                "peer TLS files or --peer-advertise given without --peer-listen, --peer or --etcd-endpoints"
+                "peer or etcd TLS files or --peer-advertise given without --peer-listen, --peer, --etcd-endpoints or --tp-shard-peer"
                     .into(),
             ));
         }
@@ -353,6 +431,30 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
             )));
         }
     }
+    let mut tp_shards = std::collections::BTreeMap::new();
+    for t in &tp_shard_s {
+        let (shard, addr) = t
+            .split_once('=')
+            .and_then(|(sh, ad)| Some((sh.trim().parse::<u32>().ok()?, ad.trim())))
+            .ok_or_else(|| ConfigError::Invalid(format!("tp_shard_peer {t:?} is not SHARD=HOST:PORT")))?;
+        if shard as usize >= orbitkv_core::MAX_TP_SHARDS {
+            return Err(ConfigError::Invalid(format!(
+                "tp_shard_peer {t:?}: shard {shard} is not below {}",
+                orbitkv_core::MAX_TP_SHARDS
+            )));
+        }
+        check_host_port("tp_shard_peer", addr)?;
+        if !is_literal_loopback(addr) && tls.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "tp_shard_peer {addr} is not a literal loopback address: Manager-to-Manager traffic off loopback requires mutual TLS; set --peer-tls-cert, --peer-tls-key and --peer-tls-ca"
+            )));
+        }
+        if tp_shards.insert(shard, addr.to_string()).is_some() {
+            return Err(ConfigError::Invalid(format!(
+                "tp_shard_peer names shard {shard} twice"
+            )));
+        }
+    }
     let ms = a.peer_timeout_ms.or(file.peer_timeout_ms).unwrap_or(5_000);
     if !(1..=600_000).contains(&ms) {
         return Err(ConfigError::Invalid(format!(
@@ -360,26 +462,75 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
         )));
     }
     let etcd = match etcd_s {
-        None => None,
+        None => {
+            if etcd_ca.is_some() || etcd_cert.is_some() || etcd_key.is_some() {
+                return Err(ConfigError::Invalid(
+                    "etcd TLS files given without --etcd-endpoints".into(),
+                ));
+            }
+            None
+        }
         Some(list) => {
             let mut endpoints = Vec::new();
+            let mut https = Vec::new();
             for e in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                if let Some(hp) = e.strip_prefix("https://") {
+                    let hp = hp.trim_end_matches('/');
+                    check_host_port("etcd endpoint", hp)?;
+                    https.push(true);
+                    endpoints.push(hp.to_string());
+                    continue;
+                }
                 let hp = e.strip_prefix("http://").unwrap_or(e).trim_end_matches('/');
                 let addr: SocketAddr = hp.parse().map_err(|_| {
                     ConfigError::Invalid(format!(
-                        "etcd endpoint {e:?} must be http://IP:port (https is not supported in this build)"
+                        "etcd endpoint {e:?} must be http://IP:port (literal loopback) or https://HOST:PORT"
                     ))
                 })?;
-                if !addr.ip().is_loopback() || e.starts_with("https://") {
+                if !addr.ip().is_loopback() {
                     return Err(ConfigError::Invalid(format!(
-                        "etcd endpoint {e} is not literal loopback: this build talks to etcd over plain HTTP only, so only a local etcd (or a local proxy of it) is allowed"
+                        "etcd endpoint {e} is not literal loopback: plain HTTP to etcd is allowed on loopback only; use https://{hp} with --etcd-tls-ca (and --etcd-tls-cert/--etcd-tls-key if etcd checks client certificates)"
                     )));
                 }
-                endpoints.push(addr);
+                https.push(false);
+                endpoints.push(addr.to_string());
             }
             if endpoints.is_empty() {
                 return Err(ConfigError::Invalid("etcd_endpoints is empty".into()));
             }
+            let any_tls = https.iter().any(|&t| t);
+            if any_tls && !https.iter().all(|&t| t) {
+                return Err(ConfigError::Invalid(
+                    "etcd endpoints mix http:// and https://: use one scheme for all".into(),
+                ));
+            }
+            let client = match (etcd_cert, etcd_key) {
+                (Some(c), Some(k)) => Some((c, k)),
+                (None, None) => None,
+                _ => {
+                    return Err(ConfigError::Invalid(
+                        "an etcd client certificate needs both --etcd-tls-cert and --etcd-tls-key".into(),
+                    ));
+                }
+            };
+            let tls = match (any_tls, etcd_ca) {
+                (true, Some(ca)) => Some(EtcdTlsFiles { ca, client }),
+                (true, None) => {
+                    return Err(ConfigError::Invalid(
+                        "https etcd endpoints need --etcd-tls-ca (the CA etcd's certificate chains to)"
+                            .into(),
+                    ));
+                }
+                (false, ca) => {
+                    if ca.is_some() || client.is_some() {
+                        return Err(ConfigError::Invalid(
+                            "etcd TLS files given but the etcd endpoints are http://: use https:// endpoints"
+                                .into(),
+                        ));
+                    }
+                    None
+                }
+            };
             let prefix = a
                 .etcd_prefix
                 .take()
@@ -398,6 +549,7 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
             }
             Some(EtcdSettings {
                 endpoints,
+                tls,
                 prefix,
                 ttl_s,
             })
@@ -410,6 +562,9 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
         tls,
         timeout: std::time::Duration::from_millis(ms),
         etcd,
+        tp_shards,
+        tp_parallel,
+        fill_parallel,
     }))
 }
 
@@ -762,6 +917,36 @@ mod tests {
         assert_eq!(p.advertise.as_deref(), Some("127.0.0.1:7470"));
         assert!(p.tls.is_none() && p.etcd.is_none());
         assert!(peer_cfg(&[]).expect("none").peers.is_none());
+        let c = peer_cfg(&[
+            "--enable-query-control",
+            "--tp-shard-peer",
+            "1=127.0.0.1:7471",
+            "--tp-shard-peer",
+            "3=127.0.0.1:7471",
+        ])
+        .expect("tp across Managers");
+        let p = c.peers.expect("a peer tier for the TP links");
+        assert_eq!(p.tp_shards.len(), 2);
+        assert_eq!(p.tp_shards.get(&3).map(String::as_str), Some("127.0.0.1:7471"));
+        assert_eq!(p.tp_parallel, 8);
+        assert_eq!(p.fill_parallel, 4);
+        assert!(p.peers.is_empty(), "a TP shard peer is not asked on a local miss");
+        let c = peer_cfg(&[
+            "--peer-listen",
+            "127.0.0.1:7470",
+            "--etcd-endpoints",
+            "https://etcd-1.example:2379, https://10.0.0.9:2379",
+            "--etcd-tls-ca",
+            "ca.crt",
+            "--etcd-tls-cert",
+            "m.crt",
+            "--etcd-tls-key",
+            "m.key",
+        ])
+        .expect("etcd over https, any host");
+        let e = c.peers.expect("peers").etcd.expect("etcd");
+        assert_eq!(e.endpoints, ["etcd-1.example:2379", "10.0.0.9:2379"]);
+        assert!(e.tls.is_some_and(|t| t.client.is_some()));
         for bad in [
             &["--peer-listen", "10.0.0.1:7470"][..],
             &["--peer", "localhost:7470"][..],
@@ -794,6 +979,63 @@ mod tests {
                 "http://127.0.0.1:2379",
             ][..],
             &["--peer", "127.0.0.1:1", "--peer-timeout-ms", "0"][..],
+            &["--peer", "127.0.0.1:1", "--peer-fill-parallel", "0"][..],
+            // etcd over TLS: a CA for https, TLS files only with https, one scheme,
+            // a client certificate with its key.
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "https://etcd.example:2379",
+            ][..],
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "http://127.0.0.1:2379",
+                "--etcd-tls-ca",
+                "ca.crt",
+            ][..],
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "https://127.0.0.1:2379,http://127.0.0.1:2380",
+                "--etcd-tls-ca",
+                "ca.crt",
+            ][..],
+            &[
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--etcd-endpoints",
+                "https://127.0.0.1:2379",
+                "--etcd-tls-ca",
+                "ca.crt",
+                "--etcd-tls-cert",
+                "m.crt",
+            ][..],
+            &["--peer-listen", "127.0.0.1:1", "--etcd-tls-ca", "ca.crt"][..],
+            &["--etcd-tls-ca", "ca.crt"][..],
+            // TP across Managers: query control on, shard=host:port, loopback
+            // unless TLS, each shard once, a sane bound.
+            &["--tp-shard-peer", "1=127.0.0.1:7471"][..],
+            &["--enable-query-control", "--tp-shard-peer", "1:127.0.0.1:7471"][..],
+            &["--enable-query-control", "--tp-shard-peer", "64=127.0.0.1:7471"][..],
+            &["--enable-query-control", "--tp-shard-peer", "1=10.0.0.2:7471"][..],
+            &[
+                "--enable-query-control",
+                "--tp-shard-peer",
+                "1=127.0.0.1:7471",
+                "--tp-shard-peer",
+                "1=127.0.0.1:7472",
+            ][..],
+            &[
+                "--enable-query-control",
+                "--tp-shard-peer",
+                "1=127.0.0.1:7471",
+                "--tp-peer-parallel",
+                "0",
+            ][..],
         ] {
             assert!(peer_cfg(bad).is_err(), "{bad:?} must be refused");
         }

@@ -5,9 +5,11 @@
 //!
 //! The lease's name is a token of 128 bits from the kernel's CSPRNG, bound to
 //! the owner's uid and to the declared shard namespaces: only a session of the
-//! same uid can redeem it, and only for one of those shards, once. T3: the
-//! Manager speaks only its Unix socket (0600, private directory), so every
-//! query-control endpoint is local; there is no network endpoint to configure.
+//! same uid can redeem it, and only for one of those shards, once. T3: clients
+//! speak only the Unix socket (0600, private directory). With `--tp-shard-peer`
+//! some shards' workers are clients of peer Managers: `LookupTp` then goes to
+//! `peer/tp.rs`, over the peer transport (literal loopback, else mutual TLS,
+//! checked at start-up).
 
 use std::io::Read;
 use std::time::Duration;
@@ -73,15 +75,17 @@ pub fn handle(
             };
             let nss: Vec<NsId> = nss.iter().map(|&n| NsId(n)).collect();
             let expires = deadline_ms(shared, shared.config.tp_lease_ttl);
-            map(shared
-                .cache()
-                .lookup_tp(s, uid, &nss, hashes, token, expires)
-                .map(|r| Response::TpLeaseOk {
-                    token: r.token.map_or([0; TP_TOKEN_BYTES], |t| t.0),
-                    hit_blocks: r.hit_blocks,
-                    generation: r.generation,
-                    ssd_blocks: r.ssd_blocks,
-                }))
+            let found = match shared.peers.as_ref().filter(|p| p.has_tp_shard_peers()) {
+                // Some ranks' workers are clients of peer Managers (T1 across hosts).
+                Some(peer) => peer.lookup_across(shared, s, uid, &nss, hashes, token, expires),
+                None => shared.cache().lookup_tp(s, uid, &nss, hashes, token, expires),
+            };
+            map(found.map(|r| Response::TpLeaseOk {
+                token: r.token.map_or([0; TP_TOKEN_BYTES], |t| t.0),
+                hit_blocks: r.hit_blocks,
+                generation: r.generation,
+                ssd_blocks: r.ssd_blocks,
+            }))
         }
         Request::RedeemTp { token, ns } => {
             if control {
@@ -101,17 +105,31 @@ pub fn handle(
                     ssd_blocks: r.ssd_blocks,
                 }))
         }
-        Request::ReleaseTp { token } => map(shared
-            .cache()
-            .release_tp(s, TpToken(*token))
-            .map(|_| Response::Ok)),
+        Request::ReleaseTp { token } => {
+            let local = shared.cache().release_tp(s, TpToken(*token));
+            let remote = shared
+                .peers
+                .as_ref()
+                .and_then(|p| p.release_across(s, TpToken(*token)));
+            map(match (local, remote) {
+                // Parts on peers only (or every local rank reported already).
+                (Err(CacheError::UnknownTpLease), Some(r)) => r,
+                (Ok(()), _) => Ok(()),
+                (Err(e), _) => Err(e),
+            }
+            .map(|_| Response::Ok))
+        }
         _ => return None,
     })
 }
 
-/// End TP leases past their deadline (called by the reaper thread).
+/// End TP leases past their deadline, and the parts peers hold for TP leases
+/// whose owner is gone (called by the reaper thread).
 pub fn expire(shared: &Shared) {
     let now = now_ms(shared);
+    if let Some(peer) = shared.peers.as_ref() {
+        peer.tp_reap(shared, now);
+    }
     let n = shared.cache().expire_tp(now);
     if n > 0 {
         log!(

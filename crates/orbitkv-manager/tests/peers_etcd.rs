@@ -31,14 +31,30 @@ struct Etcd {
 
 impl Etcd {
     fn start() -> Option<Etcd> {
+        Etcd::start_with(None)
+    }
+
+    /// With `pki`: HTTPS with `etcd.crt`/`etcd.key` of `ca.crt`, client certificates required.
+    fn start_with(pki: Option<&std::path::Path>) -> Option<Etcd> {
         let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())?;
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, peer) = (free_port(), free_port());
-        let client = format!("http://127.0.0.1:{port}");
+        let scheme = if pki.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        if let Some(d) = pki {
+            cmd.arg("--cert-file")
+                .arg(d.join("etcd.crt"))
+                .arg("--key-file")
+                .arg(d.join("etcd.key"))
+                .arg("--trusted-ca-file")
+                .arg(d.join("ca.crt"))
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", "t", "--data-dir"])
             .arg(dir.path().join("data"))
             .args([
@@ -172,4 +188,101 @@ fn managers_find_each_other_in_etcd_and_survive_its_loss() {
     save(&a, 3, 3);
     assert!(restore_ok(&a, 3, 3), "A serves its own blocks without etcd");
     assert!(restore_ok(&b, 3, 3), "B still reaches A, the last known member");
+}
+
+fn etcd_status(m: &ManagerProc) -> String {
+    m.stats()["peers"]["etcd"].as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn membership_over_https_with_client_certificates() {
+    let pki = tempfile::tempdir().expect("pki dir");
+    let d = pki.path();
+    support::pki::make_pki(d, "ca", &[("etcd", "127.0.0.1"), ("m", "127.0.0.1")]);
+    support::pki::make_pki(d, "other", &[("x", "127.0.0.1")]);
+    let Some(etcd) = Etcd::start_with(Some(d)) else {
+        eprintln!("SKIPPED: no etcd binary (install the etcd-server package)");
+        return;
+    };
+    let f = |n: &str| d.join(n).display().to_string();
+    let endpoint = format!("https://127.0.0.1:{}", etcd.port);
+    let start = |port: u16, tls: &[String]| {
+        let mut args = vec![
+            "--peer-listen".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--etcd-endpoints".into(),
+            endpoint.clone(),
+            "--etcd-ttl-s".into(),
+            "3".into(),
+        ];
+        args.extend(tls.iter().cloned());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let m = ManagerProc::start(&refs);
+        eventually("peer listener", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        m
+    };
+    let good = [
+        "--etcd-tls-ca".to_string(),
+        f("ca.crt"),
+        "--etcd-tls-cert".into(),
+        f("m.crt"),
+        "--etcd-tls-key".into(),
+        f("m.pk8"),
+    ];
+    let (pa, pb) = (free_port(), free_port());
+    let a = start(pa, &good);
+    let b = start(pb, &good);
+    eventually("A and B found each other through etcd over HTTPS", || {
+        known_peers(&b) == [format!("127.0.0.1:{pa}")] && known_peers(&a) == [format!("127.0.0.1:{pb}")]
+    });
+    assert!(etcd_status(&a).starts_with("up"), "{}", etcd_status(&a));
+    save(&a, 7, 3);
+    assert!(
+        restore_ok(&b, 7, 3),
+        "B restored A's blocks, found through etcd over HTTPS"
+    );
+    // etcd's certificate from another CA: refused by this Manager.
+    let wrong_ca = start(
+        free_port(),
+        &[
+            "--etcd-tls-ca".to_string(),
+            f("other.crt"),
+            "--etcd-tls-cert".into(),
+            f("m.crt"),
+            "--etcd-tls-key".into(),
+            f("m.pk8"),
+        ],
+    );
+    // No client certificate: refused by etcd (--client-cert-auth).
+    let no_client = start(free_port(), &["--etcd-tls-ca".to_string(), f("ca.crt")]);
+    for (m, what) in [(&wrong_ca, "wrong CA"), (&no_client, "no client certificate")] {
+        eventually(&format!("{what}: etcd down"), || {
+            etcd_status(m).starts_with("down")
+        });
+        assert!(known_peers(m).is_empty(), "{what}: nothing discovered");
+    }
+    assert!(
+        etcd_status(&wrong_ca).contains("UnknownIssuer"),
+        "{}",
+        etcd_status(&wrong_ca)
+    );
+    // A missing CA file is refused at start-up, naming the file.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+        .arg("--socket")
+        .arg(dir.path().join("m.sock"))
+        .args(["--dram-size", "8MiB", "--metrics-addr", "off"])
+        .args(["--peer-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--etcd-endpoints", &endpoint, "--etcd-tls-ca"])
+        .arg(d.join("missing.crt"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("etcd TLS CA") && err.contains("missing.crt"),
+        "{err}"
+    );
 }

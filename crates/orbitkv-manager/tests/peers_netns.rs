@@ -43,8 +43,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl Netns {
     fn create() -> Result<Netns, String> {
+        Netns::create_tagged("")
+    }
+
+    /// `t` tells apart the namespaces and veths of tests running at once.
+    fn create_tagged(t: &str) -> Result<Netns, String> {
         let k = std::process::id() % 200 + 20;
-        let tag = format!("okv{}", std::process::id());
+        let tag = format!("okv{}{t}", std::process::id());
         let n = Netns {
             a: format!("{tag}a"),
             b: format!("{tag}b"),
@@ -54,8 +59,8 @@ impl Netns {
         ip(&["netns", "add", &n.a])?;
         ip(&["netns", "add", &n.b])?;
         let (va, vb) = (
-            format!("va{}", std::process::id()),
-            format!("vb{}", std::process::id()),
+            format!("va{}{t}", std::process::id()),
+            format!("vb{}{t}", std::process::id()),
         );
         ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
         ip(&["link", "set", &va, "netns", &n.a])?;
@@ -204,6 +209,104 @@ fn two_network_namespaces_over_mutual_tls() {
         .args(["netns", "exec", &net.b, env!("CARGO_BIN_EXE_orbitkv-manager")])
         .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
         .args(["--peer", &format!("{}:{PORT}", net.ip_a)])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("requires mutual TLS"));
+}
+
+#[test]
+fn tp_across_two_network_namespaces_over_mutual_tls() {
+    if orbitkv_shm::peer::my_uid() != 0 {
+        eprintln!("SKIPPED: creating network namespaces needs root");
+        return;
+    }
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED: the openssl command (to make test certificates) is not installed");
+        return;
+    }
+    let net = match Netns::create_tagged("t") {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot create network namespaces and a veth pair here: {e}");
+            return;
+        }
+    };
+    let pki = tempfile::tempdir().expect("tempdir");
+    pki::make_pki(pki.path(), "ca", &[("a", &net.ip_a), ("b", &net.ip_b)]);
+    // B holds shard 1 (its rank's worker is B's client); A is the scheduler's
+    // Manager with rank 0, and places shard 1 on B across the veth.
+    let mut b_args = vec![
+        "--enable-query-control".to_string(),
+        "--peer-listen".into(),
+        format!("{}:{PORT}", net.ip_b),
+    ];
+    b_args.extend(pki::tls_flags(pki.path(), "b", "ca"));
+    let b = InNs::start(&net.b, &b_args);
+    let mut a_args = vec![
+        "--enable-query-control".to_string(),
+        "--tp-shard-peer".into(),
+        format!("1={}:{PORT}", net.ip_b),
+    ];
+    a_args.extend(pki::tls_flags(pki.path(), "a", "ca"));
+    let a = InNs::start(&net.a, &a_args);
+    let shard_block = |r: u8, i: u8| block(r * 64 + i, BB);
+    let rank = |m: &InNs, r: u8, n: u8| {
+        let c = m.client();
+        let ns = c
+            .register_namespace(FP, BB as u64, u32::from(r), b"")
+            .expect("ns");
+        let hs: Vec<[u8; 32]> = (0..n).map(|i| hash(31, i)).collect();
+        let bufs: Vec<Vec<u8>> = (0..n).map(|i| shard_block(r, i)).collect();
+        let src: Vec<&[u8]> = bufs.iter().map(|v| v.as_slice()).collect();
+        c.save(&ns, &hs, &src).expect("save");
+        (c, ns)
+    };
+    let w0 = rank(&a, 0, 2);
+    let w1 = rank(&b, 1, 4);
+    let sched = Client::connect_with(
+        &a.socket,
+        &orbitkv_client::ConnectOptions {
+            map_arena: false,
+            ..orbitkv_client::ConnectOptions::new(Duration::from_secs(10))
+        },
+    )
+    .expect("control");
+    let nss: Vec<_> = (0..2)
+        .map(|r| sched.register_namespace(FP, BB as u64, r, b"").expect("ns"))
+        .collect();
+    let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(31, i)).collect();
+    let hit = sched.lookup_tp(&nss, &hs).expect("lookup across the veth");
+    assert_eq!(hit.hit_blocks, 2, "rank 0 on A holds 2, rank 1 on B 4");
+    let token = hit.token.expect("token");
+    assert_eq!(
+        b.stats()["dram_pinned_blocks"],
+        2,
+        "B pinned the common prefix only"
+    );
+    for (r, (c, ns)) in [(0u8, &w0), (1, &w1)] {
+        let lease = c.redeem_tp(token, ns).expect("redeem at its own Manager");
+        let slots = c.acquire(lease.lease).expect("acquire");
+        let mut out = vec![vec![0u8; BB]; 2];
+        let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        c.copy_out(&slots, BB as u64, 0, &mut dst).expect("copy");
+        assert_eq!(out, vec![shard_block(r, 0), shard_block(r, 1)], "rank {r}");
+        c.release(lease.lease).expect("done");
+    }
+    sched.release_tp(token).expect("release");
+    assert_eq!(b.stats()["dram_pinned_blocks"], 0);
+    assert_eq!(a.stats()["dram_pinned_blocks"], 0);
+    assert_eq!(a.stats()["peers"]["tls"], true);
+
+    // Without TLS files, a shard placed off loopback is refused at start-up.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.a, env!("CARGO_BIN_EXE_orbitkv-manager")])
+        .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
+        .args([
+            "--enable-query-control",
+            "--tp-shard-peer",
+            &format!("1={}:{PORT}", net.ip_b),
+        ])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));

@@ -17,15 +17,50 @@
 //! The source keeps the blocks pinned from `PeerLeased` until `PeerDone`, the
 //! connection's end, or its own shutdown. `blocks == 0` is a miss (no lease,
 //! no bytes, no `PeerSent`).
+//!
+//! Asking several peers at once, the reader probes first and fetches from one:
+//!
+//! ```text
+//!   PeerProbe {as PeerFetch}               ─▶  lookup, pinned under a lease
+//!                                         ◀─  PeerLeased {lease, blocks, block_bytes} (no bytes)
+//!   the best answer:  PeerSend {lease}     ─▶  answered exactly like a PeerFetch
+//!   every other one:  PeerDone {lease, stored: false} ─▶ lease released
+//! ```
+//!
+//! Tensor parallelism across Managers (contract T1): the scheduler's Manager
+//! pins the shards a peer holds for a TP lookup over one long-lived link per
+//! peer; every request has one reply.
+//!
+//! ```text
+//! scheduler's Manager                        shard holder
+//!   PeerTpPin {token, ns key, shards, hashes, ttl} ─▶ pin the common prefix of
+//!                                            its shards under a TP lease `token`
+//!                                         ◀─  PeerTpPinned {blocks, ssd_blocks}
+//!   PeerTpSettle {token, blocks}            ─▶ keep the first `blocks` (0: end it)
+//!                                         ◀─  PeerTpSettled {blocks}
+//!   PeerTpRelease {token}                   ─▶ the owner ended the TP lease
+//!                                         ◀─  PeerTpSettled {blocks: 0}
+//! ```
+//!
+//! The remote rank's worker redeems its part at its own Manager with the same
+//! token. The holder ends parts never redeemed on `PeerTpRelease`, when the link
+//! ends, or at the deadline `ttl_ms` (bounded by its own `--tp-lease-ttl-ms`).
 
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT};
+use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT, MAX_TP_SHARDS, TP_TOKEN_BYTES};
 
 /// Peer message kinds (requests `0x040x`, replies `0x048x`).
 pub const PEER_FETCH: u16 = 0x0401;
 pub const PEER_DONE: u16 = 0x0402;
+pub const PEER_TP_PIN: u16 = 0x0403;
+pub const PEER_TP_SETTLE: u16 = 0x0404;
+pub const PEER_TP_RELEASE: u16 = 0x0405;
+pub const PEER_PROBE: u16 = 0x0406;
+pub const PEER_SEND: u16 = 0x0407;
 pub const PEER_LEASED: u16 = 0x0481;
 pub const PEER_SENT: u16 = 0x0482;
+pub const PEER_TP_PINNED: u16 = 0x0483;
+pub const PEER_TP_SETTLED: u16 = 0x0484;
 pub const PEER_ERROR: u16 = 0x04ff;
 
 /// Largest block a peer transfer carries (a lying source cannot make the
@@ -49,6 +84,40 @@ pub enum PeerRequest {
     /// The reader is done with `lease` (`stored`: it kept the bytes); the
     /// source releases it. A duplicate or unknown lease is ignored.
     Done { lease: u64, stored: bool },
+    /// As `Fetch`, but only pin: the answer is a `Leased` with no bytes; the
+    /// reader then sends `Send` (fetch them) or `Done` (release them).
+    Probe {
+        fingerprint: [u8; 32],
+        shard: u32,
+        salt: [u8; 32],
+        block_bytes: u64,
+        generation: u64,
+        hashes: Vec<[u8; HASH_BYTES]>,
+    },
+    /// Send the blocks of the probed `lease`: answered as a `Fetch` is.
+    Send { lease: u64 },
+    /// Pin the common prefix of `hashes` over `shards` (of the namespace
+    /// `(fingerprint, shard, salt)` at `generation`) under a TP lease named
+    /// `token`, whose parts this Manager's workers redeem; parts never
+    /// redeemed end after `ttl_ms` at the latest.
+    TpPin {
+        token: [u8; TP_TOKEN_BYTES],
+        fingerprint: [u8; 32],
+        salt: [u8; 32],
+        block_bytes: u64,
+        generation: u64,
+        ttl_ms: u64,
+        shards: Vec<u32>,
+        hashes: Vec<[u8; HASH_BYTES]>,
+    },
+    /// Keep only the first `blocks` blocks of the TP lease `token` pinned
+    /// (the common prefix over every Manager); `0` ends it.
+    TpSettle {
+        token: [u8; TP_TOKEN_BYTES],
+        blocks: u32,
+    },
+    /// The owner ended the TP lease `token`: parts not redeemed are released.
+    TpRelease { token: [u8; TP_TOKEN_BYTES] },
 }
 
 /// Source → reader.
@@ -62,6 +131,11 @@ pub enum PeerResponse {
     },
     /// One xxh3-64 checksum per block just sent.
     Sent { checksums: Vec<u64> },
+    /// Answer to `TpPin`: `blocks` pinned in every requested shard (0: a miss,
+    /// nothing pinned); indices (ascending, `< blocks`) of those on SSD only.
+    TpPinned { blocks: u32, ssd_blocks: Vec<u32> },
+    /// Answer to `TpSettle` / `TpRelease`: blocks pinned now (0: ended or unknown).
+    TpSettled { blocks: u32 },
     /// The request was refused; the source closes the connection.
     Error { message: String },
 }
@@ -71,6 +145,11 @@ impl PeerRequest {
         match self {
             PeerRequest::Fetch { .. } => PEER_FETCH,
             PeerRequest::Done { .. } => PEER_DONE,
+            PeerRequest::Probe { .. } => PEER_PROBE,
+            PeerRequest::Send { .. } => PEER_SEND,
+            PeerRequest::TpPin { .. } => PEER_TP_PIN,
+            PeerRequest::TpSettle { .. } => PEER_TP_SETTLE,
+            PeerRequest::TpRelease { .. } => PEER_TP_RELEASE,
         }
     }
 
@@ -78,6 +157,14 @@ impl PeerRequest {
         let mut w = Writer::default();
         match self {
             PeerRequest::Fetch {
+                fingerprint,
+                shard,
+                salt,
+                block_bytes,
+                generation,
+                hashes,
+            }
+            | PeerRequest::Probe {
                 fingerprint,
                 shard,
                 salt,
@@ -98,6 +185,40 @@ impl PeerRequest {
             PeerRequest::Done { lease, stored } => {
                 w.u64(*lease).u8(u8::from(*stored));
             }
+            PeerRequest::TpPin {
+                token,
+                fingerprint,
+                salt,
+                block_bytes,
+                generation,
+                ttl_ms,
+                shards,
+                hashes,
+            } => {
+                w.raw(token)
+                    .raw(fingerprint)
+                    .raw(salt)
+                    .u64(*block_bytes)
+                    .u64(*generation)
+                    .u64(*ttl_ms);
+                w.count(shards.len());
+                for s in shards {
+                    w.u32(*s);
+                }
+                w.count(hashes.len());
+                for h in hashes {
+                    w.raw(h);
+                }
+            }
+            PeerRequest::TpSettle { token, blocks } => {
+                w.raw(token).u32(*blocks);
+            }
+            PeerRequest::Send { lease } => {
+                w.u64(*lease);
+            }
+            PeerRequest::TpRelease { token } => {
+                w.raw(token);
+            }
         }
         w.buf
     }
@@ -108,6 +229,8 @@ impl PeerResponse {
         match self {
             PeerResponse::Leased { .. } => PEER_LEASED,
             PeerResponse::Sent { .. } => PEER_SENT,
+            PeerResponse::TpPinned { .. } => PEER_TP_PINNED,
+            PeerResponse::TpSettled { .. } => PEER_TP_SETTLED,
             PeerResponse::Error { .. } => PEER_ERROR,
         }
     }
@@ -127,6 +250,16 @@ impl PeerResponse {
                 for c in checksums {
                     w.u64(*c);
                 }
+            }
+            PeerResponse::TpPinned { blocks, ssd_blocks } => {
+                w.u32(*blocks);
+                w.count(ssd_blocks.len());
+                for i in ssd_blocks {
+                    w.u32(*i);
+                }
+            }
+            PeerResponse::TpSettled { blocks } => {
+                w.u32(*blocks);
             }
             PeerResponse::Error { message } => {
                 w.bytes(message.as_bytes());
@@ -151,7 +284,7 @@ fn block_bytes(r: &mut Reader<'_>) -> Result<u64, DecodeError> {
 pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, DecodeError> {
     let mut r = Reader::new(body);
     let req = match kind {
-        PEER_FETCH => {
+        PEER_FETCH | PEER_PROBE => {
             let fingerprint = r.hash("fingerprint")?;
             let shard = r.u32("shard")?;
             let salt = r.hash("salt")?;
@@ -162,15 +295,29 @@ pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, Decode
             for _ in 0..n {
                 hashes.push(r.hash("hash")?);
             }
-            PeerRequest::Fetch {
-                fingerprint,
-                shard,
-                salt,
-                block_bytes,
-                generation,
-                hashes,
+            if kind == PEER_FETCH {
+                PeerRequest::Fetch {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }
+            } else {
+                PeerRequest::Probe {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }
             }
         }
+        PEER_SEND => PeerRequest::Send {
+            lease: r.u64("lease")?,
+        },
         PEER_DONE => {
             let lease = r.u64("lease")?;
             let stored = match r.u8("stored")? {
@@ -185,6 +332,54 @@ pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, Decode
             };
             PeerRequest::Done { lease, stored }
         }
+        PEER_TP_PIN => {
+            let token = r.tp_token("token")?;
+            let fingerprint = r.hash("fingerprint")?;
+            let salt = r.hash("salt")?;
+            let block_bytes = block_bytes(&mut r)?;
+            let generation = r.u64("generation")?;
+            let ttl_ms = r.u64("ttl_ms")?;
+            let n = r.count("shards", MAX_TP_SHARDS, 4)?;
+            if n == 0 {
+                return Err(DecodeError::Invalid {
+                    field: "shards",
+                    value: 0,
+                });
+            }
+            let mut shards = Vec::with_capacity(n);
+            for _ in 0..n {
+                let s = r.u32("shard")?;
+                if s as usize >= MAX_TP_SHARDS {
+                    return Err(DecodeError::Invalid {
+                        field: "shard",
+                        value: u64::from(s),
+                    });
+                }
+                shards.push(s);
+            }
+            let n = r.count("hashes", MAX_HASHES, HASH_BYTES)?;
+            let mut hashes = Vec::with_capacity(n);
+            for _ in 0..n {
+                hashes.push(r.hash("hash")?);
+            }
+            PeerRequest::TpPin {
+                token,
+                fingerprint,
+                salt,
+                block_bytes,
+                generation,
+                ttl_ms,
+                shards,
+                hashes,
+            }
+        }
+        PEER_TP_SETTLE => PeerRequest::TpSettle {
+            token: r.tp_token("token")?,
+            blocks: r.u32("blocks")?,
+        },
+        PEER_TP_RELEASE => PeerRequest::TpRelease {
+            token: r.tp_token("token")?,
+        },
         k => return Err(DecodeError::UnknownKind(k)),
     };
     r.finish()?;
@@ -220,6 +415,33 @@ pub fn decode_peer_response(kind: u16, body: &[u8]) -> Result<PeerResponse, Deco
             }
             PeerResponse::Sent { checksums }
         }
+        PEER_TP_PINNED => {
+            let blocks = r.u32("blocks")?;
+            if blocks as usize > MAX_HASHES {
+                return Err(DecodeError::TooMany {
+                    field: "blocks",
+                    count: blocks as usize,
+                    limit: MAX_HASHES,
+                });
+            }
+            let n = r.count("ssd_blocks", MAX_HASHES, 4)?;
+            let mut ssd_blocks = Vec::with_capacity(n);
+            for _ in 0..n {
+                let i = r.u32("ssd_block")?;
+                // Ascending and inside the hit: anything else is a lying peer.
+                if i >= blocks || ssd_blocks.last().is_some_and(|&l| i <= l) {
+                    return Err(DecodeError::Invalid {
+                        field: "ssd_block",
+                        value: u64::from(i),
+                    });
+                }
+                ssd_blocks.push(i);
+            }
+            PeerResponse::TpPinned { blocks, ssd_blocks }
+        }
+        PEER_TP_SETTLED => PeerResponse::TpSettled {
+            blocks: r.u32("blocks")?,
+        },
         PEER_ERROR => PeerResponse::Error {
             message: r.text("message", MAX_TEXT)?,
         },
@@ -249,6 +471,30 @@ mod tests {
                 lease: 5,
                 stored: true,
             },
+            PeerRequest::TpPin {
+                token: [4; 16],
+                fingerprint: [1; 32],
+                salt: [2; 32],
+                block_bytes: 4096,
+                generation: 3,
+                ttl_ms: 1000,
+                shards: vec![1, 3],
+                hashes: vec![[9; 32]],
+            },
+            PeerRequest::TpSettle {
+                token: [4; 16],
+                blocks: 2,
+            },
+            PeerRequest::TpRelease { token: [4; 16] },
+            PeerRequest::Probe {
+                fingerprint: [1; 32],
+                shard: 0,
+                salt: [2; 32],
+                block_bytes: 64,
+                generation: 1,
+                hashes: vec![[3; 32]],
+            },
+            PeerRequest::Send { lease: 9 },
         ];
         for r in reqs {
             assert_eq!(decode_peer_request(r.kind(), &r.encode()).expect("decode"), r);
@@ -263,6 +509,11 @@ mod tests {
                 checksums: vec![1, 2],
             },
             PeerResponse::Error { message: "no".into() },
+            PeerResponse::TpPinned {
+                blocks: 4,
+                ssd_blocks: vec![1, 3],
+            },
+            PeerResponse::TpSettled { blocks: 0 },
         ];
         for r in resps {
             assert_eq!(decode_peer_response(r.kind(), &r.encode()).expect("decode"), r);
@@ -296,5 +547,30 @@ mod tests {
         let mut lying = Vec::new();
         lying.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_peer_response(PEER_SENT, &lying).is_err());
+    }
+
+    #[test]
+    fn refuses_tp_pins_without_shards_or_past_the_shard_limit_and_lying_ssd_indices() {
+        let pin = |shards: Vec<u32>| PeerRequest::TpPin {
+            token: [1; 16],
+            fingerprint: [1; 32],
+            salt: [0; 32],
+            block_bytes: 4096,
+            generation: 0,
+            ttl_ms: 10,
+            shards,
+            hashes: vec![],
+        };
+        for shards in [vec![], vec![MAX_TP_SHARDS as u32]] {
+            let p = pin(shards);
+            assert!(decode_peer_request(p.kind(), &p.encode()).is_err());
+        }
+        for ssd in [vec![2], vec![1, 1], vec![1, 0]] {
+            let r = PeerResponse::TpPinned {
+                blocks: 2,
+                ssd_blocks: ssd,
+            };
+            assert!(decode_peer_response(r.kind(), &r.encode()).is_err());
+        }
     }
 }

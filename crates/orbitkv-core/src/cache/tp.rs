@@ -49,8 +49,11 @@ pub enum TpPart {
 #[derive(Debug, Clone)]
 pub(super) struct TpLease {
     pub(super) owner: SessionId,
-    pub(super) uid: u32,
-    /// One per declared shard, in shard order (`nss[i]` has shard `i`).
+    /// The uid whose sessions may redeem parts (`None`: pinned for a peer
+    /// Manager; any session of this Manager holding the token).
+    pub(super) uid: Option<u32>,
+    /// One per declared shard: in shard order (`nss[i]` has shard `i`) for a
+    /// whole group, the shards this Manager holds for a group across Managers.
     pub(super) nss: Vec<NsId>,
     pub(super) parts: Vec<TpPart>,
     /// Caller's clock (milliseconds): after it, parts still pending are released.
@@ -94,6 +97,40 @@ impl CacheState {
     ) -> Result<TpLookupResult, CacheError> {
         self.live_session(s)?;
         self.check_tp_group(nss)?;
+        self.pin_tp(s, Some(uid), nss, hashes, token, expires_at_ms)
+    }
+
+    /// The part of a TP lookup that this Manager holds when the group's shards
+    /// live on several Managers (T1 across Managers): pin the common prefix of
+    /// `hashes` over `nss` (some shards of one group, each once, in any order)
+    /// under a TP lease named `token`. `uid`: the only uid whose sessions may
+    /// redeem its parts; `None` for a lease pinned for a peer Manager (whose
+    /// ranks' workers are this Manager's clients; the token is the capability).
+    /// The caller trims it to the prefix common to every Manager with
+    /// [`CacheState::trim_tp`] before handing the token out.
+    pub fn lookup_tp_part(
+        &mut self,
+        s: SessionId,
+        uid: Option<u32>,
+        nss: &[NsId],
+        hashes: &[BlockHash],
+        token: TpToken,
+        expires_at_ms: u64,
+    ) -> Result<TpLookupResult, CacheError> {
+        self.live_session(s)?;
+        self.check_tp_shards(nss)?;
+        self.pin_tp(s, uid, nss, hashes, token, expires_at_ms)
+    }
+
+    fn pin_tp(
+        &mut self,
+        s: SessionId,
+        uid: Option<u32>,
+        nss: &[NsId],
+        hashes: &[BlockHash],
+        token: TpToken,
+        expires_at_ms: u64,
+    ) -> Result<TpLookupResult, CacheError> {
         if self.tp.contains_key(&token) {
             return Err(CacheError::TpGroup("token collision; retry".into()));
         }
@@ -163,9 +200,101 @@ impl CacheState {
         })
     }
 
+    /// Keep only the first `blocks` blocks of every part of the TP lease
+    /// `token` (owned by `s`, no part redeemed yet) pinned: the prefix common
+    /// to every Manager of a group spread over several. `0` ends the TP lease.
+    /// Returns the blocks pinned now.
+    pub fn trim_tp(&mut self, s: SessionId, token: TpToken, blocks: u32) -> Result<u32, CacheError> {
+        let tp = self.tp.get(&token).ok_or(CacheError::UnknownTpLease)?;
+        if tp.owner != s {
+            return Err(CacheError::NotOwner {
+                what: "TP lease",
+                id: s.0,
+            });
+        }
+        let mut ids = Vec::with_capacity(tp.parts.len());
+        for part in &tp.parts {
+            match part {
+                TpPart::Pending(l) => ids.push(*l),
+                TpPart::Redeemed(_) | TpPart::Done => {
+                    return Err(CacheError::TpGroup(
+                        "a TP lease is trimmed before its token is handed out".into(),
+                    ));
+                }
+            }
+        }
+        if blocks == 0 {
+            self.end_tp(token);
+            return Ok(0);
+        }
+        let keep = blocks as usize;
+        let mut pinned = u32::MAX;
+        let mut trimmed = 0;
+        for l in ids {
+            let tail = match self.leases.get_mut(&l) {
+                Some(lease) if lease.keys.len() > keep => lease.keys.split_off(keep),
+                Some(lease) => {
+                    pinned = pinned.min(lease.keys.len() as u32);
+                    continue;
+                }
+                None => return Err(CacheError::UnknownLease(l)),
+            };
+            trimmed = trimmed.max(tail.len());
+            for k in tail {
+                if let Some(e) = self.index.get_mut(&k) {
+                    e.pins = e.pins.saturating_sub(1);
+                }
+                self.reap_if_doomed(k);
+            }
+            pinned = pinned.min(blocks);
+        }
+        self.counters.hit_blocks = self.counters.hit_blocks.saturating_sub(trimmed as u64);
+        Ok(pinned)
+    }
+
+    /// TP leases owned by session `s` now.
+    pub fn tp_leases_of(&self, s: SessionId) -> usize {
+        self.tp.values().filter(|t| t.owner == s).count()
+    }
+
+    /// Whether session `s` is open and not quarantined (a TP lease's owner
+    /// that is gone ends the parts other Managers pinned for it).
+    pub fn session_is_live(&self, s: SessionId) -> bool {
+        self.sessions.get(&s).is_some_and(|i| !i.quarantined)
+    }
+
+    /// Shards of one group, each once: one fingerprint, salt and block size.
+    fn check_tp_shards(&self, nss: &[NsId]) -> Result<(), CacheError> {
+        if nss.is_empty() || nss.len() > MAX_TP_SHARDS {
+            return Err(CacheError::TpGroup(format!(
+                "a TP lookup declares 1 to {MAX_TP_SHARDS} shards, got {}",
+                nss.len()
+            )));
+        }
+        let first = self.ns(nss[0])?;
+        let (fp, salt, bytes) = (first.key.fingerprint, first.key.salt, first.block_bytes);
+        let mut seen = std::collections::BTreeSet::new();
+        for &ns in nss {
+            let info = self.ns(ns)?;
+            if !seen.insert(info.key.shard) {
+                return Err(CacheError::TpGroup(format!(
+                    "shard {} declared twice",
+                    info.key.shard
+                )));
+            }
+            if info.key.fingerprint != fp || info.key.salt != salt || info.block_bytes != bytes {
+                return Err(CacheError::TpGroup(format!(
+                    "namespace {} differs from shard 0 in fingerprint, salt or block size: one TP group only",
+                    ns.0
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Every namespace registered, shards `0..n` in order, one fingerprint,
     /// salt and block size.
-    fn check_tp_group(&self, nss: &[NsId]) -> Result<(), CacheError> {
+    pub fn check_tp_group(&self, nss: &[NsId]) -> Result<(), CacheError> {
         if nss.is_empty() || nss.len() > MAX_TP_SHARDS {
             return Err(CacheError::TpGroup(format!(
                 "a TP lookup declares 1 to {MAX_TP_SHARDS} shards, got {}",
@@ -186,7 +315,7 @@ impl CacheState {
             }
             if info.key.fingerprint != fp || info.key.salt != salt || info.block_bytes != bytes {
                 return Err(CacheError::TpGroup(format!(
-                    "namespace {} differs from shard 0 in fingerprint, salt or block size: one TP group only",
+                    "namespace {} differs from the first shard in fingerprint, salt or block size: one TP group only",
                     ns.0
                 )));
             }
@@ -205,7 +334,7 @@ impl CacheState {
     ) -> Result<TpRedeemed, CacheError> {
         self.live_session(s)?;
         let tp = self.tp.get(&token).ok_or(CacheError::UnknownTpLease)?;
-        if tp.uid != uid {
+        if tp.uid.is_some_and(|u| u != uid) {
             return Err(CacheError::NotOwner {
                 what: "TP lease (another uid)",
                 id: u64::from(uid),
@@ -577,5 +706,53 @@ mod tests {
         ));
         t.c.release_tp(t.sched, T).expect("release");
         t.c.bump_generation(t.nss[0]).expect("reset");
+    }
+
+    #[test]
+    fn a_part_pinned_for_a_peer_is_trimmed_to_the_common_prefix_and_redeemed_by_any_uid() {
+        let mut t = setup(&[0, 5, 3]);
+        let part = [t.nss[2], t.nss[1]];
+        let r =
+            t.c.lookup_tp_part(t.sched, None, &part, &hashes(5), T, 1000)
+                .expect("part");
+        assert_eq!((r.token, r.hit_blocks), (Some(T), 3));
+        assert_eq!(pins(&t.c), 6);
+        // The scheduler's Manager found 2 in common: the rest is unpinned.
+        assert_eq!(t.c.trim_tp(t.sched, T, 2), Ok(2));
+        assert_eq!(pins(&t.c), 4);
+        assert_eq!(t.c.trim_tp(t.sched, T, 9), Ok(2), "never grows");
+        t.c.check_invariants().expect("invariants");
+        let w = t.c.open_session();
+        assert!(matches!(t.c.trim_tp(w, T, 1), Err(CacheError::NotOwner { .. })));
+        let got = t.c.redeem_tp(w, UID + 7, T, t.nss[1]).expect("any uid");
+        assert_eq!(got.hit_blocks, 2);
+        assert!(
+            matches!(t.c.trim_tp(t.sched, T, 1), Err(CacheError::TpGroup(_))),
+            "no trim once a part is out"
+        );
+        t.c.release(w, got.lease).expect("release");
+        // The owner (the peer link's session) ends: the unredeemed part goes.
+        t.c.end_session(t.sched, SessionEnd::Clean).expect("end");
+        assert_eq!(pins(&t.c), 0);
+        assert!(t.c.tp_parts(T).is_none());
+        t.c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn trimming_to_zero_ends_the_part_and_shards_are_declared_once() {
+        let mut t = setup(&[2, 2]);
+        assert!(matches!(
+            t.c.lookup_tp_part(t.sched, None, &[t.nss[1], t.nss[1]], &hashes(2), T, 1000),
+            Err(CacheError::TpGroup(_))
+        ));
+        t.c.lookup_tp_part(t.sched, Some(UID), &[t.nss[1]], &hashes(2), T, 1000)
+            .expect("part");
+        assert_eq!(t.c.tp_leases_of(t.sched), 1);
+        assert_eq!(t.c.trim_tp(t.sched, T, 0), Ok(0));
+        assert_eq!(pins(&t.c), 0);
+        assert_eq!(t.c.tp_leases_of(t.sched), 0);
+        assert_eq!(t.c.gauges().live_leases, 0);
+        assert!(t.c.session_is_live(t.sched));
+        t.c.check_invariants().expect("invariants");
     }
 }

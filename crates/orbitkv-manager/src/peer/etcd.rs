@@ -1,5 +1,6 @@
 //! Membership in etcd through its v3 JSON gateway (plain HTTP/1.1 on a
-//! loopback endpoint): this Manager registers `<prefix>members/<advertise>`
+//! loopback endpoint, or HTTPS with a CA and an optional client certificate,
+//! rustls): this Manager registers `<prefix>members/<advertise>`
 //! under a lease with `--etcd-ttl-s`, keeps the lease alive at a third of the
 //! TTL, and reads the member list at the same pace. etcd down: the last known
 //! list and the static peers stay in use, and the Manager's own blocks are
@@ -13,14 +14,73 @@
 //! code generation and a build-time `protoc`.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use serde_json::{Value, json};
 
+use crate::config::EtcdTlsFiles;
 use crate::shared::Shared;
+
+/// The HTTPS client configuration for etcd, built at start-up: every problem
+/// with the files is an error naming the file.
+pub fn load_tls(files: &EtcdTlsFiles) -> Result<Arc<ClientConfig>, String> {
+    let mut roots = RootCertStore::empty();
+    let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.ca)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("etcd TLS CA {}: {e}", files.ca.display()))?;
+    for ca in cas {
+        roots
+            .add(ca)
+            .map_err(|e| format!("etcd TLS CA {}: {e}", files.ca.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "etcd TLS CA {}: no certificate in the file",
+            files.ca.display()
+        ));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+    let config = match &files.client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("etcd TLS certificate {}: {e}", cert.display()))?;
+            if certs.is_empty() {
+                return Err(format!(
+                    "etcd TLS certificate {}: no certificate in the file",
+                    cert.display()
+                ));
+            }
+            let md = std::fs::metadata(key).map_err(|e| format!("etcd TLS key {}: {e}", key.display()))?;
+            if md.mode() & 0o077 != 0 {
+                return Err(format!(
+                    "etcd TLS key {} is accessible by group/others (mode {:04o}); run `chmod 600 {}`",
+                    key.display(),
+                    md.mode() & 0o7777,
+                    key.display()
+                ));
+            }
+            let k = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| format!("etcd TLS key {}: {e}", key.display()))?;
+            builder
+                .with_client_auth_cert(certs, k)
+                .map_err(|e| format!("etcd TLS certificate/key: {e}"))?
+        }
+    };
+    Ok(Arc::new(config))
+}
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest gateway reply read.
@@ -47,6 +107,7 @@ pub fn membership(shared: Arc<Shared>) {
     let period = Duration::from_millis(etcd.ttl_s * 1000 / 3);
     let client = Gateway {
         endpoints: etcd.endpoints.clone(),
+        tls: peer.etcd_tls.clone(),
     };
     let mut lease: Option<String> = None;
     while !shared.is_shutting_down() {
@@ -143,7 +204,8 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
 }
 
 struct Gateway {
-    endpoints: Vec<SocketAddr>,
+    endpoints: Vec<String>,
+    tls: Option<Arc<ClientConfig>>,
 }
 
 impl Gateway {
@@ -151,7 +213,7 @@ impl Gateway {
     fn post(&self, path: &str, body: &Value) -> Result<Value, String> {
         let mut last = String::from("no endpoint");
         for ep in &self.endpoints {
-            match post_one(*ep, path, body) {
+            match post_one(ep, self.tls.as_ref(), path, body) {
                 Ok(v) => return Ok(v),
                 Err(e) => last = format!("{ep}{path}: {e}"),
             }
@@ -160,9 +222,14 @@ impl Gateway {
     }
 }
 
-fn post_one(ep: SocketAddr, path: &str, body: &Value) -> Result<Value, String> {
+fn post_one(ep: &str, tls: Option<&Arc<ClientConfig>>, path: &str, body: &Value) -> Result<Value, String> {
     let body = body.to_string();
-    let mut s = TcpStream::connect_timeout(&ep, HTTP_TIMEOUT).map_err(|e| e.to_string())?;
+    let addr = ep
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("the host name has no address")?;
+    let s = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(HTTP_TIMEOUT))
         .map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(HTTP_TIMEOUT))
@@ -171,11 +238,32 @@ fn post_one(ep: SocketAddr, path: &str, body: &Value) -> Result<Value, String> {
         "POST {path} HTTP/1.1\r\nHost: {ep}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut raw = Vec::new();
-    s.take(MAX_REPLY)
-        .read_to_end(&mut raw)
-        .map_err(|e| e.to_string())?;
+    match tls {
+        None => {
+            let mut s = s;
+            s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+            s.take(MAX_REPLY)
+                .read_to_end(&mut raw)
+                .map_err(|e| e.to_string())?;
+        }
+        Some(cfg) => {
+            let host = ep.rsplit_once(':').map_or(ep, |(h, _)| h);
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let name =
+                ServerName::try_from(host.to_string()).map_err(|e| format!("server name {host:?}: {e}"))?;
+            let conn = ClientConnection::new(cfg.clone(), name).map_err(|e| e.to_string())?;
+            let mut s = StreamOwned::new(conn, s);
+            s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+            s.flush().map_err(|e| e.to_string())?;
+            match (&mut s).take(MAX_REPLY).read_to_end(&mut raw) {
+                Ok(_) => {}
+                // A server that closes without close_notify after a whole reply.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

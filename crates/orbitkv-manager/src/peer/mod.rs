@@ -9,13 +9,19 @@
 //!   reports completion, its connection ends, or we shut down);
 //! - `etcd.rs`: membership in etcd (register under a lease, discover peers).
 //!
-//! Peers are asked in rendezvous-hash order of the first missing block's key
-//! (every Manager asks the same peer first for the same block), one at a time,
-//! until one has a hit. A peer that failed is skipped for [`DOWN_BACKOFF`], so
-//! a dead peer costs one connect timeout, not one per miss.
+//! Peers are ranked in rendezvous-hash order of the first missing block's key
+//! (every Manager asks the same peer first for the same block). With one
+//! candidate, or `--peer-fill-parallel 1`, they are asked one at a time with a
+//! `Fetch` until one has a hit. Otherwise every candidate is *probed* at once
+//! (at most `--peer-fill-parallel` in flight): each pins what it has and
+//! answers the count; the longest answer wins (ties: rendezvous order) and is
+//! told to `Send`, every other hit is told `Done` (its source lease released).
+//! A peer that failed is skipped for [`DOWN_BACKOFF`], so a dead peer costs one
+//! connect timeout, not one per miss.
 
 mod etcd;
 mod source;
+mod tp;
 pub mod transport;
 
 use std::collections::BTreeMap;
@@ -69,6 +75,10 @@ pub struct SourceCounters {
     pub leases_open: AtomicU64,
     pub leases_done: AtomicU64,
     pub leases_dropped: AtomicU64,
+    /// Probes answered with a hit (a reader asking several peers at once), and
+    /// those the reader let go for a better answer.
+    pub probes: AtomicU64,
+    pub probes_released: AtomicU64,
 }
 
 /// The peer tier of one Manager.
@@ -86,6 +96,10 @@ pub struct PeerTier {
     pub etcd_up: AtomicBool,
     pub etcd_status: RwLock<String>,
     pub listen_addr: Mutex<Option<std::net::SocketAddr>>,
+    /// TP across Managers: links to shard holders, TP leases pinned there.
+    tp: tp::TpLinks,
+    /// HTTPS to etcd (`https://` endpoints), built at start-up.
+    etcd_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for PeerTier {
@@ -109,6 +123,12 @@ pub enum PeerError {
 impl PeerTier {
     pub fn new(settings: PeerSettings, allowed_uids: Vec<u32>) -> Result<PeerTier, String> {
         let tls = settings.tls.as_ref().map(Tls::load).transpose()?;
+        let etcd_tls = settings
+            .etcd
+            .as_ref()
+            .and_then(|e| e.tls.as_ref())
+            .map(etcd::load_tls)
+            .transpose()?;
         let peers = settings
             .peers
             .iter()
@@ -125,6 +145,8 @@ impl PeerTier {
             etcd_up: AtomicBool::new(false),
             etcd_status: RwLock::new("off".into()),
             listen_addr: Mutex::new(None),
+            tp: tp::TpLinks::default(),
+            etcd_tls,
         })
     }
 
@@ -237,40 +259,221 @@ impl PeerTier {
             generation,
             hashes: hashes.to_vec(),
         };
-        for addr in self.candidates(first) {
+        let candidates = self.candidates(first);
+        if candidates.len() > 1 && self.settings.fill_parallel > 1 {
+            let probe = PeerRequest::Probe {
+                fingerprint: key.fingerprint.0,
+                shard: key.shard,
+                salt: key.salt,
+                block_bytes,
+                generation,
+                hashes: hashes.to_vec(),
+            };
+            return self.fill_parallel(shared, ns, &probe, hashes, block_bytes, candidates);
+        }
+        for addr in candidates {
             let t0 = Instant::now();
-            match self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes) {
-                Ok(n) => {
-                    let us = t0.elapsed().as_micros() as u64;
-                    self.record(&addr, |h| {
-                        h.fetches += 1;
-                        h.latency_us += us;
-                        h.down_until = None;
-                        if n > 0 {
-                            h.hit_fetches += 1;
-                            h.blocks += n as u64;
-                            h.bytes += n as u64 * block_bytes;
-                        }
-                    });
-                    if n > 0 {
-                        return n;
-                    }
-                }
-                Err(e) => {
-                    warn_sampled!(
-                        self.peers().get(&addr).map_or(1, |h| h.errors + 1),
-                        "peer {addr}: fetch failed: {e}; treated as a miss, peer skipped for {DOWN_BACKOFF:?}"
-                    );
-                    self.record(&addr, |h| {
-                        h.fetches += 1;
-                        h.errors += 1;
-                        h.last_error = Some(e.to_string());
-                        h.down_until = Some(Instant::now() + DOWN_BACKOFF);
-                    });
-                }
+            let got = self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes);
+            let n = self.note_fetch(&addr, got, t0, block_bytes);
+            if n > 0 {
+                return n;
             }
         }
         0
+    }
+
+    /// Record one fetch from `addr` in its health; the blocks stored (0 on error).
+    fn note_fetch(&self, addr: &str, got: Result<usize, PeerError>, t0: Instant, block_bytes: u64) -> usize {
+        match got {
+            Ok(n) => {
+                let us = t0.elapsed().as_micros() as u64;
+                self.record(addr, |h| {
+                    h.fetches += 1;
+                    h.latency_us += us;
+                    h.down_until = None;
+                    if n > 0 {
+                        h.hit_fetches += 1;
+                        h.blocks += n as u64;
+                        h.bytes += n as u64 * block_bytes;
+                    }
+                });
+                n
+            }
+            Err(e) => {
+                warn_sampled!(
+                    self.peers().get(addr).map_or(1, |h| h.errors + 1),
+                    "peer {addr}: fetch failed: {e}; treated as a miss, peer skipped for {DOWN_BACKOFF:?}"
+                );
+                self.record(addr, |h| {
+                    h.fetches += 1;
+                    h.errors += 1;
+                    h.last_error = Some(e.to_string());
+                    h.down_until = Some(Instant::now() + DOWN_BACKOFF);
+                });
+                0
+            }
+        }
+    }
+
+    /// Probe every candidate at once (bounded), fetch from the longest hit,
+    /// release the other hits. See the module comment.
+    fn fill_parallel(
+        &self,
+        shared: &Shared,
+        ns: NsId,
+        probe: &PeerRequest,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+        candidates: Vec<String>,
+    ) -> usize {
+        let t0 = Instant::now();
+        let (kind, body) = (probe.kind(), probe.encode());
+        let timeout = self.settings.timeout;
+        let asked = hashes.len();
+        // In flight at once without a thread each: write a wave's probes, then
+        // read their answers (every peer works on its probe meanwhile).
+        let mut answers = Vec::with_capacity(candidates.len());
+        let mut early: Option<(usize, Result<(), PeerError>)> = None;
+        // Probes whose answers are read after the early winner's bytes.
+        let mut pending: Vec<(String, Sent)> = Vec::new();
+        for wave in candidates.chunks(self.settings.fill_parallel) {
+            let sent: Vec<(&String, Sent)> = wave
+                .iter()
+                .map(|addr| {
+                    let fresh = || -> Result<(Conn, bool), PeerError> {
+                        let mut c = self.connect(addr)?;
+                        send_request(&mut c, kind, &body, timeout)?;
+                        Ok((c, false))
+                    };
+                    let r = match self.take_conn(addr) {
+                        Some(mut c) => match send_request(&mut c, kind, &body, timeout) {
+                            Ok(()) => Ok((c, true)),
+                            Err(_) => fresh(),
+                        },
+                        None => fresh(),
+                    };
+                    (addr, r)
+                })
+                .collect();
+            let mut sent = sent.into_iter();
+            for (addr, r) in sent.by_ref() {
+                let r = r.and_then(|(mut c, pooled)| match read_leased(&mut c) {
+                    Ok(l) => Ok((c, l)),
+                    // A pooled connection the source had closed: once more on a fresh one.
+                    Err(e) if pooled && !tp::is_timeout(&e) => {
+                        let mut c = self.connect(addr)?;
+                        let l = send_and_read_leased(&mut c, kind, &body, timeout)?;
+                        Ok((c, l))
+                    }
+                    Err(e) => Err(e),
+                });
+                let mut r = r.and_then(|(c, l)| check_leased(c, l, asked, block_bytes));
+                // The first whole hit in rendezvous order cannot be beaten: ask
+                // it to send now and read its bytes before the other answers
+                // (a slow peer must not stall its stream).
+                if early.is_none()
+                    && let Ok((conn, (lease, blocks, _))) = &mut r
+                    && *blocks as usize == asked
+                {
+                    let send = PeerRequest::Send { lease: *lease };
+                    let sent = send_request(conn, send.kind(), &send.encode(), timeout);
+                    early = Some((answers.len(), sent));
+                }
+                answers.push((addr.clone(), r));
+                if early.is_some() {
+                    break;
+                }
+            }
+            if early.is_some() {
+                pending.extend(sent.map(|(a, r)| (a.clone(), r)));
+                break; // later waves could not do better
+            }
+        }
+        // Otherwise the longest hit; `max_by_key` keeps the last of equals, so
+        // walk in reverse to let the earliest in rendezvous order win a tie.
+        let best = early.as_ref().map(|(i, _)| *i).or_else(|| {
+            answers
+                .iter()
+                .enumerate()
+                .rev()
+                .filter_map(|(i, (_, r))| match r {
+                    Ok((_, (_, blocks, _))) if *blocks > 0 => Some((i, *blocks)),
+                    _ => None,
+                })
+                .max_by_key(|&(_, blocks)| blocks)
+                .map(|(i, _)| i)
+        });
+        // Ask the winner to send first; release the others while it reads its slots.
+        let mut winner = None;
+        if let Some(i) = best
+            && let (addr, Ok((conn, (lease, _, _)))) = &mut answers[i]
+        {
+            let sent = match early.take() {
+                Some((_, sent)) => sent,
+                None => {
+                    let send = PeerRequest::Send { lease: *lease };
+                    send_request(conn, send.kind(), &send.encode(), self.settings.timeout)
+                }
+            };
+            winner = Some((addr.clone(), sent));
+        }
+        let mut winner_conn = None;
+        for (i, (addr, r)) in answers.into_iter().enumerate() {
+            match r {
+                Ok((conn, _)) if Some(i) == best => winner_conn = Some(conn),
+                Ok((mut conn, (lease, blocks, _))) => {
+                    if blocks > 0 {
+                        let done = PeerRequest::Done { lease, stored: false };
+                        let sent = write_frame(&mut conn, done.kind(), 0, &done.encode())
+                            .map_err(PeerError::from)
+                            .and_then(|()| conn.flush().map_err(PeerError::from));
+                        if sent.is_err() {
+                            conn.close();
+                            continue;
+                        }
+                    }
+                    self.put_conn(&addr, conn);
+                    self.note_fetch(&addr, Ok(0), t0, block_bytes);
+                }
+                Err(e) => {
+                    self.note_fetch(&addr, Err(e), t0, block_bytes);
+                }
+            }
+        }
+        let stored = match (winner, winner_conn) {
+            (Some((addr, sent)), Some(mut conn)) => {
+                let got = sent.and_then(|()| read_leased(&mut conn)).and_then(|leased| {
+                    self.receive_leased(shared, &addr, conn, leased, ns, hashes, block_bytes)
+                });
+                self.note_fetch(&addr, got, t0, block_bytes)
+            }
+            _ => 0,
+        };
+        // Probes not read yet (an early winner): release their hits now.
+        for (addr, r) in pending {
+            match r.and_then(|(mut c, pooled)| read_leased(&mut c).map(|l| (c, l, pooled))) {
+                Ok((mut conn, (lease, blocks, _), _)) => {
+                    if blocks > 0 {
+                        let done = PeerRequest::Done { lease, stored: false };
+                        if write_frame(&mut conn, done.kind(), 0, &done.encode()).is_err()
+                            || conn.flush().is_err()
+                        {
+                            conn.close();
+                            continue;
+                        }
+                    }
+                    self.put_conn(&addr, conn);
+                    self.note_fetch(&addr, Ok(0), t0, block_bytes);
+                }
+                // A stale pooled connection is not the peer's fault; anything else is.
+                Err(e) => {
+                    if !matches!(&e, PeerError::Frame(FrameError::Closed)) {
+                        self.note_fetch(&addr, Err(e), t0, block_bytes);
+                    }
+                }
+            }
+        }
+        stored
     }
 
     fn connect(&self, addr: &str) -> Result<Conn, PeerError> {
@@ -282,8 +485,37 @@ impl PeerTier {
         )?)
     }
 
-    /// One fetch from one peer. A pooled connection that fails before any
-    /// reply is retried once on a fresh connection (the source may have closed it).
+    /// Send a `Fetch` or `Probe` to `addr` and read its `Leased` answer,
+    /// checked against what was asked. A pooled connection that fails before
+    /// any reply is retried once on a fresh connection (the source may have
+    /// closed it).
+    fn open_leased(
+        &self,
+        addr: &str,
+        kind: u16,
+        body: &[u8],
+        asked: usize,
+        block_bytes: u64,
+    ) -> Result<(Conn, (u64, u32, u64)), PeerError> {
+        let (conn, leased) = match self.take_conn(addr) {
+            Some(mut c) => match send_and_read_leased(&mut c, kind, body, self.settings.timeout) {
+                Ok(l) => (c, l),
+                Err(_) => {
+                    let mut c = self.connect(addr)?;
+                    let l = send_and_read_leased(&mut c, kind, body, self.settings.timeout)?;
+                    (c, l)
+                }
+            },
+            None => {
+                let mut c = self.connect(addr)?;
+                let l = send_and_read_leased(&mut c, kind, body, self.settings.timeout)?;
+                (c, l)
+            }
+        };
+        check_leased(conn, leased, asked, block_bytes)
+    }
+
+    /// One fetch from one peer.
     fn fetch_from(
         &self,
         shared: &Shared,
@@ -293,22 +525,22 @@ impl PeerTier {
         hashes: &[BlockHash],
         block_bytes: u64,
     ) -> Result<usize, PeerError> {
-        let body = req.encode();
-        let (mut conn, leased) = match self.take_conn(addr) {
-            Some(mut c) => match send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout) {
-                Ok(l) => (c, l),
-                Err(_) => {
-                    let mut c = self.connect(addr)?;
-                    let l = send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout)?;
-                    (c, l)
-                }
-            },
-            None => {
-                let mut c = self.connect(addr)?;
-                let l = send_and_read_leased(&mut c, req.kind(), &body, self.settings.timeout)?;
-                (c, l)
-            }
-        };
+        let (conn, leased) = self.open_leased(addr, req.kind(), &req.encode(), hashes.len(), block_bytes)?;
+        self.receive_leased(shared, addr, conn, leased, ns, hashes, block_bytes)
+    }
+
+    /// Read the blocks a `Leased` announced into our arena, report `Done`.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_leased(
+        &self,
+        shared: &Shared,
+        addr: &str,
+        mut conn: Conn,
+        leased: (u64, u32, u64),
+        ns: NsId,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+    ) -> Result<usize, PeerError> {
         let (lease, blocks, got_bytes) = leased;
         if blocks == 0 {
             self.put_conn(addr, conn);
@@ -324,8 +556,7 @@ impl PeerTier {
         let n = blocks as usize;
         let stored = {
             let mut reader = FillSession::open(shared);
-            let result = reader.receive(&mut conn, ns, &hashes[..n], block_bytes);
-            match result {
+            match reader.receive(&mut conn, ns, &hashes[..n], block_bytes) {
                 Ok(stored) => stored,
                 Err(e) => {
                     conn.close();
@@ -397,6 +628,16 @@ impl PeerTier {
                 Some(_) => self.etcd_status.read().unwrap_or_else(|p| p.into_inner()).clone().into(),
             },
             "peers": peers,
+            "tp": {
+                "shard_peers": self.settings.tp_shards,
+                "parallel": self.settings.tp_parallel,
+                "pins": ld(&self.tp.pins),
+                "errors": ld(&self.tp.errors),
+                "settles": ld(&self.tp.settles),
+                "releases": ld(&self.tp.releases),
+                "remote_leases": self.tp.remote_leases(),
+                "served_pins": ld(&self.tp.served_pins),
+            },
             "source": {
                 "connections": ld(&src.connections),
                 "refused": ld(&src.refused),
@@ -407,6 +648,8 @@ impl PeerTier {
                 "leases_open": ld(&src.leases_open),
                 "leases_done": ld(&src.leases_done),
                 "leases_dropped": ld(&src.leases_dropped),
+                "probes": ld(&src.probes),
+                "probes_released": ld(&src.probes_released),
             },
         })
     }
@@ -466,7 +709,32 @@ impl PeerTier {
             }
         }
         let src = &self.source;
+        let remote = AtomicU64::new(self.tp.remote_leases() as u64);
         for (name, help, kind, v) in [
+            (
+                "peer_tp_pins_total",
+                "TP pin queries sent to Managers holding TP shards",
+                "counter",
+                &self.tp.pins,
+            ),
+            (
+                "peer_tp_errors_total",
+                "Failed TP queries to peers (each made a TP lookup a miss)",
+                "counter",
+                &self.tp.errors,
+            ),
+            (
+                "peer_tp_remote_leases",
+                "TP leases with parts pinned on peers, not yet ended by their owner",
+                "gauge",
+                &remote,
+            ),
+            (
+                "peer_tp_served_pins_total",
+                "TP pins served for other Managers",
+                "counter",
+                &self.tp.served_pins,
+            ),
             (
                 "peer_source_blocks_sent_total",
                 "Blocks sent to peers",
@@ -507,6 +775,9 @@ impl PeerTier {
     }
 }
 
+/// A request written on a connection (`true`: a pooled one), or why not.
+type Sent = Result<(Conn, bool), PeerError>;
+
 /// Send a Fetch and read the `Leased` answer: (lease, blocks, block_bytes).
 fn send_and_read_leased(
     conn: &mut Conn,
@@ -514,9 +785,19 @@ fn send_and_read_leased(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(u64, u32, u64), PeerError> {
+    send_request(conn, kind, body, timeout)?;
+    read_leased(conn)
+}
+
+fn send_request(conn: &mut Conn, kind: u16, body: &[u8], timeout: Duration) -> Result<(), PeerError> {
     conn.set_timeouts(Some(timeout))?;
     write_frame(conn, kind, 0, body)?;
     conn.flush()?;
+    Ok(())
+}
+
+/// Read a `Leased` answer: (lease, blocks, block_bytes).
+fn read_leased(conn: &mut Conn) -> Result<(u64, u32, u64), PeerError> {
     let (h, body) = read_frame(conn)?;
     match decode_peer_response(h.kind, &body).map_err(|e| PeerError::Protocol(e.to_string()))? {
         PeerResponse::Leased {
@@ -530,6 +811,23 @@ fn send_and_read_leased(
             other.kind()
         ))),
     }
+}
+
+/// A `Leased` answer must not offer more blocks than asked, nor another size.
+fn check_leased(
+    conn: Conn,
+    leased: (u64, u32, u64),
+    asked: usize,
+    block_bytes: u64,
+) -> Result<(Conn, (u64, u32, u64)), PeerError> {
+    let (_, blocks, got_bytes) = leased;
+    if blocks > 0 && (blocks as usize > asked || got_bytes != block_bytes) {
+        conn.close();
+        return Err(PeerError::Protocol(format!(
+            "peer offered {blocks} block(s) of {got_bytes} bytes for {asked} of {block_bytes}"
+        )));
+    }
+    Ok((conn, leased))
 }
 
 /// A Manager-internal session that owns the save a fill writes into; ended
@@ -641,6 +939,14 @@ pub fn start(shared: &Arc<Shared>, spawn: Spawn<'_>) -> std::io::Result<()> {
     if peer.settings.etcd.is_some() {
         let sh = shared.clone();
         spawn("orbitkv-etcd", Box::new(move || etcd::membership(sh)));
+    }
+    if peer.has_tp_shard_peers() {
+        let rx = peer.forwarder();
+        let sh = shared.clone();
+        spawn(
+            "orbitkv-tp-release",
+            Box::new(move || tp::forward_releases(sh, rx)),
+        );
     }
     Ok(())
 }

@@ -8,7 +8,11 @@
 //! no `Done` within `--peer-timeout-ms` of the last byte sent, garbage) and at
 //! shutdown (every live connection is shut down), because ending the session
 //! releases everything it holds. No lease is ended while its bytes are still
-//! being written: the writer is this same thread.
+//! being written: the writer is this same thread. A `Probe` pins the same way
+//! and answers only the count; the lease is then sent on `Send`, released on
+//! `Done`, or ends as above (no answer within `--peer-timeout-ms`). TP
+//! requests (`TpPin` / `TpSettle` / `TpRelease`, `tp.rs`) pin TP leases owned
+//! by this connection's session; while it owns any, idleness does not close it.
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -145,10 +149,20 @@ enum SourceError {
 
 fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> Result<(), SourceError> {
     loop {
-        conn.set_timeouts(Some(IDLE))?;
+        conn.set_timeouts(Some(idle(shared)))?;
         let (h, body) = match read_frame(conn) {
             Ok(x) => x,
             Err(FrameError::Closed) => return Ok(()),
+            // An idle TP link keeps the TP leases it pinned until they end by
+            // their own rules (release, redemption, deadline): not by idleness.
+            Err(FrameError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && shared.cache().tp_leases_of(s) > 0 =>
+            {
+                continue;
+            }
             Err(e) => {
                 if !matches!(e, FrameError::Io(_)) {
                     peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
@@ -158,33 +172,59 @@ fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> 
         };
         conn.set_timeouts(Some(peer.settings.timeout))?;
         match decode_peer_request(h.kind, &body) {
-            Ok(PeerRequest::Fetch {
-                fingerprint,
-                shard,
-                salt,
-                block_bytes,
-                generation,
-                hashes,
-            }) => {
+            Ok(req @ (PeerRequest::Fetch { .. } | PeerRequest::Probe { .. })) => {
+                let probe = matches!(req, PeerRequest::Probe { .. });
+                let (PeerRequest::Fetch {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }
+                | PeerRequest::Probe {
+                    fingerprint,
+                    shard,
+                    salt,
+                    block_bytes,
+                    generation,
+                    hashes,
+                }) = req
+                else {
+                    continue;
+                };
                 let key = NamespaceKey {
                     fingerprint: Fingerprint(fingerprint),
                     shard,
                     salt,
                 };
-                fetch(
-                    shared,
-                    peer,
-                    conn,
-                    s,
-                    h.request_id,
+                let want = Want {
                     key,
                     block_bytes,
                     generation,
-                    &hashes,
-                )?;
+                    probe,
+                };
+                fetch(shared, peer, conn, s, h.request_id, want, &hashes)?;
+            }
+            // A `Send` for no probed lease: nothing is pinned for it, a miss.
+            Ok(PeerRequest::Send { .. }) => {
+                miss(conn, h.request_id, 1)?;
             }
             // Outside a fetch: a duplicate completion report counts nothing.
             Ok(PeerRequest::Done { .. }) => {}
+            // Tensor parallelism across Managers: this Manager holds shards.
+            Ok(
+                req @ (PeerRequest::TpPin { .. }
+                | PeerRequest::TpSettle { .. }
+                | PeerRequest::TpRelease { .. }),
+            ) => {
+                let r = super::tp::serve(shared, peer, s, req);
+                write_frame(conn, r.kind(), h.request_id, &r.encode())?;
+                conn.flush()?;
+                if let PeerResponse::Error { message } = r {
+                    return Err(SourceError::Bad(format!("TP request refused: {message}")));
+                }
+            }
             Err(e) => {
                 peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
                 let r = PeerResponse::Error {
@@ -209,20 +249,33 @@ fn miss(conn: &mut Conn, id: u32, block_bytes: u64) -> Result<(), SourceError> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a `Fetch` or `Probe` asks for.
+struct Want {
+    key: NamespaceKey,
+    block_bytes: u64,
+    generation: u64,
+    /// Pin and answer with the count only; the bytes follow a `Send`.
+    probe: bool,
+}
+
 fn fetch(
     shared: &Shared,
     peer: &PeerTier,
     conn: &mut Conn,
     s: SessionId,
     id: u32,
-    key: NamespaceKey,
-    block_bytes: u64,
-    generation: u64,
+    want: Want,
     hashes: &[[u8; 32]],
 ) -> Result<(), SourceError> {
+    let Want {
+        key,
+        block_bytes,
+        generation,
+        probe,
+    } = want;
+    let mut id = id;
     peer.source.fetches.fetch_add(1, Ordering::Relaxed);
-    let lease = {
+    let found = {
         let mut cache = shared.cache();
         let ns = match cache.register_namespace(key, block_bytes) {
             Ok((ns, g)) if g == generation => ns,
@@ -233,13 +286,47 @@ fn fetch(
             }
         };
         match cache.lookup(s, ns, hashes) {
-            Ok(r) => r.lease,
+            Ok(r) => r.lease.map(|l| (l, r.hit_blocks)),
             Err(_) => None,
         }
     };
-    let Some(lease) = lease else {
+    let Some((lease, hit)) = found else {
         return miss(conn, id, block_bytes);
     };
+    if probe {
+        peer.source.probes.fetch_add(1, Ordering::Relaxed);
+        let head = PeerResponse::Leased {
+            lease: lease.0,
+            blocks: hit,
+            block_bytes,
+        };
+        let asked = write_frame(conn, head.kind(), id, &head.encode())
+            .and_then(|()| conn.flush().map_err(FrameError::from))
+            .and_then(|()| read_frame(conn));
+        let (h, body) = match asked {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = shared.cache().release(s, lease);
+                return Err(e.into());
+            }
+        };
+        match decode_peer_request(h.kind, &body) {
+            Ok(PeerRequest::Send { lease: l }) if l == lease.0 => id = h.request_id,
+            // Another peer's answer was better: the reader lets this one go.
+            Ok(PeerRequest::Done { lease: l, .. }) if l == lease.0 => {
+                let _ = shared.cache().release(s, lease);
+                peer.source.probes_released.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            _ => {
+                let _ = shared.cache().release(s, lease);
+                peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
+                return Err(SourceError::Bad(
+                    "expected Send or Done for the probed lease".into(),
+                ));
+            }
+        }
+    }
     let Some(slots) = acquire(shared, s, lease) else {
         return miss(conn, id, block_bytes);
     };
@@ -329,6 +416,18 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
             }
         }
     }
+}
+
+/// How long a connection may sit with no frame: [`IDLE`], or
+/// `ORBITKV_PEER_IDLE_MS` with `--enable-fault-injection` (tests).
+fn idle(shared: &Shared) -> Duration {
+    if !shared.config.enable_fault_injection {
+        return IDLE;
+    }
+    std::env::var("ORBITKV_PEER_IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(IDLE, Duration::from_millis)
 }
 
 /// `ORBITKV_PEER_STALL_MS`, honoured only with `--enable-fault-injection`:
