@@ -186,6 +186,13 @@ impl HotCounters {
         }
     }
 
+    /// Take back `n` (saturating at 0).
+    pub(super) fn sub(c: &AtomicU64, n: u64) {
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(n))
+        });
+    }
+
     /// `base` (the exclusive-side counters) with these filled in.
     pub(super) fn merged(&self, base: &Counters) -> Counters {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);

@@ -231,7 +231,7 @@ impl CacheState {
         let mut pinned = u32::MAX;
         let mut trimmed = 0;
         for l in ids {
-            let tail = match self.leases.get_mut(&l) {
+            let tail = match self.leases.get_mut(l) {
                 Some(lease) if lease.keys.len() > keep => lease.keys.split_off(keep),
                 Some(lease) => {
                     pinned = pinned.min(lease.keys.len() as u32);
@@ -241,14 +241,14 @@ impl CacheState {
             };
             trimmed = trimmed.max(tail.len());
             for k in tail {
-                if let Some(e) = self.index.get_mut(&k) {
-                    e.pins = e.pins.saturating_sub(1);
+                if let Some(e) = self.index.get(&k) {
+                    e.unpin();
                 }
                 self.reap_if_doomed(k);
             }
             pinned = pinned.min(blocks);
         }
-        self.counters.hit_blocks = self.counters.hit_blocks.saturating_sub(trimmed as u64);
+        HotCounters::sub(&self.hot.hit_blocks, trimmed as u64);
         Ok(pinned)
     }
 
