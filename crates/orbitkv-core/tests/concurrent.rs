@@ -92,7 +92,7 @@ fn shared_operations_beside_a_writer_never_hand_out_a_reused_slot() {
                 let r = {
                     let c = cache.read().expect("lock");
                     let r = c.lookup_shared(s, ns, &hashes);
-                    c.apply_touches_shared(false); // replays beside other readers
+                    c.apply_touches_shared(true); // replays beside other readers
                     r
                 };
                 let Some(lease) = r.expect("lookup").lease else {
@@ -257,8 +257,9 @@ fn touches_replayed_in_grant_order_decide_like_immediate_ones() {
     }
 }
 
-/// Lookups replay the log once a few dozen chains wait (or when forced), and
-/// the log empties; below the threshold a lookup leaves it to later.
+/// Lookups replay the log only once it is far behind (or when forced: the
+/// Manager's policy thread), and the log empties; below the threshold a
+/// lookup leaves it to the policy thread.
 #[test]
 fn the_touch_log_is_replayed_past_its_threshold() {
     let owners = Owners::default();
@@ -280,7 +281,7 @@ fn the_touch_log_is_replayed_past_its_threshold() {
         !c.apply_touches_shared(false),
         "10 chains are below the threshold"
     );
-    assert!(c.apply_touches_shared(true), "forced (the reaper)");
+    assert!(c.apply_touches_shared(true), "forced (the policy thread)");
     assert_eq!(c.touches_pending(), 0);
     for _ in 0..100 {
         leases.push(
@@ -290,7 +291,22 @@ fn the_touch_log_is_replayed_past_its_threshold() {
                 .expect("hit"),
         );
     }
-    assert!(c.apply_touches_shared(false));
+    assert!(
+        !c.apply_touches_shared(false),
+        "100 chains: the policy thread's job"
+    );
+    for _ in 0..1000 {
+        leases.push(
+            c.lookup_shared(s, ns, &chain(1, 4))
+                .expect("lookup")
+                .lease
+                .expect("hit"),
+        );
+    }
+    assert!(
+        c.apply_touches_shared(false),
+        "1,100 chains: a lookup replays them"
+    );
     assert_eq!(c.touches_pending(), 0);
     for l in leases {
         assert!(c.try_release_shared(s, l).expect("release"));

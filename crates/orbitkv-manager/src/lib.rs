@@ -135,6 +135,11 @@ impl Manager {
         )?);
         let sh = shared.clone();
         threads.push(spawn("orbitkv-reaper", Box::new(move || server::reaper(sh)))?);
+        let sh = shared.clone();
+        threads.push(spawn(
+            "orbitkv-policy",
+            Box::new(move || server::policy_replay(sh)),
+        )?);
         if shared.tier.is_some() {
             let sh = shared.clone();
             threads.push(spawn("orbitkv-ssd", Box::new(move || tier::worker(sh)))?);

@@ -572,8 +572,8 @@ fn lookup(
     let first = {
         let cache = shared.cache_shared();
         let r = cache.lookup_shared(s, ns, hashes);
-        // Past a few dozen logged chains, replay them into the policy (unless
-        // another session is already doing so); no lookup waits for that.
+        // The policy thread replays the touch log; if it is far behind, this
+        // lookup does (unless another replay runs: no lookup waits for one).
         cache.apply_touches_shared(false);
         r
     }?;

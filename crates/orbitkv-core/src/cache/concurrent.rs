@@ -7,9 +7,10 @@
 //! The touch log keeps the policy current without making lookups wait on it: a
 //! lookup records its chain here, and the chains are replayed into the policy
 //! in grant order (lease ids come from one counter) by whoever holds the
-//! policy's own mutex — a lookup that finds [`DRAIN_AT`] chains waiting (with
-//! `try_lock`: never waiting for another drainer), the Manager's reaper, and
-//! every holder of the exclusive lock before anything else. The log holds at
+//! policy's own mutex — the Manager's policy thread every millisecond, a
+//! lookup that finds [`DRAIN_AT`] chains waiting (with `try_lock`: never
+//! waiting for another replay), and every holder of the exclusive lock before
+//! anything else. The log holds at
 //! most [`LOG_CAP`] chains (see there: past it, touches are dropped, counted). The policy's set
 //! of blocks changes only under the exclusive lock, which first replays
 //! everything logged, so a replay under the shared lock only reorders blocks
@@ -26,9 +27,10 @@ use crate::keys::{BlockKey, LeaseId, SessionId};
 use crate::map::Map;
 use crate::policy::Policy;
 
-/// Chains waiting in the touch log at which a lookup replays them (about
-/// 2,000 block touches, tens of microseconds of policy work).
-pub(super) const DRAIN_AT: usize = 64;
+/// Chains waiting in the touch log at which a lookup replays them itself: the
+/// Manager's policy thread replays every millisecond, so only a lookup that
+/// finds it far behind does (1,024 chains, a few milliseconds of policy work).
+pub(super) const DRAIN_AT: usize = 1024;
 
 /// Chains the log holds at most. When lookups outpace the replays (hundreds of
 /// thousands of lookups a second on many cores), a lookup that finds the log
