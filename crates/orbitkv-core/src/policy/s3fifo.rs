@@ -99,6 +99,11 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.small_target = self.capacity.saturating_mul(small_pct.clamp(1, 90)) / 100;
     }
 
+    /// The weight `key` is tracked with.
+    pub fn weight(&self, key: &K) -> Option<u64> {
+        self.entries.get(key).map(|m| m.weight)
+    }
+
     /// The tracked entries' weight.
     pub fn bytes(&self) -> u64 {
         self.small_bytes + self.main_bytes

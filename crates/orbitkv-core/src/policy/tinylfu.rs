@@ -181,6 +181,16 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
         self.entries.len()
     }
 
+    /// The weight `key` is tracked with.
+    pub fn weight(&self, key: &K) -> Option<u64> {
+        self.entries.get(key).map(|m| m.weight)
+    }
+
+    /// The tracked entries' weight.
+    pub fn bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
