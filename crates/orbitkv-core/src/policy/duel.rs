@@ -146,12 +146,13 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
     }
 
     /// Record a hit.
-    pub fn touch(&mut self, key: &K) {
+    pub fn touch(&mut self, key: &K) -> bool {
         let Some(weight) = self.lru.touch(key) else {
-            return;
+            return false;
         };
         self.s3.touch(key);
         self.shadow_access(*key, weight);
+        true
     }
 
     /// Forget an entry (explicit removal, not eviction).

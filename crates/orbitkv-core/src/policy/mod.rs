@@ -187,12 +187,11 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
         }
     }
 
-    fn touch(&mut self, key: &K) {
+    /// Record a hit; `false` when `key` is not tracked.
+    fn touch(&mut self, key: &K) -> bool {
         match self {
             Inner::S3Fifo(p) => p.touch(key),
-            Inner::Lru(p) => {
-                p.touch(key);
-            }
+            Inner::Lru(p) => p.touch(key).is_some(),
             Inner::TinyLfu(p) => p.touch(key),
             Inner::Duel(p) => p.touch(key),
         }
@@ -350,14 +349,13 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         let (dram, tiers) = (&mut self.dram, &mut self.tiers);
         let mut touch = |k: &K| {
             dram.touch(k);
-            if let Some(t) = tiers.as_mut() {
-                if t.p.contains(k) {
-                    t.p.touch(k);
-                } else if let Some(w) = dram.weight(k) {
-                    // The tiers had given it up while DRAM still held it: a hit
-                    // is evidence of reuse, so they keep it again.
-                    t.p.insert(*k, w);
-                }
+            if let Some(t) = tiers.as_mut()
+                && !t.p.touch(k)
+                && let Some(w) = dram.weight(k)
+            {
+                // The tiers had given it up while DRAM still held it: a hit is
+                // evidence of reuse, so they keep it again.
+                t.p.insert(*k, w);
             }
         };
         if self.deepest_first {

@@ -274,10 +274,10 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
         seen
     }
 
-    /// Record a hit.
-    pub fn touch(&mut self, key: &K) {
+    /// Record a hit; `false` when `key` is not tracked.
+    pub fn touch(&mut self, key: &K) -> bool {
         let Some(m) = self.entries.get(key) else {
-            return;
+            return false;
         };
         let (seg, w) = (m.seg, m.weight);
         self.sketch(w).increment(key);
@@ -297,6 +297,7 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
                 }
             }
         }
+        true
     }
 
     /// Forget an entry (explicit removal, not eviction).
