@@ -145,6 +145,7 @@ fn run_core_tiered(
     ssd: u64,
     policy: Policy<BlockKey>,
     joint: bool,
+    writes_per_request: u64,
 ) -> Result<TierTally, String> {
     let mut cache = CacheState::with_policy_instance(&[dram * BLOCK], policy);
     if joint {
@@ -204,8 +205,17 @@ fn run_core_tiered(
             let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
             cache.commit_save(s, id).map_err(|e| e.to_string())?;
         }
-        loop {
-            let jobs = cache.spill_candidates(1024);
+        // A disk that keeps up writes every candidate; a slow one only
+        // `writes_per_request` per request (the rest wait, and DRAM may evict them
+        // unwritten first).
+        let mut budget = if writes_per_request == 0 {
+            u64::MAX
+        } else {
+            writes_per_request
+        };
+        while budget > 0 {
+            let jobs = cache.spill_candidates(budget.min(1024) as usize);
+            budget -= jobs.len() as u64;
             // Room made for these spills (copies the policy gave up) is freed first.
             for k in cache.take_ssd_removals() {
                 store.remove(&k);
@@ -628,6 +638,7 @@ fn real_main() -> Result<(), String> {
     let mut cost = false;
     let mut ssd = 0u64;
     let mut analyze = false;
+    let mut ssd_writes = 0u64;
     let mut toolagent: Vec<u64> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -654,6 +665,7 @@ fn real_main() -> Result<(), String> {
             "--generate" => generate.push(val()?.parse::<u64>().map_err(|e| format!("--generate: {e}"))?),
             "--sweep" => sweep = true,
             "--analyze" => analyze = true,
+            "--ssd-writes" => ssd_writes = val()?.parse::<u64>().map_err(|e| format!("--ssd-writes: {e}"))?,
             "--generate-toolagent" => toolagent.push(
                 val()?
                     .parse::<u64>()
@@ -663,7 +675,7 @@ fn real_main() -> Result<(), String> {
             "--ssd" => ssd = val()?.parse::<u64>().map_err(|e| format!("--ssd: {e}"))?,
             "-h" | "--help" => {
                 println!(
-                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--generate-toolagent SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS] [--sweep] [--analyze] [--cost] [--out JSON]"
+                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--generate-toolagent SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS [--ssd-writes N]] [--sweep] [--analyze] [--cost] [--out JSON]"
                 );
                 println!(
                     "policies: {}",
@@ -729,7 +741,7 @@ fn real_main() -> Result<(), String> {
             print!(
                 "{name:>14} cap {cap:>6} ssd {ssd:>6}  lru {lru:.3}  opt {opt:.3}  oracle-admit-lru {oracle:.3}"
             );
-            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "ssd_blocks": ssd,
+            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "ssd_blocks": ssd, "ssd_writes_per_request": ssd_writes,
                 "requests": trace.len(), "lru": lru, "optimum": opt, "oracle_admission_lru": oracle,
                 "policies": {}, "separate": {}, "sweep": {}});
             if analyze {
@@ -755,7 +767,8 @@ fn real_main() -> Result<(), String> {
                         }
                     );
                     for &k in &kinds {
-                        let t = run_core_tiered(trace, cap, ssd, Policy::new(k, cap * BLOCK), joint)?;
+                        let t =
+                            run_core_tiered(trace, cap, ssd, Policy::new(k, cap * BLOCK), joint, ssd_writes)?;
                         let (r, from_ssd) = (
                             t.served as f64 / t.requested.max(1) as f64,
                             t.from_ssd as f64 / t.requested.max(1) as f64,
@@ -972,7 +985,7 @@ mod tests {
         for (seed, dram, ssd) in [(13u64, 256u64, 768u64), (14, 512, 1536)] {
             let trace = generated(seed, 6000);
             let run = |kind| {
-                run_core_tiered(&trace, dram, ssd, Policy::new(kind, dram * BLOCK), true).expect("tiers")
+                run_core_tiered(&trace, dram, ssd, Policy::new(kind, dram * BLOCK), true, 0).expect("tiers")
             };
             let (lru, duel) = (run(PolicyKind::Lru), run(PolicyKind::Duel));
             for t in [&lru, &duel] {
@@ -992,7 +1005,7 @@ mod tests {
         for kind in [PolicyKind::Duel, PolicyKind::Lru] {
             let dram = run_core(&trace, 256, Policy::new(kind, 256 * BLOCK)).expect("dram");
             let tiered =
-                run_core_tiered(&trace, 256, 1024, Policy::new(kind, 256 * BLOCK), true).expect("tiers");
+                run_core_tiered(&trace, 256, 1024, Policy::new(kind, 256 * BLOCK), true, 0).expect("tiers");
             assert_eq!(tiered.requested, dram.requested);
             assert!(tiered.from_ssd > 0 && tiered.spilled > 0, "{kind}: {tiered:?}");
             assert!(tiered.served > dram.served, "{kind}: {tiered:?} vs {dram:?}");
