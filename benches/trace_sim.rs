@@ -101,6 +101,8 @@ struct TierTally {
     from_ssd: u64,
     spilled: u64,
     dropped_from_ssd: u64,
+    /// Lookups whose hit could not be staged (no DRAM room): recomputed.
+    unserved: u64,
 }
 
 /// The SSD store's side of the Manager (`orbitkv-ssd`): a capacity in blocks,
@@ -142,9 +144,15 @@ fn run_core_tiered(
     dram: u64,
     ssd: u64,
     policy: Policy<BlockKey>,
+    joint: bool,
+    writes_per_request: u64,
 ) -> Result<TierTally, String> {
     let mut cache = CacheState::with_policy_instance(&[dram * BLOCK], policy);
-    cache.enable_ssd_with(0, SpillPolicy::Evict);
+    if joint {
+        cache.enable_ssd_tiers(0, SpillPolicy::Evict, ssd * BLOCK);
+    } else {
+        cache.enable_ssd_with(0, SpillPolicy::Evict);
+    }
     let mut store = SsdStore {
         capacity: ssd,
         stamp: HashMap::new(),
@@ -176,6 +184,7 @@ fn run_core_tiered(
                     Ok(AcquireStep::Ready(_)) => break,
                     Ok(AcquireStep::Wait) | Ok(AcquireStep::Lost { .. }) | Err(_) => {
                         served = false; // no room to stage: the engine recomputes
+                        t.unserved += 1;
                         break;
                     }
                 }
@@ -196,8 +205,21 @@ fn run_core_tiered(
             let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
             cache.commit_save(s, id).map_err(|e| e.to_string())?;
         }
-        loop {
-            let jobs = cache.spill_candidates(1024);
+        // A disk that keeps up writes every candidate; a slow one only
+        // `writes_per_request` per request (the rest wait, and DRAM may evict them
+        // unwritten first).
+        let mut budget = if writes_per_request == 0 {
+            u64::MAX
+        } else {
+            writes_per_request
+        };
+        while budget > 0 {
+            let jobs = cache.spill_candidates(budget.min(1024) as usize);
+            budget -= jobs.len() as u64;
+            // Room made for these spills (copies the policy gave up) is freed first.
+            for k in cache.take_ssd_removals() {
+                store.remove(&k);
+            }
             if jobs.is_empty() {
                 break;
             }
@@ -258,6 +280,11 @@ fn run_lru(trace: &[Vec<u64>], capacity: u64) -> Tally {
 /// (never again = infinity); a missing block whose next use is farther than every
 /// resident's is not admitted.
 fn run_opt(trace: &[Vec<u64>], capacity: u64) -> Tally {
+    run_opt_with(trace, capacity, |_, _| {})
+}
+
+/// [`run_opt`], calling `on_hit(request, position)` for every served block.
+fn run_opt_with(trace: &[Vec<u64>], capacity: u64, mut on_hit: impl FnMut(usize, usize)) -> Tally {
     // next[r][i]: index of the next request after r that names trace[r][i].
     let mut next: Vec<Vec<u64>> = trace.iter().map(|r| vec![u64::MAX; r.len()]).collect();
     let mut seen: HashMap<u64, u64> = HashMap::new();
@@ -276,6 +303,7 @@ fn run_opt(trace: &[Vec<u64>], capacity: u64) -> Tally {
         let hit = req.iter().take_while(|id| due.contains_key(id)).count();
         t.requested += req.len() as u64;
         t.served += hit as u64;
+        (0..hit).for_each(|i| on_hit(r, i));
         for (i, id) in req.iter().enumerate() {
             let nu = next[r][i];
             if let Some(old) = due.get(id).copied() {
@@ -369,6 +397,143 @@ fn generated(seed: u64, n: usize) -> Vec<Vec<u64>> {
     out
 }
 
+/// A seeded agent-shaped trace (tool-calling sessions; modelled on the shape of
+/// agent traffic, not fitted to a recorded trace): four shared tool-definition
+/// prefixes (8–24 blocks, Zipf-like popularity); sessions that come back quickly
+/// (60 % of requests continue one of the 16 most recently used sessions, 15 % an
+/// older one), each turn appending 1–4 blocks of tool output plus a fresh partial
+/// block, ending with probability 1/10 per turn (up to 2,000 open); one-shot
+/// documents (20–60 blocks, never reused) in 1 of 10 requests.
+fn generated_toolagent(seed: u64, n: usize) -> Vec<Vec<u64>> {
+    let mut x = seed ^ 0x5851_f42d_4c95_7f2d;
+    let mut rnd = move |m: u64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) % m.max(1)
+    };
+    let mut next_id = 1u64 << 40; // apart from `generated`'s ids
+    let mut fresh = |k: u64| -> Vec<u64> {
+        let v = (next_id..next_id + k).collect();
+        next_id += k;
+        v
+    };
+    let tools: Vec<Vec<u64>> = (0..4).map(|i| fresh(8 + i * 5)).collect();
+    // Open sessions, most recently used last.
+    let mut open: Vec<Vec<u64>> = Vec::new();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let r = rnd(100);
+        if r < 10 {
+            let len = 20 + rnd(41);
+            out.push(fresh(len));
+            continue;
+        }
+        let pick = if open.is_empty() || r >= 85 {
+            None
+        } else if r < 70 {
+            let recent = open.len().min(16) as u64;
+            Some(open.len() - 1 - rnd(recent) as usize)
+        } else {
+            Some(rnd(open.len() as u64) as usize)
+        };
+        let mut chat = match pick {
+            Some(i) => open.remove(i),
+            None => {
+                let w = rnd(100);
+                let j = if w < 48 {
+                    0
+                } else if w < 72 {
+                    1
+                } else if w < 88 {
+                    2
+                } else {
+                    3
+                };
+                tools[j].clone()
+            }
+        };
+        chat.extend(fresh(1 + rnd(4)));
+        let mut req = chat.clone();
+        req.extend(fresh(1));
+        out.push(req);
+        if pick.is_none() || rnd(10) != 0 {
+            open.push(chat);
+            if open.len() > 2000 {
+                open.remove(0);
+            }
+        }
+    }
+    out
+}
+
+/// Where the optimum's hits come from at `capacity` blocks: each hit block's
+/// LRU stack distance (distinct blocks requested since its previous request) is
+/// within the capacity (LRU could have kept it), or beyond it on a block that
+/// was requested more than once before (frequency evidence existed), or beyond
+/// it on its *first* return (nothing online told it from a one-time block).
+#[derive(Default, Clone, Copy, Debug)]
+struct OptHits {
+    total: u64,
+    within: u64,
+    beyond_seen_again: u64,
+    beyond_first_return: u64,
+}
+
+fn optimum_hit_sources(trace: &[Vec<u64>], capacity: u64) -> OptHits {
+    // Per access (request, position): stack distance and accesses before it.
+    let total: usize = trace.iter().map(Vec::len).sum();
+    let mut fenwick = vec![0i64; total + 1];
+    let add = |f: &mut Vec<i64>, mut i: usize, v: i64| {
+        i += 1;
+        while i < f.len() {
+            f[i] += v;
+            i += i & i.wrapping_neg();
+        }
+    };
+    let sum = |f: &Vec<i64>, mut i: usize| -> i64 {
+        // sum of positions [0, i)
+        let mut s = 0;
+        while i > 0 {
+            s += f[i];
+            i -= i & i.wrapping_neg();
+        }
+        s
+    };
+    let mut last: HashMap<u64, (usize, u64)> = HashMap::new(); // id -> (time, accesses)
+    let mut info: Vec<Vec<(u64, u64)>> = trace.iter().map(|r| vec![(u64::MAX, 0); r.len()]).collect();
+    let mut t = 0usize;
+    for (r, req) in trace.iter().enumerate() {
+        for (i, id) in req.iter().enumerate() {
+            let (dist, seen) = match last.get(id) {
+                Some(&(t0, n)) => {
+                    let d = sum(&fenwick, t) - sum(&fenwick, t0 + 1);
+                    add(&mut fenwick, t0, -1);
+                    (d as u64, n)
+                }
+                None => (u64::MAX, 0),
+            };
+            info[r][i] = (dist, seen);
+            add(&mut fenwick, t, 1);
+            last.insert(*id, (t, seen + 1));
+            t += 1;
+        }
+    }
+    let mut out = OptHits::default();
+    run_opt_with(trace, capacity, |r, i| {
+        let (dist, seen) = info[r][i];
+        out.total += 1;
+        if dist < capacity {
+            out.within += 1;
+        } else if seen >= 2 {
+            out.beyond_seen_again += 1;
+        } else {
+            out.beyond_first_return += 1;
+        }
+    });
+    out
+}
+
 /// LRU (chain order: a hit prefix is touched deepest first, so the head is the
 /// most recent) that admits only blocks the trace will request again: recency
 /// with a perfect one-bit reuse predictor. Not an online policy; it bounds what
@@ -414,11 +579,15 @@ fn run_oracle_admit_lru(trace: &[Vec<u64>], capacity: u64) -> Tally {
 /// In-process cost of the Manager's lookup op under each policy: a full-hit lookup
 /// of a 32-block chain + release on a full cache (the work done under the cache
 /// lock for `benches/manager_scaling.py`'s `lookup`), nanoseconds per op, best of
-/// three rounds.
-fn lookup_cost(kind: PolicyKind) -> Result<f64, String> {
+/// three rounds. With `ssd_blocks`, an SSD tier of that size decided with DRAM
+/// (`enable_ssd_tiers`: every hit also touches the tiers' policy).
+fn lookup_cost(kind: PolicyKind, ssd_blocks: u64) -> Result<f64, String> {
     const CHAINS: u64 = 128;
     let cap = CHAINS * 32;
     let mut cache = CacheState::with_policy_instance(&[cap * BLOCK], Policy::new(kind, cap * BLOCK));
+    if ssd_blocks > 0 {
+        cache.enable_ssd_tiers(0, SpillPolicy::Evict, ssd_blocks * BLOCK);
+    }
     let s = cache.open_session();
     let key = NamespaceKey {
         fingerprint: Fingerprint([7; 32]),
@@ -468,6 +637,9 @@ fn real_main() -> Result<(), String> {
     let mut generate: Vec<u64> = Vec::new();
     let mut cost = false;
     let mut ssd = 0u64;
+    let mut analyze = false;
+    let mut ssd_writes = 0u64;
+    let mut toolagent: Vec<u64> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -492,11 +664,18 @@ fn real_main() -> Result<(), String> {
             "--out" => out = Some(val()?),
             "--generate" => generate.push(val()?.parse::<u64>().map_err(|e| format!("--generate: {e}"))?),
             "--sweep" => sweep = true,
+            "--analyze" => analyze = true,
+            "--ssd-writes" => ssd_writes = val()?.parse::<u64>().map_err(|e| format!("--ssd-writes: {e}"))?,
+            "--generate-toolagent" => toolagent.push(
+                val()?
+                    .parse::<u64>()
+                    .map_err(|e| format!("--generate-toolagent: {e}"))?,
+            ),
             "--cost" => cost = true,
             "--ssd" => ssd = val()?.parse::<u64>().map_err(|e| format!("--ssd: {e}"))?,
             "-h" | "--help" => {
                 println!(
-                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS] [--sweep] [--cost] [--out JSON]"
+                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--generate-toolagent SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS [--ssd-writes N]] [--sweep] [--analyze] [--cost] [--out JSON]"
                 );
                 println!(
                     "policies: {}",
@@ -512,11 +691,14 @@ fn real_main() -> Result<(), String> {
         }
     }
     if cost {
-        let mut doc =
-            serde_json::json!({"bench": "trace_sim --cost", "chain_blocks": 32, "ns_per_lookup_release": {}});
+        let mut doc = serde_json::json!({"bench": "trace_sim --cost", "chain_blocks": 32, "ssd_blocks": ssd, "ns_per_lookup_release": {}});
         for &k in &kinds {
-            let ns = lookup_cost(k)?;
-            println!("{:>16}: {ns:.0} ns per 32-block lookup + release", k.name());
+            let ns = lookup_cost(k, ssd)?;
+            println!(
+                "{:>16}: {ns:.0} ns per 32-block lookup + release{}",
+                k.name(),
+                if ssd > 0 { " (DRAM + SSD tiers)" } else { "" }
+            );
             doc["ns_per_lookup_release"][k.name()] = serde_json::json!(ns);
         }
         if let Some(path) = &out {
@@ -528,7 +710,7 @@ fn real_main() -> Result<(), String> {
         }
         return Ok(());
     }
-    if traces.is_empty() && generate.is_empty() {
+    if traces.is_empty() && generate.is_empty() && toolagent.is_empty() {
         return Err(
             "give at least one --trace FILE (the Mooncake FAST25 JSONL format) or --generate SEED".into(),
         );
@@ -544,6 +726,9 @@ fn real_main() -> Result<(), String> {
     for seed in generate {
         inputs.push((format!("generated-{seed}"), generated(seed, 20_000)));
     }
+    for seed in toolagent {
+        inputs.push((format!("toolagent-gen-{seed}"), generated_toolagent(seed, 20_000)));
+    }
     let mut rows = Vec::new();
     for (name, trace) in &inputs {
         let trace = trace.as_slice();
@@ -556,29 +741,59 @@ fn real_main() -> Result<(), String> {
             print!(
                 "{name:>14} cap {cap:>6} ssd {ssd:>6}  lru {lru:.3}  opt {opt:.3}  oracle-admit-lru {oracle:.3}"
             );
-            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "ssd_blocks": ssd,
+            let mut row = serde_json::json!({"trace": name, "capacity_blocks": cap, "ssd_blocks": ssd, "ssd_writes_per_request": ssd_writes,
                 "requests": trace.len(), "lru": lru, "optimum": opt, "oracle_admission_lru": oracle,
-                "policies": {}, "sweep": {}});
+                "policies": {}, "separate": {}, "sweep": {}});
+            if analyze {
+                let h = optimum_hit_sources(trace, total);
+                let f = |n: u64| n as f64 / h.total.max(1) as f64;
+                print!(
+                    "\n    optimum's hits: {:.2} within LRU's reach (stack distance < capacity), beyond it {:.2} on blocks requested twice or more before, {:.2} on first returns",
+                    f(h.within),
+                    f(h.beyond_seen_again),
+                    f(h.beyond_first_return)
+                );
+                row["optimum_hits"] = serde_json::json!({"within_capacity": f(h.within),
+                    "beyond_reused_before": f(h.beyond_seen_again), "beyond_first_return": f(h.beyond_first_return)});
+            }
             if ssd > 0 {
-                for &k in &kinds {
-                    let t = run_core_tiered(trace, cap, ssd, Policy::new(k, cap * BLOCK))?;
-                    let (r, from_ssd) = (
-                        t.served as f64 / t.requested.max(1) as f64,
-                        t.from_ssd as f64 / t.requested.max(1) as f64,
-                    );
+                for (joint, field) in [(true, "policies"), (false, "separate")] {
                     print!(
-                        "  {} {r:.3} (dram {:.3} + ssd {from_ssd:.3}; {:.2}×opt)",
-                        k.name(),
-                        r - from_ssd,
-                        r / opt
+                        "\n    {}:",
+                        if joint {
+                            "joint tiers"
+                        } else {
+                            "separate tiers (before)"
+                        }
                     );
-                    row["policies"][k.name()] = serde_json::json!({"hit_rate": r, "hit_rate_ssd": from_ssd,
-                        "hit_rate_dram": r - from_ssd, "vs_optimum": r / opt, "vs_lru": r / lru,
-                        "spilled_blocks": t.spilled, "ssd_dropped_blocks": t.dropped_from_ssd});
+                    for &k in &kinds {
+                        let t =
+                            run_core_tiered(trace, cap, ssd, Policy::new(k, cap * BLOCK), joint, ssd_writes)?;
+                        let (r, from_ssd) = (
+                            t.served as f64 / t.requested.max(1) as f64,
+                            t.from_ssd as f64 / t.requested.max(1) as f64,
+                        );
+                        print!(
+                            "  {} {r:.3} (dram {:.3} + ssd {from_ssd:.3}; {:.2}×opt, {} spilled, {} store drops, {} unserved)",
+                            k.name(),
+                            r - from_ssd,
+                            r / opt,
+                            t.spilled,
+                            t.dropped_from_ssd,
+                            t.unserved
+                        );
+                        row[field][k.name()] = serde_json::json!({"hit_rate": r, "hit_rate_ssd": from_ssd,
+                            "hit_rate_dram": r - from_ssd, "vs_optimum": r / opt, "vs_lru": r / lru,
+                            "spilled_blocks": t.spilled, "ssd_store_dropped_blocks": t.dropped_from_ssd,
+                            "unserved_lookups": t.unserved});
+                    }
                 }
                 println!();
                 rows.push(row);
                 continue;
+            }
+            if analyze {
+                print!("\n   ");
             }
             for &k in &kinds {
                 let t0 = Instant::now();
@@ -762,12 +977,35 @@ mod tests {
         }
     }
 
+    /// DRAM and SSD decided as one capacity: the policy keeps the SSD within its
+    /// size (the store never has to drop a copy by its own order), and `duel`
+    /// through the same two tiers is not below `lru` through them.
+    #[test]
+    fn joint_tiers_keep_the_ssd_within_its_size_and_duel_is_not_below_lru() {
+        for (seed, dram, ssd) in [(13u64, 256u64, 768u64), (14, 512, 1536)] {
+            let trace = generated(seed, 6000);
+            let run = |kind| {
+                run_core_tiered(&trace, dram, ssd, Policy::new(kind, dram * BLOCK), true, 0).expect("tiers")
+            };
+            let (lru, duel) = (run(PolicyKind::Lru), run(PolicyKind::Duel));
+            for t in [&lru, &duel] {
+                assert_eq!(t.dropped_from_ssd, 0, "seed {seed}: {t:?}");
+                assert!(t.from_ssd > 0 && t.unserved == 0, "seed {seed}: {t:?}");
+            }
+            assert!(
+                duel.served >= lru.served,
+                "seed {seed}: duel {duel:?} < lru {lru:?}"
+            );
+        }
+    }
+
     #[test]
     fn an_ssd_tier_serves_more_than_dram_alone_and_never_above_the_optimum() {
         let trace = generated(12, 6000);
         for kind in [PolicyKind::Duel, PolicyKind::Lru] {
             let dram = run_core(&trace, 256, Policy::new(kind, 256 * BLOCK)).expect("dram");
-            let tiered = run_core_tiered(&trace, 256, 1024, Policy::new(kind, 256 * BLOCK)).expect("tiers");
+            let tiered =
+                run_core_tiered(&trace, 256, 1024, Policy::new(kind, 256 * BLOCK), true, 0).expect("tiers");
             assert_eq!(tiered.requested, dram.requested);
             assert!(tiered.from_ssd > 0 && tiered.spilled > 0, "{kind}: {tiered:?}");
             assert!(tiered.served > dram.served, "{kind}: {tiered:?} vs {dram:?}");

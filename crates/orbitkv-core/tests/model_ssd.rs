@@ -1,6 +1,8 @@
 //! Property test of the SSD-tier bookkeeping: random saves, lookups with
 //! staging (reads that succeed or fail), write-behind spills (that succeed or
-//! fail), SSD-full drops and generation resets. After every step the ownership
+//! fail), SSD-full drops and generation resets, with the tiers apart or decided
+//! as one capacity (`enable_ssd_tiers`: the SSD never holds more than its size,
+//! counted exactly). After every step the ownership
 //! invariants hold, a block whose staging failed is never visible again, and
 //! `Ready` never hands out a slot twice within one lease.
 
@@ -37,10 +39,16 @@ fn hashes(start: u8, len: usize) -> Vec<BlockHash> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
-    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2, eager in any::<bool>(), kind in 0..orbitkv_core::policy::PolicyKind::ALL.len()) {
+    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2, eager in any::<bool>(), kind in 0..orbitkv_core::policy::PolicyKind::ALL.len(), ssd_blocks in prop_oneof![Just(0u64), 1..10u64]) {
         let mut c = CacheState::with_policy(&[6 * 4096], orbitkv_core::policy::PolicyKind::ALL[kind]);
         let policy = if eager { orbitkv_core::SpillPolicy::Eager } else { orbitkv_core::SpillPolicy::Evict };
-        c.enable_ssd_with(min_hits, policy);
+        // 0: the tiers apart (the store's drops only); else DRAM and an SSD of
+        // that many blocks decided as one capacity.
+        if ssd_blocks == 0 {
+            c.enable_ssd_with(min_hits, policy);
+        } else {
+            c.enable_ssd_tiers(min_hits, policy, ssd_blocks * 4096);
+        }
         let presence = common::Recorder::install(&mut c);
         let key = NamespaceKey { fingerprint: Fingerprint([3; 32]), shard: 0, salt: [0; 32] };
         let (ns, _) = c.register_namespace(key, 4096).expect("ns");
@@ -96,6 +104,7 @@ proptest! {
                         .filter_map(|i| c.tier_key(&orbitkv_core::BlockKey { ns, generation: c.generation_of(ns).unwrap_or(0), hash: [i; 32] }))
                         .collect();
                     let _ = c.ssd_droppable(&proposed);
+                    let _ = c.ssd_make_room(usize::from(n));
                 }
                 Op::Bump => {
                     c.bump_generation(ns).expect("no leases are held between steps");
@@ -107,6 +116,7 @@ proptest! {
             }
             let _ = c.take_ssd_removals();
             c.check_invariants().map_err(TestCaseError::fail)?;
+            c.check_tier_invariants().map_err(TestCaseError::fail)?;
             presence.check(&c).map_err(TestCaseError::fail)?;
             prop_assert_eq!(c.gauges().live_leases, 0);
         }

@@ -302,7 +302,10 @@ pub fn open(settings: &SsdSettings, cache: &mut CacheState) -> Result<SsdTier, S
         report.corrupt,
         report.torn,
     );
-    cache.enable_ssd_with(settings.admit_hits, settings.write_policy);
+    // DRAM and SSD decided as one capacity: the cache's policy also ranks every
+    // SSD copy and keeps the tier within `capacity` (the store's own least
+    // recently used drops, `make_room`, remain for its per-block overhead).
+    cache.enable_ssd_tiers(settings.admit_hits, settings.write_policy, settings.capacity);
     cache.adopt_recovered(report.recovered.iter().map(|(k, len)| (tier_key(k), *len)));
     Ok(tier)
 }
@@ -487,6 +490,9 @@ pub fn worker(shared: Arc<Shared>) {
         let removals = shared.cache().take_ssd_removals();
         tier.remove(&removals);
         let jobs = shared.cache().spill_candidates(SPILL_BATCH);
+        // Copies the policy gave up to make room for these spills go first.
+        let made_room = shared.cache().take_ssd_removals();
+        tier.remove(&made_room);
         if jobs.is_empty() {
             if removals.is_empty() {
                 std::thread::sleep(Duration::from_millis(10));
@@ -564,8 +570,15 @@ fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spil
     out
 }
 
-/// The tier is full: delete least recently used copies the cache can spare.
+/// The tier is full: delete copies the cache can spare.
 fn make_room(shared: &Shared, tier: &dyn Tier, n: usize) {
+    // The policy's order first (the copies DRAM + SSD value least), then the
+    // store's least recently used (without tiers, or none left to give up).
+    let ranked = shared.cache().ssd_make_room(n.max(8));
+    if !ranked.is_empty() {
+        tier.remove(&ranked);
+        return;
+    }
     let proposed = tier.oldest(n.max(8));
     let droppable = shared.cache().ssd_droppable(&proposed);
     tier.remove(&droppable);

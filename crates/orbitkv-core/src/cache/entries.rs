@@ -142,6 +142,9 @@ pub(super) enum SlotFree {
 impl CacheState {
     /// The one hook into visibility changes (see [`PresenceSink`]).
     pub(super) fn note_visibility(&mut self, key: BlockKey, visible: bool) {
+        if !visible {
+            self.policy.get().forget(&key);
+        }
         if let Some(sink) = self.presence.as_mut() {
             sink.changed(&key, visible);
         }

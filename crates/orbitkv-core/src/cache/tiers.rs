@@ -61,12 +61,24 @@ pub enum SpillPolicy {
     Eager,
 }
 
+/// The block's SSD copy must stay: I/O in flight, or a lease will read it from SSD.
+fn tier_pinned(e: &Entry) -> bool {
+    e.busy != Busy::Idle || (e.slot.is_none() && e.pins() > 0)
+}
+
 #[derive(Debug, Default)]
 pub(super) struct TierState {
     enabled: bool,
     policy: SpillPolicy,
     min_hits: u32,
+    /// SSD bytes the tiers may hold (0: not told; the store's own limit rules).
+    ssd_capacity: u64,
+    /// SSD bytes held or being written by indexed blocks.
+    ssd_used: u64,
     spill_queue: VecDeque<BlockKey>,
+    /// Blocks staged back into DRAM whose SSD copy was kept (newest last):
+    /// the first copies to go when the SSD needs room, as DRAM holds them.
+    staged_copies: Vec<BlockKey>,
     /// Recovered SSD blocks whose namespace has not registered yet:
     /// namespace → (generation, hash, block bytes).
     dormant: HashMap<NamespaceKey, Vec<(u64, BlockHash, u64)>>,
@@ -90,6 +102,165 @@ impl CacheState {
         self.tier.enabled = true;
         self.tier.min_hits = min_hits;
         self.tier.policy = policy;
+    }
+
+    /// [`Self::enable_ssd_with`] on an SSD of `ssd_bytes`, decided with DRAM as
+    /// one capacity: the policy (see [`crate::policy::Policy::enable_tiers`])
+    /// tracks every visible block over DRAM + `ssd_bytes`; DRAM's victims are
+    /// spilled only while it keeps them, its evictions delete SSD copies, and
+    /// spills never take the SSD past `ssd_bytes` (room is made by the same
+    /// policy's order).
+    pub fn enable_ssd_tiers(&mut self, min_hits: u32, policy: SpillPolicy, ssd_bytes: u64) {
+        self.enable_ssd_with(min_hits, policy);
+        if ssd_bytes == 0 {
+            return;
+        }
+        self.tier.ssd_capacity = ssd_bytes;
+        let visible: Vec<(BlockKey, u64)> = self
+            .index
+            .iter()
+            .filter(|(_, e)| !e.doomed)
+            .map(|(k, e)| (*k, e.slot.map_or(e.block_bytes, |s| s.len)))
+            .collect();
+        let total = self.arena.capacity().saturating_add(ssd_bytes);
+        self.policy.get().enable_tiers(total, visible);
+    }
+
+    /// SSD bytes held or being written, as the tiers count them.
+    pub fn ssd_used_bytes(&self) -> u64 {
+        self.tier.ssd_used
+    }
+
+    /// The tiers' bookkeeping (for tests): the SSD bytes counted are those of
+    /// indexed blocks with a copy or a write in flight, within the capacity;
+    /// with tiers, every visible SSD-only block is ranked by the tiers' policy.
+    pub fn check_tier_invariants(&self) -> Result<(), String> {
+        let held: u64 = self
+            .index
+            .values()
+            .filter(|e| e.on_ssd || e.busy == Busy::Spilling)
+            .map(|e| e.block_bytes)
+            .sum();
+        if held != self.tier.ssd_used {
+            return Err(format!(
+                "SSD bytes counted {} but held {held}",
+                self.tier.ssd_used
+            ));
+        }
+        if self.tier.ssd_capacity > 0 && self.tier.ssd_used > self.tier.ssd_capacity {
+            return Err(format!(
+                "SSD bytes {} above the capacity {}",
+                self.tier.ssd_used, self.tier.ssd_capacity
+            ));
+        }
+        let policy = self.policy.lock();
+        if policy.tiers_enabled() {
+            for (k, e) in &self.index {
+                if e.slot.is_none() && !e.doomed && !policy.tiers_keep(k) {
+                    return Err(format!("SSD-only {k:?} is not ranked by the tiers' policy"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Evict from the tiers' policy until it fits its capacity (DRAM + SSD).
+    fn trim_tiers(&mut self) {
+        while self.policy.get().tiers_excess() > 0 {
+            let index = &self.index;
+            let pinned = |k: &BlockKey| index.get(k).is_some_and(tier_pinned);
+            let Some(victim) = self.policy.get().tiers_evict_one(pinned) else {
+                break;
+            };
+            self.tiers_drop(victim);
+        }
+    }
+
+    /// Room for `bytes` more on SSD within `ssd_capacity`, deleting the copies
+    /// the tiers' policy values least. `false` when none can go.
+    fn ssd_reserve(&mut self, bytes: u64) -> bool {
+        if self.tier.ssd_capacity == 0 {
+            self.tier.ssd_used += bytes;
+            return true;
+        }
+        while self.tier.ssd_used.saturating_add(bytes) > self.tier.ssd_capacity {
+            if !self.ssd_free_one() {
+                return false;
+            }
+        }
+        self.tier.ssd_used += bytes;
+        true
+    }
+
+    /// The SSD store is full (its per-block overhead exceeds what the tiers
+    /// count): up to `n` copies the Manager may delete now, in the tiers'
+    /// order (see [`Self::ssd_free_one`]). Empty without tiers.
+    pub fn ssd_make_room(&mut self, n: usize) -> Vec<TierKey> {
+        let before = self.tier.removals.len();
+        if self.policy.get().tiers_enabled() {
+            for _ in 0..n {
+                if !self.ssd_free_one() {
+                    break;
+                }
+            }
+        }
+        self.tier.removals.split_off(before)
+    }
+
+    /// Delete one SSD copy (queued in `removals`): first a copy of a block
+    /// staged back into DRAM (nothing is lost until DRAM evicts it, and then it
+    /// is spilled again if the tiers still keep it), else the copy the tiers'
+    /// policy values least. `false` when no copy can go.
+    fn ssd_free_one(&mut self) -> bool {
+        while let Some(k) = self.tier.staged_copies.pop() {
+            let tier_key = self.tier_key(&k);
+            if let Some(e) = self.index.get_mut(&k)
+                && e.slot.is_some()
+                && e.on_ssd
+                && !tier_pinned(e)
+            {
+                e.on_ssd = false;
+                self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
+                self.counters.ssd_dropped_blocks += 1;
+                if let Some(tk) = tier_key {
+                    self.tier.removals.push(tk);
+                }
+                return true;
+            }
+        }
+        let index = &self.index;
+        // Blocks without an SSD copy free nothing: they stay.
+        let pinned = |k: &BlockKey| index.get(k).is_none_or(|e| tier_pinned(e) || !e.on_ssd);
+        let Some(victim) = self.policy.get().tiers_evict_one(pinned) else {
+            return false;
+        };
+        self.tiers_drop(victim);
+        true
+    }
+
+    /// The tiers' policy evicted `key`: its SSD copy goes; an SSD-only block
+    /// stops being visible, a DRAM-resident one stays until DRAM evicts it.
+    fn tiers_drop(&mut self, key: BlockKey) {
+        let tier_key = self.tier_key(&key);
+        let Some(e) = self.index.get_mut(&key) else {
+            return;
+        };
+        if !e.on_ssd || tier_pinned(e) {
+            return;
+        }
+        e.on_ssd = false;
+        self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
+        self.counters.ssd_dropped_blocks += 1;
+        if e.slot.is_none() {
+            let was_visible = !e.doomed;
+            self.index.remove(&key);
+            if was_visible {
+                self.note_visibility(key, false);
+            }
+        }
+        if let Some(tk) = tier_key {
+            self.tier.removals.push(tk);
+        }
     }
 
     pub fn ssd_enabled(&self) -> bool {
@@ -130,19 +301,33 @@ impl CacheState {
     /// cannot be freed) until [`Self::spill_done`].
     pub fn spill_candidates(&mut self, max: usize) -> Vec<SpillJob> {
         if self.tier.enabled && self.tier.policy == SpillPolicy::Evict {
-            let low_water = self.arena.capacity() / 8;
+            let low_water = self.arena.capacity() * 3 / 16;
             // The queue only ever holds this call's view of the cold end.
             self.tier.spill_queue.clear();
+            self.trim_tiers();
             if self.arena.free_bytes() < low_water {
                 let min_hits = self.tier.min_hits;
                 let index = &self.index;
+                let policy: &crate::policy::Policy<BlockKey> = self.policy.get();
                 // Only blocks that qualify count towards the low-water bytes: with
                 // `min_hits` > 0 the cold end is mostly unhit blocks, and stopping at
-                // them would spill nothing.
-                let eligible = |k: &BlockKey| index.get(k).is_some_and(|e| e.hits() >= min_hits && !e.on_ssd);
-                self.tier
-                    .spill_queue
-                    .extend(self.policy.get().coldest(low_water, eligible));
+                // them would spill nothing. With tiers, only blocks the two tiers
+                // together keep qualify. Blocks already on SSD count (they are the
+                // cold end too) but need no spill: otherwise every call would reach
+                // deeper, and all of DRAM would end up copied.
+                let eligible =
+                    |k: &BlockKey| index.get(k).is_some_and(|e| e.hits() >= min_hits) && policy.tiers_keep(k);
+                let cold = policy.coldest(low_water, eligible);
+                // Blocks with evidence of reuse (hit, or saved again soon after an
+                // eviction) first: when the disk falls behind, DRAM evicts the
+                // rest of the cold end unspilled, and the evidence decides what
+                // the slow disk holds. With a disk that keeps up, all are spilled.
+                let (mut reused, once): (Vec<BlockKey>, Vec<BlockKey>) = cold
+                    .into_iter()
+                    .filter(|k| self.index.get(k).is_some_and(|e| !e.on_ssd))
+                    .partition(|k| self.index.get(k).is_some_and(|e| e.hits() > 0));
+                reused.extend(once);
+                self.tier.spill_queue.extend(reused);
             }
         }
         let mut jobs = Vec::new();
@@ -153,10 +338,20 @@ impl CacheState {
             let Some(tier_key) = self.tier_key(&key) else {
                 continue;
             };
-            let Some(e) = self.index.get_mut(&key) else {
+            let Some(e) = self.index.get(&key) else {
                 continue;
             };
             let (Some(slot), false, Busy::Idle, false) = (e.slot, e.on_ssd, e.busy, e.doomed) else {
+                continue;
+            };
+            if !self.policy.get().tiers_keep(&key) {
+                continue; // the two tiers together gave it up since it was queued
+            }
+            if !self.ssd_reserve(e.block_bytes) {
+                self.tier.spill_queue.clear(); // the SSD is full of blocks valued more
+                break;
+            }
+            let Some(e) = self.index.get_mut(&key) else {
                 continue;
             };
             e.busy = Busy::Spilling;
@@ -183,11 +378,13 @@ impl CacheState {
                     e.on_ssd = true;
                     self.counters.spilled_blocks += 1;
                 } else {
+                    self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
                     self.counters.spill_failures += 1;
                 }
                 self.reap_if_doomed(job.key);
             }
             _ => {
+                self.tier.ssd_used = self.tier.ssd_used.saturating_sub(job.block_bytes);
                 if ok {
                     self.tier.removals.push(job.tier_key);
                 }
@@ -260,6 +457,15 @@ impl CacheState {
         e.busy = Busy::Idle;
         if ok && !e.doomed {
             e.slot = Some(job.slot);
+            if e.on_ssd && self.tier.ssd_capacity > 0 {
+                self.tier.staged_copies.push(job.key);
+                if self.tier.staged_copies.len() > 4096 + 2 * self.policy.get().len() {
+                    let index = &self.index;
+                    self.tier
+                        .staged_copies
+                        .retain(|k| index.get(k).is_some_and(|e| e.slot.is_some() && e.on_ssd));
+                }
+            }
             self.policy.get().insert(job.key, job.slot.len);
             self.counters.staged_blocks += 1;
         } else {
@@ -299,8 +505,11 @@ impl CacheState {
             if let Some(slot) = e.slot {
                 self.free_slot(slot, SlotFree::Reaped);
             }
-            if let (true, Some(tk)) = (e.on_ssd, tier_key) {
-                self.tier.removals.push(tk);
+            if e.on_ssd {
+                self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
+                if let Some(tk) = tier_key {
+                    self.tier.removals.push(tk);
+                }
             }
         }
     }
@@ -330,6 +539,7 @@ impl CacheState {
                 continue;
             }
             e.on_ssd = false;
+            self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
             if e.slot.is_none() {
                 let was_visible = !e.doomed;
                 self.index.remove(&key);
@@ -385,6 +595,8 @@ impl CacheState {
             if generation == current && len == info.block_bytes && !self.index.contains_key(&key) {
                 self.index.insert(key, Entry::on_ssd_only(len));
                 self.note_visibility(key, true);
+                self.policy.get().tiers_insert(key, len);
+                self.tier.ssd_used += len;
                 self.counters.ssd_adopted_blocks += 1;
             } else {
                 self.tier.removals.push(tk);

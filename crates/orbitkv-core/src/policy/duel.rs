@@ -78,6 +78,16 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         self.s3.len()
     }
 
+    /// The weight `key` is tracked with.
+    pub fn weight(&self, key: &K) -> Option<u64> {
+        self.lru.weight(key)
+    }
+
+    /// The tracked entries' weight.
+    pub fn bytes(&self) -> u64 {
+        self.lru.bytes()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.s3.is_empty()
     }
@@ -136,12 +146,13 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
     }
 
     /// Record a hit.
-    pub fn touch(&mut self, key: &K) {
+    pub fn touch(&mut self, key: &K) -> bool {
         let Some(weight) = self.lru.touch(key) else {
-            return;
+            return false;
         };
         self.s3.touch(key);
         self.shadow_access(*key, weight);
+        true
     }
 
     /// Forget an entry (explicit removal, not eviction).

@@ -92,168 +92,334 @@ impl FromStr for PolicyKind {
     }
 }
 
-/// The policy instance a `CacheState` owns.
+/// One policy of one kind over one capacity.
 #[derive(Debug, Clone)]
-pub enum Policy<K> {
-    S3Fifo { p: S3Fifo<K>, deepest_first: bool },
-    Lru { p: Lru<K>, deepest_first: bool },
-    TinyLfu { p: TinyLfu<K>, deepest_first: bool },
-    Duel { p: Box<Duel<K>>, deepest_first: bool },
+enum Inner<K> {
+    S3Fifo(S3Fifo<K>),
+    Lru(Lru<K>),
+    TinyLfu(TinyLfu<K>),
+    Duel(Box<Duel<K>>),
+}
+
+/// How to build an [`Inner`] for any capacity (the tiers' policy is the DRAM
+/// policy's kind over DRAM + SSD).
+#[derive(Debug, Clone, Copy)]
+enum Recipe {
+    Kind(PolicyKind),
+    S3Fifo { small_pct: u64, ghost_x100: u64 },
+    TinyLfu { window_pct: u64, sample_x: u64 },
+}
+
+impl<K: Copy + Eq + Hash + Ord> Inner<K> {
+    fn build(recipe: Recipe, capacity_bytes: u64) -> Self {
+        match recipe {
+            Recipe::Kind(kind) => match kind {
+                PolicyKind::S3Fifo => Inner::S3Fifo(S3Fifo::new(capacity_bytes)),
+                PolicyKind::S3FifoChain => Inner::S3Fifo(S3Fifo::with_ghost(
+                    capacity_bytes,
+                    capacity_bytes.saturating_mul(4),
+                )),
+                PolicyKind::S3FifoAdaptive => Inner::S3Fifo(S3Fifo::adaptive(capacity_bytes, capacity_bytes)),
+                PolicyKind::Lru | PolicyKind::LruChain => Inner::Lru(Lru::new()),
+                PolicyKind::TinyLfu => Inner::TinyLfu(TinyLfu::new(capacity_bytes, 1, 8)),
+                PolicyKind::Duel => Inner::Duel(Box::new(Duel::new(capacity_bytes))),
+            },
+            Recipe::S3Fifo {
+                small_pct,
+                ghost_x100,
+            } => Inner::S3Fifo(S3Fifo::tuned(
+                capacity_bytes,
+                small_pct,
+                capacity_bytes.saturating_mul(ghost_x100) / 100,
+            )),
+            Recipe::TinyLfu { window_pct, sample_x } => {
+                Inner::TinyLfu(TinyLfu::new(capacity_bytes, window_pct, sample_x))
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Inner::S3Fifo(p) => p.len(),
+            Inner::Lru(p) => p.len(),
+            Inner::TinyLfu(p) => p.len(),
+            Inner::Duel(p) => p.len(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            Inner::S3Fifo(p) => p.bytes(),
+            Inner::Lru(p) => p.bytes(),
+            Inner::TinyLfu(p) => p.bytes(),
+            Inner::Duel(p) => p.bytes(),
+        }
+    }
+
+    fn weight(&self, key: &K) -> Option<u64> {
+        match self {
+            Inner::S3Fifo(p) => p.weight(key),
+            Inner::Lru(p) => p.weight(key),
+            Inner::TinyLfu(p) => p.weight(key),
+            Inner::Duel(p) => p.weight(key),
+        }
+    }
+
+    fn contains(&self, key: &K) -> bool {
+        match self {
+            Inner::S3Fifo(p) => p.contains(key),
+            Inner::Lru(p) => p.contains(key),
+            Inner::TinyLfu(p) => p.contains(key),
+            Inner::Duel(p) => p.contains(key),
+        }
+    }
+
+    /// Track `key`; `true` when the policy had seen it evicted recently.
+    fn insert(&mut self, key: K, weight: u64) -> bool {
+        match self {
+            Inner::S3Fifo(p) => p.insert(key, weight),
+            Inner::Lru(p) => {
+                p.insert(key, weight);
+                false
+            }
+            Inner::TinyLfu(p) => p.insert(key, weight),
+            Inner::Duel(p) => p.insert(key, weight),
+        }
+    }
+
+    /// Record a hit; `false` when `key` is not tracked.
+    fn touch(&mut self, key: &K) -> bool {
+        match self {
+            Inner::S3Fifo(p) => p.touch(key),
+            Inner::Lru(p) => p.touch(key).is_some(),
+            Inner::TinyLfu(p) => p.touch(key),
+            Inner::Duel(p) => p.touch(key),
+        }
+    }
+
+    fn remove(&mut self, key: &K) {
+        match self {
+            Inner::S3Fifo(p) => p.remove(key),
+            Inner::Lru(p) => p.remove(key),
+            Inner::TinyLfu(p) => p.remove(key),
+            Inner::Duel(p) => p.remove(key),
+        }
+    }
+
+    fn evict_one(&mut self, pinned: impl FnMut(&K) -> bool) -> Option<K> {
+        match self {
+            Inner::S3Fifo(p) => p.evict_one(pinned),
+            Inner::Lru(p) => p.evict_one(pinned),
+            Inner::TinyLfu(p) => p.evict_one(pinned),
+            Inner::Duel(p) => p.evict_one(pinned),
+        }
+    }
+
+    fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        match self {
+            Inner::S3Fifo(p) => p.coldest(limit_bytes, wanted),
+            Inner::Lru(p) => p.coldest(limit_bytes, wanted),
+            Inner::TinyLfu(p) => p.coldest(limit_bytes, wanted),
+            Inner::Duel(p) => p.coldest(limit_bytes, wanted),
+        }
+    }
+}
+
+/// The policy instance a `CacheState` owns: one over the DRAM-resident blocks
+/// (which leave DRAM first) and, once an SSD tier is enabled
+/// ([`Policy::enable_tiers`]), a second of the same kind over every visible
+/// block with the capacity of DRAM + SSD (which blocks the two tiers keep at
+/// all). Both are told the same saves and hits in the same order, so the SSD
+/// admits what the combined policy still holds when DRAM lets it go, and drops
+/// what that policy evicts: the two tiers decided as one capacity.
+#[derive(Debug, Clone)]
+pub struct Policy<K> {
+    dram: Inner<K>,
+    deepest_first: bool,
+    recipe: Recipe,
+    tiers: Option<Tiers<K>>,
+}
+
+#[derive(Debug, Clone)]
+struct Tiers<K> {
+    p: Inner<K>,
+    capacity: u64,
 }
 
 impl<K: Copy + Eq + Hash + Ord> Policy<K> {
+    fn from_recipe(recipe: Recipe, capacity_bytes: u64, deepest_first: bool) -> Self {
+        Policy {
+            dram: Inner::build(recipe, capacity_bytes),
+            deepest_first,
+            recipe,
+            tiers: None,
+        }
+    }
+
     /// An S3-FIFO with explicit parameters (the simulator's parameter sweeps).
     pub fn s3fifo_tuned(capacity_bytes: u64, small_pct: u64, ghost_bytes: u64, deepest_first: bool) -> Self {
-        Policy::S3Fifo {
-            p: S3Fifo::tuned(capacity_bytes, small_pct, ghost_bytes),
+        let ghost_x100 = ghost_bytes.saturating_mul(100) / capacity_bytes.max(1);
+        Self::from_recipe(
+            Recipe::S3Fifo {
+                small_pct,
+                ghost_x100,
+            },
+            capacity_bytes,
             deepest_first,
-        }
+        )
     }
 
     /// A W-TinyLFU with explicit parameters (window share in percent, sketch aging
     /// period as a multiple of the capacity in entries).
     pub fn tinylfu_tuned(capacity_bytes: u64, window_pct: u64, sample_x: u64, deepest_first: bool) -> Self {
-        Policy::TinyLfu {
-            p: TinyLfu::new(capacity_bytes, window_pct, sample_x),
+        Self::from_recipe(
+            Recipe::TinyLfu { window_pct, sample_x },
+            capacity_bytes,
             deepest_first,
-        }
+        )
     }
 
     pub fn new(kind: PolicyKind, capacity_bytes: u64) -> Self {
-        match kind {
-            PolicyKind::S3Fifo => Policy::S3Fifo {
-                p: S3Fifo::new(capacity_bytes),
-                deepest_first: false,
-            },
-            PolicyKind::S3FifoChain => Policy::S3Fifo {
-                p: S3Fifo::with_ghost(capacity_bytes, capacity_bytes.saturating_mul(4)),
-                deepest_first: true,
-            },
-            PolicyKind::S3FifoAdaptive => Policy::S3Fifo {
-                p: S3Fifo::adaptive(capacity_bytes, capacity_bytes),
-                deepest_first: true,
-            },
-            PolicyKind::Lru => Policy::Lru {
-                p: Lru::new(),
-                deepest_first: false,
-            },
-            PolicyKind::LruChain => Policy::Lru {
-                p: Lru::new(),
-                deepest_first: true,
-            },
-            PolicyKind::TinyLfu => Self::tinylfu_tuned(capacity_bytes, 1, 8, true),
-            PolicyKind::Duel => Policy::Duel {
-                p: Box::new(Duel::new(capacity_bytes)),
-                deepest_first: true,
-            },
-        }
+        let deepest_first = !matches!(kind, PolicyKind::S3Fifo | PolicyKind::Lru);
+        Self::from_recipe(Recipe::Kind(kind), capacity_bytes, deepest_first)
     }
 
-    fn deepest_first(&self) -> bool {
-        match self {
-            Policy::S3Fifo { deepest_first, .. }
-            | Policy::Lru { deepest_first, .. }
-            | Policy::TinyLfu { deepest_first, .. }
-            | Policy::Duel { deepest_first, .. } => *deepest_first,
+    /// Decide the SSD tier with the DRAM tier: a second policy of the same kind
+    /// over `total_bytes` (DRAM + SSD) tracks every visible block from now on;
+    /// `visible` are the blocks visible already, `(key, weight)`.
+    pub fn enable_tiers(&mut self, total_bytes: u64, visible: impl IntoIterator<Item = (K, u64)>) {
+        let mut p = Inner::build(self.recipe, total_bytes);
+        for (k, w) in visible {
+            p.insert(k, w);
         }
+        self.tiers = Some(Tiers {
+            p,
+            capacity: total_bytes,
+        });
     }
 
+    pub fn tiers_enabled(&self) -> bool {
+        self.tiers.is_some()
+    }
+
+    /// DRAM-resident blocks tracked.
     pub fn len(&self) -> usize {
-        match self {
-            Policy::S3Fifo { p, .. } => p.len(),
-            Policy::Lru { p, .. } => p.len(),
-            Policy::TinyLfu { p, .. } => p.len(),
-            Policy::Duel { p, .. } => p.len(),
-        }
+        self.dram.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Is `key` tracked as DRAM-resident?
     pub fn contains(&self, key: &K) -> bool {
-        match self {
-            Policy::S3Fifo { p, .. } => p.contains(key),
-            Policy::Lru { p, .. } => p.contains(key),
-            Policy::TinyLfu { p, .. } => p.contains(key),
-            Policy::Duel { p, .. } => p.contains(key),
-        }
+        self.dram.contains(key)
     }
 
     /// Newly visible blocks of one save, `(key, weight)` in chain order (prefix
     /// first). Returns, per block in the same order, whether the policy had seen it
     /// evicted recently (evidence of reuse).
     pub fn insert_chain(&mut self, blocks: &[(K, u64)]) -> Vec<bool> {
-        let (n, deepest_first) = (blocks.len(), self.deepest_first());
+        let n = blocks.len();
         let mut readmitted = vec![false; n];
         for j in 0..n {
-            let i = if deepest_first { n - 1 - j } else { j };
+            let i = if self.deepest_first { n - 1 - j } else { j };
             let (k, w) = blocks[i];
-            readmitted[i] = match self {
-                Policy::S3Fifo { p, .. } => p.insert(k, w),
-                Policy::Lru { p, .. } => {
-                    p.insert(k, w);
-                    false
-                }
-                Policy::TinyLfu { p, .. } => p.insert(k, w),
-                Policy::Duel { p, .. } => p.insert(k, w),
-            };
+            readmitted[i] = self.dram.insert(k, w);
+            if let Some(t) = self.tiers.as_mut() {
+                t.p.insert(k, w);
+            }
         }
         readmitted
     }
 
-    /// One block made visible outside a save (a block staged back from SSD).
+    /// One block made DRAM-resident outside a save (a block staged back from
+    /// SSD): the tiers' policy already knows it (the lookup's hit told it).
     pub fn insert(&mut self, key: K, weight: u64) -> bool {
-        self.insert_chain(&[(key, weight)])[0]
+        if let Some(t) = self.tiers.as_mut()
+            && !t.p.contains(&key)
+        {
+            t.p.insert(key, weight);
+        }
+        self.dram.insert(key, weight)
     }
 
-    /// A lookup's hit blocks, in chain order.
+    /// A lookup's hit blocks (DRAM-resident or not), in chain order.
     pub fn touch_chain(&mut self, keys: &[K]) {
-        let deepest_first = self.deepest_first();
-        let mut touch = |k: &K| match self {
-            Policy::S3Fifo { p, .. } => p.touch(k),
-            Policy::Lru { p, .. } => {
-                p.touch(k);
+        let (dram, tiers) = (&mut self.dram, &mut self.tiers);
+        let mut touch = |k: &K| {
+            dram.touch(k);
+            if let Some(t) = tiers.as_mut()
+                && !t.p.touch(k)
+                && let Some(w) = dram.weight(k)
+            {
+                // The tiers had given it up while DRAM still held it: a hit is
+                // evidence of reuse, so they keep it again.
+                t.p.insert(*k, w);
             }
-            Policy::TinyLfu { p, .. } => p.touch(k),
-            Policy::Duel { p, .. } => p.touch(k),
         };
-        if deepest_first {
+        if self.deepest_first {
             keys.iter().rev().for_each(&mut touch);
         } else {
             keys.iter().for_each(&mut touch);
         }
     }
 
-    /// Forget a block (explicit removal, not eviction).
+    /// Stop tracking a block in DRAM (explicit removal, not eviction).
     pub fn remove(&mut self, key: &K) {
-        match self {
-            Policy::S3Fifo { p, .. } => p.remove(key),
-            Policy::Lru { p, .. } => p.remove(key),
-            Policy::TinyLfu { p, .. } => p.remove(key),
-            Policy::Duel { p, .. } => p.remove(key),
+        self.dram.remove(key);
+    }
+
+    /// The block is no longer visible at all: forget it in both policies.
+    pub fn forget(&mut self, key: &K) {
+        self.dram.remove(key);
+        if let Some(t) = self.tiers.as_mut() {
+            t.p.remove(key);
         }
     }
 
-    /// Choose and forget one victim that `pinned` does not protect.
+    /// Choose and forget one DRAM victim that `pinned` does not protect.
     pub fn evict_one(&mut self, pinned: impl FnMut(&K) -> bool) -> Option<K> {
-        match self {
-            Policy::S3Fifo { p, .. } => p.evict_one(pinned),
-            Policy::Lru { p, .. } => p.evict_one(pinned),
-            Policy::TinyLfu { p, .. } => p.evict_one(pinned),
-            Policy::Duel { p, .. } => p.evict_one(pinned),
+        self.dram.evict_one(pinned)
+    }
+
+    /// The coldest DRAM blocks for which `wanted` holds, up to `limit_bytes` of
+    /// them, in the order eviction would take them.
+    pub fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        self.dram.coldest(limit_bytes, wanted)
+    }
+
+    /// Do the two tiers together still keep `key` (so DRAM should demote it to
+    /// SSD rather than drop it)? Always true without tiers.
+    pub fn tiers_keep(&self, key: &K) -> bool {
+        self.tiers.as_ref().is_none_or(|t| t.p.contains(key))
+    }
+
+    /// Track a visible block that is not DRAM-resident (adopted from SSD at start).
+    pub fn tiers_insert(&mut self, key: K, weight: u64) {
+        if let Some(t) = self.tiers.as_mut()
+            && !t.p.contains(&key)
+        {
+            t.p.insert(key, weight);
         }
     }
 
-    /// The coldest blocks for which `wanted` holds, up to `limit_bytes` of them, in
-    /// the order eviction would take them.
-    pub fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
-        match self {
-            Policy::S3Fifo { p, .. } => p.coldest(limit_bytes, wanted),
-            Policy::Lru { p, .. } => p.coldest(limit_bytes, wanted),
-            Policy::TinyLfu { p, .. } => p.coldest(limit_bytes, wanted),
-            Policy::Duel { p, .. } => p.coldest(limit_bytes, wanted),
-        }
+    /// Weight the tiers' policy tracks above its capacity (0 without tiers).
+    pub fn tiers_excess(&self) -> u64 {
+        self.tiers
+            .as_ref()
+            .map_or(0, |t| t.p.bytes().saturating_sub(t.capacity))
+    }
+
+    /// Choose and forget one block the two tiers together no longer keep
+    /// (`None` without tiers or when every tracked block is pinned).
+    pub fn tiers_evict_one(&mut self, pinned: impl FnMut(&K) -> bool) -> Option<K> {
+        self.tiers.as_mut()?.p.evict_one(pinned)
+    }
+
+    /// Blocks the tiers' policy tracks (0 without tiers).
+    pub fn tiers_len(&self) -> usize {
+        self.tiers.as_ref().map_or(0, |t| t.p.len())
     }
 }
 

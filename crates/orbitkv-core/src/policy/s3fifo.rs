@@ -99,6 +99,11 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.small_target = self.capacity.saturating_mul(small_pct.clamp(1, 90)) / 100;
     }
 
+    /// The weight `key` is tracked with.
+    pub fn weight(&self, key: &K) -> Option<u64> {
+        self.entries.get(key).map(|m| m.weight)
+    }
+
     /// The tracked entries' weight.
     pub fn bytes(&self) -> u64 {
         self.small_bytes + self.main_bytes
@@ -155,11 +160,13 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         readmitted
     }
 
-    /// Record a hit.
-    pub fn touch(&mut self, key: &K) {
-        if let Some(m) = self.entries.get_mut(key) {
-            m.freq = (m.freq + 1).min(MAX_FREQ);
-        }
+    /// Record a hit; `false` when `key` is not tracked.
+    pub fn touch(&mut self, key: &K) -> bool {
+        let Some(m) = self.entries.get_mut(key) else {
+            return false;
+        };
+        m.freq = (m.freq + 1).min(MAX_FREQ);
+        true
     }
 
     /// Forget an entry (explicit removal, not eviction: no ghost).

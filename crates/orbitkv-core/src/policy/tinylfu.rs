@@ -181,6 +181,16 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
         self.entries.len()
     }
 
+    /// The weight `key` is tracked with.
+    pub fn weight(&self, key: &K) -> Option<u64> {
+        self.entries.get(key).map(|m| m.weight)
+    }
+
+    /// The tracked entries' weight.
+    pub fn bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -264,10 +274,10 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
         seen
     }
 
-    /// Record a hit.
-    pub fn touch(&mut self, key: &K) {
+    /// Record a hit; `false` when `key` is not tracked.
+    pub fn touch(&mut self, key: &K) -> bool {
         let Some(m) = self.entries.get(key) else {
-            return;
+            return false;
         };
         let (seg, w) = (m.seg, m.weight);
         self.sketch(w).increment(key);
@@ -287,6 +297,7 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
                 }
             }
         }
+        true
     }
 
     /// Forget an entry (explicit removal, not eviction).
