@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use orbitkv_core::policy::{Policy, PolicyKind};
 use orbitkv_core::{
-    AcquireStep, BlockHash, BlockKey, CacheState, Fingerprint, NamespaceKey, NsId, SaveStatus, SessionEnd,
-    SessionId,
+    AcquireStep, BlockHash, BlockKey, CacheState, Fingerprint, LeaseId, NamespaceKey, NsId, SaveStatus,
+    SessionEnd, SessionId,
 };
 
 const BLOCK: u64 = 4096;
@@ -257,6 +257,16 @@ fn touches_replayed_in_grant_order_decide_like_immediate_ones() {
     }
 }
 
+/// `n` shared-lock lookups of chain 1's first 4 blocks, every one a hit.
+fn hits(c: &CacheState, s: SessionId, ns: NsId, n: usize) -> Vec<LeaseId> {
+    (0..n)
+        .map(|_| {
+            let r = c.lookup_shared(s, ns, &chain(1, 4)).expect("lookup");
+            r.lease.expect("hit")
+        })
+        .collect()
+}
+
 /// Lookups replay the log only once it is far behind (or when forced: the
 /// Manager's policy thread), and the log empties; below the threshold a
 /// lookup leaves it to the policy thread.
@@ -267,15 +277,7 @@ fn the_touch_log_is_replayed_past_its_threshold() {
     let (ns, _) = c.register_namespace(ns_key(), BLOCK).expect("ns");
     let s = c.open_session();
     save(&mut c, s, ns, &chain(1, 4), &owners);
-    let mut leases = Vec::new();
-    for _ in 0..10 {
-        leases.push(
-            c.lookup_shared(s, ns, &chain(1, 4))
-                .expect("lookup")
-                .lease
-                .expect("hit"),
-        );
-    }
+    let mut leases = hits(&c, s, ns, 10);
     assert_eq!(c.touches_pending(), 10);
     assert!(
         !c.apply_touches_shared(false),
@@ -283,26 +285,12 @@ fn the_touch_log_is_replayed_past_its_threshold() {
     );
     assert!(c.apply_touches_shared(true), "forced (the policy thread)");
     assert_eq!(c.touches_pending(), 0);
-    for _ in 0..100 {
-        leases.push(
-            c.lookup_shared(s, ns, &chain(1, 4))
-                .expect("lookup")
-                .lease
-                .expect("hit"),
-        );
-    }
+    leases.extend(hits(&c, s, ns, 100));
     assert!(
         !c.apply_touches_shared(false),
         "100 chains: the policy thread's job"
     );
-    for _ in 0..1000 {
-        leases.push(
-            c.lookup_shared(s, ns, &chain(1, 4))
-                .expect("lookup")
-                .lease
-                .expect("hit"),
-        );
-    }
+    leases.extend(hits(&c, s, ns, 1000));
     assert!(
         c.apply_touches_shared(false),
         "1,100 chains: a lookup replays them"

@@ -18,14 +18,6 @@ use support::*;
 const BB: usize = 64 << 10;
 const FP: [u8; 32] = [7; 32];
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 fn wait_port(port: u16) {
     eventually(&format!("peer listener on {port}"), || {
         TcpStream::connect(("127.0.0.1", port)).is_ok()

@@ -7,21 +7,13 @@
 
 mod support;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 
 use support::*;
 
 const BB: usize = 16 << 10;
 const FP: [u8; 32] = [5; 32];
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 struct Etcd {
     child: Child,

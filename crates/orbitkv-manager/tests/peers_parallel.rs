@@ -16,14 +16,6 @@ use support::*;
 const BB: usize = 16 << 10;
 const FP: [u8; 32] = [0x3c; 32];
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 fn manager(port: Option<u16>, peers: &[u16], extra: &[&str]) -> ManagerProc {
     let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     if let Some(p) = port {

@@ -17,14 +17,6 @@ use support::*;
 const BB: usize = 4096;
 const FP: [u8; 32] = [0x6b; 32];
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 /// A Manager with query control, serving peers on `port` (if any), with `extra` flags.
 fn manager(port: Option<u16>, extra: &[String]) -> ManagerProc {
     let mut args: Vec<String> = vec!["--enable-query-control".into()];

@@ -9,6 +9,15 @@ use std::time::{Duration, Instant};
 
 use orbitkv_client::Client;
 
+/// A TCP port on loopback that was free a moment ago (for `--peer-listen`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
 pub struct ManagerProc {
     pub child: Child,
     pub socket: PathBuf,
