@@ -5,8 +5,8 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
+use std::net::TcpStream;
 use std::time::Duration;
 
 use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
@@ -91,35 +91,14 @@ fn the_longest_hit_wins_and_the_other_hits_are_released() {
     }
 }
 
-/// A fake peer: `garbage` answers with bytes that are no frame; otherwise it
-/// never answers.
-fn fake_peer(garbage: bool) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf);
-                if garbage {
-                    let _ = s.write_all(b"garbage garbage garbage garbage!!");
-                }
-                std::thread::sleep(Duration::from_secs(30));
-            });
-        }
-    });
-    port
-}
-
 #[test]
 fn a_dead_silent_or_garbled_peer_beside_a_good_one_costs_no_hit() {
     // 768 KiB: more than a socket buffer holds while a slow answer is awaited.
     let d = data(48);
     for (what, bad) in [
         ("down", free_port()),
-        ("silent", fake_peer(false)),
-        ("garbage", fake_peer(true)),
+        ("silent", fake_peer(None)),
+        ("garbage", fake_peer(Some(b"garbage garbage garbage garbage!!"))),
     ] {
         let pa = free_port();
         let a = manager(Some(pa), &[], &[]);

@@ -6,8 +6,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use orbitkv_client::{Client, ClientError, ConnectOptions, Namespace};
@@ -282,27 +281,6 @@ fn a_remote_rank_that_never_reports_keeps_its_part_pinned_until_the_lease_ends()
     }
 }
 
-/// A fake peer on a free port: `garbage` answers every connection with
-/// non-protocol bytes; otherwise it reads and never answers.
-fn fake_peer(garbage: bool) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf);
-                if garbage {
-                    let _ = s.write_all(b"HTTP/1.1 418 not a Manager\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxx");
-                }
-                std::thread::sleep(Duration::from_secs(30));
-            });
-        }
-    });
-    port
-}
-
 #[test]
 fn a_holder_down_silent_garbled_or_without_query_control_is_a_miss_in_bounded_time() {
     let no_qc_port = free_port();
@@ -319,8 +297,13 @@ fn a_holder_down_silent_garbled_or_without_query_control_is_a_miss_in_bounded_ti
     };
     let cases = [
         ("down", free_port()),
-        ("silent", fake_peer(false)),
-        ("garbage", fake_peer(true)),
+        ("silent", fake_peer(None)),
+        (
+            "garbage",
+            fake_peer(Some(
+                b"HTTP/1.1 418 not a Manager\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxx",
+            )),
+        ),
         ("query control off", no_qc_port),
     ];
     for (what, port) in cases {
@@ -365,7 +348,7 @@ fn a_holder_down_silent_garbled_or_without_query_control_is_a_miss_in_bounded_ti
 #[test]
 fn holders_are_queried_in_parallel_up_to_the_configured_bound() {
     // Two silent holders: each query costs the peer timeout (1.5 s).
-    let (p1, p2) = (fake_peer(false), fake_peer(false));
+    let (p1, p2) = (fake_peer(None), fake_peer(None));
     for (parallel, sequential) in [("2", false), ("1", true)] {
         let mut extra = placement(&[(1, p1), (2, p2)]);
         extra.extend([

@@ -18,6 +18,28 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A TCP listener that is no Manager: it reads a request, answers `reply` if
+/// any (garbage) or nothing (a silent peer), and holds the connection 30 s.
+pub fn fake_peer(reply: Option<&'static [u8]>) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                if let Some(bytes) = reply {
+                    let _ = s.write_all(bytes);
+                }
+                std::thread::sleep(Duration::from_secs(30));
+            });
+        }
+    });
+    port
+}
+
 pub struct ManagerProc {
     pub child: Child,
     pub socket: PathBuf,
