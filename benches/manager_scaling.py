@@ -2,15 +2,21 @@
 
 One real Manager (`python -m orbitkv serve`); N client processes, each with its own
 session, run one operation in a closed loop for a fixed time:
-  * `lookup` - lookup of a 32-block chain that fully hits (a lease) + release:
-               2 round trips, the cache lock taken twice, no copy;
-  * `save`   - save of 4 new 4 KiB blocks (begin_save, copy, commit_save):
-               2 round trips, allocation and eviction under the cache lock.
+  * `lookup`       - lookup of a 32-block chain that fully hits (a lease), then the
+                     release the adapters send (`release(lease, wait=False)`: one
+                     message, no reply): 1 round trip + 1 one-way message, no copy;
+  * `lookup_acked` - the same with an acknowledged release: 2 round trips (the
+                     only lookup op before quiet releases existed);
+  * `save`         - save of 4 new 4 KiB blocks (begin_save, copy, commit_save):
+                     2 round trips, allocation and eviction under the cache lock.
 Baselines in the same run:
   * ideal linear scaling of the N=1 figure (N x ops/s at N=1), capped by cores;
-  * `echo`   - N pairs of processes exchanging the same request/reply sizes over
-               Unix socketpairs (Python on both sides): the kernel IPC + process
-               wake-up cost with no Manager at all.
+  * `echo`       - N pairs of processes exchanging the lookup's request/reply sizes
+                   over Unix socketpairs (Python on both sides), two round trips per
+                   operation: the kernel IPC + process wake-up cost with no Manager
+                   (the baseline issue 10 names);
+  * `echo_quiet` - the same pairs exchanging exactly the `lookup` op's messages: one
+                   round trip, then a one-way message of a quiet release's size.
 The Manager runs one thread per session; lookups and releases share its cache lock
 (saves take it exclusively). CPU per operation is reported for the Manager (all
 its threads) and the client processes, over the timed loop, to show where the
@@ -45,6 +51,7 @@ CHAIN = 32
 BB = 4096
 LOOKUP_REQ = 16 + 8 + 32 * CHAIN  # header + ns/count + hashes, as on the wire
 REPLY = 16 + 24
+QUIET_RELEASE = 16 + 4 + 8  # header + count + one lease id
 
 
 def chain(i: int) -> list[bytes]:
@@ -79,6 +86,11 @@ def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, ou
     def lookup(_: int) -> None:
         lease = c.lookup(ns, hs)
         assert lease.hit_blocks == CHAIN, lease
+        c.release(lease, wait=False)
+
+    def lookup_acked(_: int) -> None:
+        lease = c.lookup(ns, hs)
+        assert lease.hit_blocks == CHAIN, lease
         c.release(lease)
 
     def save(n: int) -> None:
@@ -86,33 +98,50 @@ def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, ou
         c.save(ns, keys, payload)
 
     cpu0 = time.process_time()
-    count, lat = closed_loop(lookup if op == "lookup" else save, seconds, start)
+    ops = {"lookup": lookup, "lookup_acked": lookup_acked, "save": save}
+    count, lat = closed_loop(ops[op], seconds, start)
     # The process's CPU from before the start signal to the end (this process's
     # threads only: the native client runs on the calling thread).
     out.put((count, lat, time.process_time() - cpu0))
     c.close()
 
 
-def echo_server(conn: socket.socket) -> None:
+def echo_server(conn: socket.socket, quiet: bool) -> None:
+    """Answer each lookup-sized request; with `quiet`, a release-sized message
+    follows each answered request and gets no answer (the `lookup` op's shape)."""
+    steps = [(LOOKUP_REQ, True), (QUIET_RELEASE, False)] if quiet else [(LOOKUP_REQ, True)]
+    i, have = 0, 0
     while True:
         data = conn.recv(65536)
         if not data:
             return
-        conn.sendall(bytes(REPLY))
+        have += len(data)
+        while have >= steps[i][0]:
+            have -= steps[i][0]
+            if steps[i][1]:
+                conn.sendall(bytes(REPLY))
+            i = (i + 1) % len(steps)
 
 
-def echo_client(conn: socket.socket, seconds: float, start: Any, out: Any) -> None:
-    req = bytes(LOOKUP_REQ)
+def echo_client(conn: socket.socket, quiet: bool, seconds: float, start: Any, out: Any) -> None:
+    req, release = bytes(LOOKUP_REQ), bytes(QUIET_RELEASE)
 
-    def two_round_trips(_: int) -> None:  # as lookup + release
-        for _ in range(2):
-            conn.sendall(req)
-            got = 0
-            while got < REPLY:
-                got += len(conn.recv(65536))
+    def round_trip() -> None:
+        conn.sendall(req)
+        got = 0
+        while got < REPLY:
+            got += len(conn.recv(65536))
+
+    def two_round_trips(_: int) -> None:  # as lookup + acknowledged release
+        round_trip()
+        round_trip()
+
+    def round_trip_and_one_way(_: int) -> None:  # as lookup + quiet release
+        round_trip()
+        conn.sendall(release)
 
     cpu0 = time.process_time()
-    count, lat = closed_loop(two_round_trips, seconds, start)
+    count, lat = closed_loop(round_trip_and_one_way if quiet else two_round_trips, seconds, start)
     out.put((count, lat, time.process_time() - cpu0))
 
 
@@ -163,14 +192,14 @@ def run_clients(sock: str, op: str, n: int, seconds: float, mgr_pid: int) -> dic
     return row
 
 
-def run_echo(n: int, seconds: float) -> dict[str, float]:
+def run_echo(n: int, seconds: float, quiet: bool) -> dict[str, float]:
     ctx = mp.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
     procs = []
     for _ in range(n):
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        procs.append(ctx.Process(target=echo_server, args=(a,)))
-        procs.append(ctx.Process(target=echo_client, args=(b, seconds, start, out)))
+        procs.append(ctx.Process(target=echo_server, args=(a, quiet)))
+        procs.append(ctx.Process(target=echo_client, args=(b, quiet, seconds, start, out)))
     for p in procs:
         p.start()
     time.sleep(0.3)
@@ -209,14 +238,15 @@ def main() -> int:
                 for i in range(64):
                     c.save(ns, chain(i), [bytes(BB)] * CHAIN)
             row: dict[str, Any] = {"clients": n}
-            for op in ("lookup", "save"):
+            for op in ("lookup", "lookup_acked", "save"):
                 before = manager_counters(sock)
                 row[op] = run_clients(sock, op, n, a.seconds, mgr.pid)
                 after = manager_counters(sock)
                 # Lookups whose hits the eviction policy never saw (its replay fell behind).
                 row[op]["policy_touches_dropped"] = after[0] - before[0]
                 row[op]["manager_lookups"] = after[1] - before[1]
-            row["echo"] = run_echo(n, a.seconds)
+            row["echo"] = run_echo(n, a.seconds, quiet=False)
+            row["echo_quiet"] = run_echo(n, a.seconds, quiet=True)
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
@@ -226,17 +256,23 @@ def main() -> int:
     cores = os.cpu_count() or 1
     for row in rows:
         n = row["clients"]
-        for op in ("lookup", "save", "echo"):
+        for op in ("lookup", "lookup_acked", "save", "echo", "echo_quiet"):
             # Ideal: linear in clients until every core is busy (a client plus its server side).
             ideal = base[op]["ops_per_s"] / base["clients"] * min(n, max(1, cores // 2))
             row[op]["vs_ideal_linear"] = row[op]["ops_per_s"] / ideal
+        # The issue's ratio (against two echo round trips), and against an echo of
+        # exactly the messages each op exchanges.
         row["lookup_vs_echo"] = row["lookup"]["ops_per_s"] / row["echo"]["ops_per_s"]
+        row["lookup_vs_echo_quiet"] = row["lookup"]["ops_per_s"] / row["echo_quiet"]["ops_per_s"]
+        row["lookup_acked_vs_echo"] = row["lookup_acked"]["ops_per_s"] / row["echo"]["ops_per_s"]
     doc = {
         "bench": "manager_scaling",
         "ops": {
-            "lookup": f"lookup of a {CHAIN}-block full hit + release (2 round trips)",
+            "lookup": f"lookup of a {CHAIN}-block full hit + quiet release (1 round trip + 1 one-way message)",
+            "lookup_acked": f"lookup of a {CHAIN}-block full hit + acknowledged release (2 round trips)",
             "save": f"save of 4 new {BB}-byte blocks: begin_save + copy + commit_save (2 round trips)",
             "echo": "2 round trips of the lookup's request/reply sizes over a socketpair, Python both sides",
+            "echo_quiet": "1 round trip of the lookup's sizes + 1 one-way message of a quiet release's size",
         },
         "seconds_per_point": a.seconds,
         "cpus": cores,

@@ -282,6 +282,26 @@ impl Conn {
         r
     }
 
+    /// Send a request that has no reply (`ReleaseQuiet`): written under the
+    /// lock, so it is ordered with every other request of this connection;
+    /// nothing is read. A failed write breaks the connection.
+    pub(crate) fn send(&self, req: &Request) -> Result<(), ClientError> {
+        debug_assert!(!req.expects_reply());
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.broken {
+            return Err(ClientError::Unavailable(
+                "connection to the Manager is broken".into(),
+            ));
+        }
+        let id = g.next_id;
+        g.next_id = g.next_id.wrapping_add(1);
+        let r = write_frame(&mut g.stream.get_ref(), req.kind() as u16, id, &req.encode()).map_err(io_err);
+        if r.is_err() {
+            g.broken = true;
+        }
+        r
+    }
+
     /// Has the Manager's end of the connection gone (closed, crashed,
     /// restarted)? One `poll` with zero timeout, without taking the lock, so it
     /// never waits for a reply another thread is expecting. A pending reply

@@ -20,7 +20,9 @@ pub use conn::SERVER_UID_ENV;
 pub use copy::{EngineMemory, PageLayout, PageSpec, SlotCopier};
 pub use error::ClientError;
 pub use guard::{Lease, SaveGuard};
-use orbitkv_proto::{ErrorCode, HASH_BYTES, MAX_TP_SHARDS, Request, Response, SaveItem, TP_TOKEN_BYTES};
+use orbitkv_proto::{
+    ErrorCode, HASH_BYTES, MAX_QUIET_RELEASES, MAX_TP_SHARDS, Request, Response, SaveItem, TP_TOKEN_BYTES,
+};
 use orbitkv_shm::Mapping;
 
 pub type Hash = [u8; HASH_BYTES];
@@ -481,6 +483,31 @@ impl Client {
             Response::Ok => Ok(()),
             r => Err(Self::unexpected(r)),
         }
+    }
+
+    /// Retire leases without waiting for the Manager (`ReleaseQuiet`: no
+    /// reply, one message for all of them): the caller asserts every copy out
+    /// of each has drained. Requests sent after this one see them released.
+    /// A lease the Manager no longer knows is counted and logged there
+    /// (`quiet_release_failures_total`), not reported here; an error here
+    /// means the request was not sent (the connection is gone, or too many
+    /// leases: at most [`MAX_QUIET_RELEASES`]).
+    pub fn release_quiet(&self, leases: &[u64]) -> Result<(), ClientError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        if leases.len() > MAX_QUIET_RELEASES {
+            return Err(ClientError::Invalid(format!(
+                "a quiet release names at most {MAX_QUIET_RELEASES} leases, got {}",
+                leases.len()
+            )));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ClientError::Closed);
+        }
+        self.conn.send(&Request::ReleaseQuiet {
+            leases: leases.to_vec(),
+        })
     }
 
     /// Copy blocks `[start, start + dst.len())` of an acquired lease into `dst`

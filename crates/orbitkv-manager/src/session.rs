@@ -12,8 +12,8 @@ use orbitkv_core::{
     SessionId,
 };
 use orbitkv_proto::{
-    ErrorCode, FrameError, HELLO_CONTROL_ONLY, Request, Response, SaveItem, SegmentInfo, decode_request,
-    write_frame,
+    ErrorCode, FrameError, HELLO_CONTROL_ONLY, Kind, Request, Response, SaveItem, SegmentInfo,
+    decode_request, write_frame,
 };
 use orbitkv_shm::fdpass::send_with_fds;
 use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
@@ -325,6 +325,28 @@ fn request_loop(
             }
         };
         let (resp, done) = match decode_request(h.kind, &body) {
+            // The one request with no reply: nothing is written, whatever happens.
+            Ok(Request::ReleaseQuiet { leases }) => {
+                release_quiet(shared, session, pid, &leases);
+                continue;
+            }
+            // A malformed one-way frame cannot be answered without breaking the
+            // client's reply order: framing is lost, as for a bad header.
+            Err(e) if h.kind == Kind::ReleaseQuiet as u16 => {
+                let n = ServerCounters::inc(&shared.counters.bad_frames);
+                warn_sampled!(
+                    n,
+                    "session {} (pid {pid}): bad ReleaseQuiet: {e}; closing",
+                    session.0
+                );
+                reply_and_close(
+                    stream,
+                    h.request_id,
+                    ErrorCode::BadFrame,
+                    format!("ReleaseQuiet: {e}; closing"),
+                );
+                return SessionEnd::Vanished;
+            }
             Ok(Request::Close) => {
                 let r = shared.cache().end_session(session, SessionEnd::Clean);
                 ServerCounters::inc(&shared.counters.sessions_closed_clean);
@@ -352,6 +374,32 @@ fn request_loop(
         if done {
             return SessionEnd::Clean;
         }
+    }
+}
+
+/// `ReleaseQuiet`: release each lease as `Release` would, answer nothing. A
+/// lease that cannot be released (already ended, another session's) is
+/// counted and logged; the client asked not to wait, so it is not told.
+fn release_quiet(shared: &Shared, s: SessionId, pid: i32, leases: &[u64]) {
+    for &l in leases {
+        ServerCounters::inc(&shared.counters.quiet_releases);
+        if let Err(e) = release(shared, s, LeaseId(l)) {
+            let n = ServerCounters::inc(&shared.counters.quiet_release_failures);
+            warn_sampled!(n, "session {} (pid {pid}): quiet release of lease {l}: {e}", s.0);
+        }
+    }
+}
+
+/// Release one lease: the shared-lock path when ending it frees nothing.
+fn release(shared: &Shared, s: SessionId, l: LeaseId) -> Result<(), CacheError> {
+    // Bound first: the shared guard must be gone before the exclusive path
+    // below takes the lock (a match scrutinee's temporaries live to its end).
+    let fast = shared.cache_shared().try_release_shared(s, l);
+    match fast {
+        Ok(true) => Ok(()),
+        // A doomed block to reap or a TP part to end: the exclusive path.
+        Ok(false) => shared.cache().release(s, l),
+        Err(e) => Err(e),
     }
 }
 
@@ -460,16 +508,7 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             drop(cache);
             acquire(shared, s, LeaseId(lease))
         }
-        Request::Release { lease } => {
-            let fast = shared.cache_shared().try_release_shared(s, LeaseId(lease));
-            let r = match fast {
-                Ok(true) => Ok(()),
-                // A doomed block to reap or a TP part to end: the exclusive path.
-                Ok(false) => shared.cache().release(s, LeaseId(lease)),
-                Err(e) => Err(e),
-            };
-            map(r.map(|_| Response::Ok))
-        }
+        Request::Release { lease } => map(release(shared, s, LeaseId(lease)).map(|_| Response::Ok)),
         Request::BeginSave { ns, hashes } => {
             map(shared
                 .cache()
@@ -551,6 +590,9 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             Response::Ok
         }
         Request::Close => Response::Ok, // handled in the loop
+        Request::ReleaseQuiet { .. } => {
+            Response::error(ErrorCode::Internal, "ReleaseQuiet reached the answering handler") // the loop handles it
+        }
         Request::LookupTp { .. } | Request::RedeemTp { .. } | Request::ReleaseTp { .. } => {
             Response::error(ErrorCode::Internal, "TP request reached the plain handler") // tp::handle answers these
         }

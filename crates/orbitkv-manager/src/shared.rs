@@ -28,6 +28,10 @@ pub struct ServerCounters {
     pub hello_timeouts: AtomicU64,
     pub frame_timeouts: AtomicU64,
     pub frame_buffer_refusals: AtomicU64,
+    /// Leases named by `ReleaseQuiet` requests, and those the Manager could
+    /// not release (already ended; nobody is waiting for an answer).
+    pub quiet_releases: AtomicU64,
+    pub quiet_release_failures: AtomicU64,
 }
 
 impl ServerCounters {

@@ -180,6 +180,18 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             ld(&sc.frame_buffer_refusals),
         ),
         (
+            "quiet_releases_total",
+            "Leases released by ReleaseQuiet requests (no reply; the client did not wait)",
+            "counter",
+            ld(&sc.quiet_releases),
+        ),
+        (
+            "quiet_release_failures_total",
+            "Leases named by ReleaseQuiet that could not be released (unknown or another session's)",
+            "counter",
+            ld(&sc.quiet_release_failures),
+        ),
+        (
             "frame_buffer_bytes",
             "Bytes of incomplete frame bodies charged to --max-buffered-bytes",
             "gauge",

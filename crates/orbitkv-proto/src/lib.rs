@@ -34,15 +34,18 @@ pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_
 
 /// Protocol version spoken by this build. 2: `LookupOk` names the SSD-only hit blocks;
 /// `LookupTp` / `RedeemTp` / `ReleaseTp` / `TpLeaseOk`. 3: the presence table
-/// (`HelloOk.presence_slots` and its fd, `Namespace.presence_key`). A client and a
+/// (`HelloOk.presence_slots` and its fd, `Namespace.presence_key`). 4: `ReleaseQuiet`,
+/// the one request with no reply. A client and a
 /// Manager of different versions refuse each other's first frame, naming both versions.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes of a namespace's presence key.
 pub const PRESENCE_KEY_BYTES: usize = 16;
 /// Bytes per block hash.
 pub const HASH_BYTES: usize = 32;
 /// Most hashes one request may carry.
 pub const MAX_HASHES: usize = 65_536;
+/// Most leases one `ReleaseQuiet` request may name.
+pub const MAX_QUIET_RELEASES: usize = 4096;
 /// `Hello` flag: a control-only session. The Manager passes it no arena fds
 /// and refuses it every request that hands out arena addresses (`Acquire`,
 /// `BeginSave`), so it can never copy; its leases are released the moment its

@@ -1,7 +1,10 @@
 //! Message types and their body encodings.
 
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::{HASH_BYTES, MAX_HASHES, MAX_TEXT, MAX_TOKEN, MAX_TP_SHARDS, PRESENCE_KEY_BYTES, TP_TOKEN_BYTES};
+use crate::{
+    HASH_BYTES, MAX_HASHES, MAX_QUIET_RELEASES, MAX_TEXT, MAX_TOKEN, MAX_TP_SHARDS, PRESENCE_KEY_BYTES,
+    TP_TOKEN_BYTES,
+};
 
 /// Message kinds. Requests are < 0x80, replies ≥ 0x80.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +25,7 @@ pub enum Kind {
     LookupTp = 0x0d,
     RedeemTp = 0x0e,
     ReleaseTp = 0x0f,
+    ReleaseQuiet = 0x10,
     HelloOk = 0x81,
     Namespace = 0x82,
     LookupOk = 0x83,
@@ -138,6 +142,14 @@ pub enum Request {
     ReleaseTp {
         token: [u8; TP_TOKEN_BYTES],
     },
+    /// Release 1 to [`MAX_QUIET_RELEASES`] leases of this session, in order,
+    /// with **no reply** (the one request that has none): the caller asserts
+    /// every copy out of them has drained and does not wait for the Manager.
+    /// A lease the Manager cannot release (already ended) is counted and
+    /// logged by the Manager; it never affects the requests that follow.
+    ReleaseQuiet {
+        leases: Vec<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,7 +258,14 @@ impl Request {
             Request::LookupTp { .. } => Kind::LookupTp,
             Request::RedeemTp { .. } => Kind::RedeemTp,
             Request::ReleaseTp { .. } => Kind::ReleaseTp,
+            Request::ReleaseQuiet { .. } => Kind::ReleaseQuiet,
         }
+    }
+
+    /// Whether the Manager answers this request (every request but
+    /// `ReleaseQuiet` has exactly one reply).
+    pub fn expects_reply(&self) -> bool {
+        !matches!(self, Request::ReleaseQuiet { .. })
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -295,6 +314,12 @@ impl Request {
             }
             Request::ReleaseTp { token } => {
                 w.raw(token);
+            }
+            Request::ReleaseQuiet { leases } => {
+                w.count(leases.len());
+                for l in leases {
+                    w.u64(*l);
+                }
             }
         }
         w.buf
@@ -365,6 +390,20 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
         0x0f => Request::ReleaseTp {
             token: r.tp_token("token")?,
         },
+        0x10 => {
+            let n = r.count("leases", MAX_QUIET_RELEASES, 8)?;
+            if n == 0 {
+                return Err(DecodeError::Invalid {
+                    field: "leases",
+                    value: 0,
+                });
+            }
+            let mut leases = Vec::with_capacity(n);
+            for _ in 0..n {
+                leases.push(r.u64("lease")?);
+            }
+            Request::ReleaseQuiet { leases }
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;

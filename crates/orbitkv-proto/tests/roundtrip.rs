@@ -59,8 +59,13 @@ fn every_request_round_trips() {
             ns: 4,
         },
         Request::ReleaseTp { token: [0xcd; 16] },
+        Request::ReleaseQuiet { leases: vec![7] },
+        Request::ReleaseQuiet {
+            leases: vec![1, u64::MAX, 3],
+        },
     ];
     for r in reqs {
+        assert_eq!(r.expects_reply(), !matches!(r, Request::ReleaseQuiet { .. }));
         let body = r.encode();
         assert_eq!(decode_request(r.kind() as u16, &body).expect("decodes"), r);
         // Every strict prefix of a non-empty body is truncated, never accepted.
@@ -222,6 +227,17 @@ fn tp_messages_are_bounded_and_canonical() {
     assert!(matches!(
         decode_request(Kind::ReleaseTp as u16, &[0u8; 15]),
         Err(DecodeError::Truncated { .. })
+    ));
+    // A quiet release names 1 to MAX_QUIET_RELEASES leases.
+    assert!(matches!(
+        decode_request(Kind::ReleaseQuiet as u16, &0u32.to_le_bytes()),
+        Err(DecodeError::Invalid { field: "leases", .. })
+    ));
+    let mut over = ((MAX_QUIET_RELEASES + 1) as u32).to_le_bytes().to_vec();
+    over.resize(4 + 8 * (MAX_QUIET_RELEASES + 1), 0);
+    assert!(matches!(
+        decode_request(Kind::ReleaseQuiet as u16, &over),
+        Err(DecodeError::TooMany { .. })
     ));
 }
 

@@ -183,6 +183,16 @@ impl Lease {
     fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Mark this lease released; true when the caller must tell the Manager
+    /// (it pinned something and was not released before).
+    fn mark_released(&self) -> bool {
+        if self.hit_blocks == 0 {
+            return false;
+        }
+        let mut st = self.state();
+        !std::mem::replace(&mut st.released, true)
+    }
 }
 
 #[pymethods]
@@ -923,9 +933,22 @@ impl Client {
         out.map_err(to_py)
     }
 
-    fn release(&self, py: Python<'_>, lease: &Lease) -> PyResult<()> {
+    /// Release `lease` (a no-op when already released). `wait=False` sends it
+    /// without waiting for the Manager's answer (one message, no round trip):
+    /// later requests of this client see it released; a lease the Manager no
+    /// longer knows is then counted there, not raised here.
+    #[pyo3(signature = (lease, *, wait = true))]
+    fn release(&self, py: Python<'_>, lease: &Lease, wait: bool) -> PyResult<()> {
         self.check_lease(lease)?;
-        release_lease(py, &self.inner, lease)
+        if wait {
+            return release_lease(py, &self.inner, lease);
+        }
+        if !lease.mark_released() {
+            return Ok(());
+        }
+        let c = self.inner.clone();
+        let id = lease.id;
+        py.detach(|| c.release_quiet(&[id])).map_err(to_py)
     }
 
     fn save(
@@ -1041,15 +1064,8 @@ impl Client {
 
 /// Release `lease` once: later calls (explicit or a `with` exit) are no-ops.
 fn release_lease(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease) -> PyResult<()> {
-    if lease.hit_blocks == 0 {
+    if !lease.mark_released() {
         return Ok(());
-    }
-    {
-        let mut st = lease.state();
-        if st.released {
-            return Ok(());
-        }
-        st.released = true;
     }
     let c = c.clone();
     let id = lease.id;

@@ -346,7 +346,7 @@ class OrbitKVWorker:
         if lease is None:
             return
         try:
-            self.session.client().release(lease)
+            self.session.client().release(lease, wait=False)
         except Exception as exc:
             logger.debug("orbitkv: worker lease release failed", exc_info=True)
             self._connection_failed(exc)
@@ -399,7 +399,7 @@ class OrbitKVWorker:
             out.failed_block_ids = list(spec.block_ids)
         finally:
             try:
-                client.release(lease)
+                client.release(lease, wait=False)
             except Exception as exc:
                 # The copy above read the arena this process still maps: a Manager that
                 # died after the acquire loses the release, not the bytes (L7).

@@ -8,6 +8,7 @@ from orbitkv import _native
 
 pytestmark = pytest.mark.native
 BB = 4096
+FP = b"\x0e" * 32
 
 
 def test_bad_arguments_are_value_errors(manager) -> None:  # type: ignore[no-untyped-def]
@@ -95,3 +96,29 @@ def test_injected_commit_failure_aborts_the_save(manager) -> None:  # type: igno
     st = manager.stats()
     assert st["dram_pending_save_bytes"] == 0 and st["blocks_aborted_total"] == 2
     assert c.save(ns, hs, bytes(2 * BB)).stored == 2, "the next save goes through"
+
+
+def test_release_without_waiting(manager) -> None:  # type: ignore[no-untyped-def]
+    """`release(lease, wait=False)` sends one message and reads no reply: the
+    client's next request sees it released; repeats are no-ops; a lease the
+    Manager no longer knows is counted there, never raised into later calls."""
+    c = manager.client()
+    ns = c.register_namespace(FP, BB)
+    hs = [bytes([i]) * 32 for i in range(3)]
+    c.save(ns, hs, [bytes([i]) * BB for i in range(3)])
+    leases = [c.lookup(ns, hs) for _ in range(2)]
+    assert c.stats()["live_leases"] == 2
+    c.release(leases[0], wait=False)
+    assert leases[0].released
+    c.release(leases[0], wait=False)  # a no-op: nothing sent
+    c.release(leases[0])
+    st = c.stats()
+    assert (st["live_leases"], st["quiet_releases_total"], st["quiet_release_failures_total"]) == (1, 1, 0)
+    with pytest.raises(ValueError):
+        manager.client().release(leases[1], wait=False)  # another client's lease: refused before sending
+    c.close()  # the Manager released leases[1] with the session
+    d = manager.client()
+    ns = d.register_namespace(FP, BB)
+    with d.lookup(ns, hs) as lease:
+        assert lease.hit_blocks == 3
+    assert d.stats()["live_leases"] == 0
