@@ -43,6 +43,8 @@ struct Inner {
 #[derive(Debug)]
 pub(crate) struct Conn {
     inner: Mutex<Inner>,
+    /// How long a call polls for its reply before it sleeps (`ORBITKV_CLIENT_SPIN_US`).
+    spin: Duration,
     /// A duplicate of the socket, polled without the lock for a hang-up
     /// (the Manager closed or died) while another thread waits for a reply.
     watch: std::os::fd::OwnedFd,
@@ -71,6 +73,48 @@ fn refusal(code: u16, message: String) -> ClientError {
         Some(ErrorCode::Auth) => ClientError::Auth(message),
         Some(code) => ClientError::Server { code, message },
         None => ClientError::Protocol(message),
+    }
+}
+
+/// Environment variable: microseconds a call polls for its reply before it
+/// sleeps (0 to 1000; default 0: it sleeps at once). Polling spends this
+/// process's CPU to save the wake-up when the Manager answers quickly.
+pub const CLIENT_SPIN_ENV: &str = "ORBITKV_CLIENT_SPIN_US";
+
+fn spin_from_env() -> Result<Duration, ClientError> {
+    match std::env::var(CLIENT_SPIN_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(Duration::ZERO),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(us @ 0..=1000) => Ok(Duration::from_micros(us)),
+            _ => Err(ClientError::Invalid(format!(
+                "{CLIENT_SPIN_ENV}={v:?} is not 0 to 1000 microseconds"
+            ))),
+        },
+        Err(std::env::VarError::NotUnicode(v)) => Err(ClientError::Invalid(format!(
+            "{CLIENT_SPIN_ENV}={v:?} is not 0 to 1000 microseconds"
+        ))),
+    }
+}
+
+/// Poll `stream` (peeking, never consuming) until a byte is readable, the
+/// peer closed, or `spin` has passed; the blocking read that follows then
+/// finds the reply without sleeping.
+fn spin_for_reply(stream: &UnixStream, spin: Duration) {
+    if spin.is_zero() {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let mut one = [0u8; 1];
+    loop {
+        let flags = rustix::net::RecvFlags::DONTWAIT | rustix::net::RecvFlags::PEEK;
+        match rustix::net::recv(stream, &mut one, flags) {
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            _ => return, // bytes, end of stream or an error: the read reports it
+        }
+        if start.elapsed() >= spin {
+            return;
+        }
+        std::hint::spin_loop();
     }
 }
 
@@ -248,6 +292,7 @@ impl Conn {
                     next_id: 2,
                     broken: false,
                 }),
+                spin: spin_from_env()?,
                 watch,
             },
             session,
@@ -267,6 +312,9 @@ impl Conn {
         g.next_id = g.next_id.wrapping_add(1);
         let r = (|| {
             write_frame(&mut g.stream.get_ref(), req.kind() as u16, id, &req.encode()).map_err(io_err)?;
+            if g.stream.buffer().is_empty() {
+                spin_for_reply(g.stream.get_ref(), self.spin);
+            }
             let (h, body) = read_frame(&mut g.stream).map_err(io_err)?;
             if h.request_id != id && h.request_id != 0 {
                 return Err(ClientError::Protocol(format!(

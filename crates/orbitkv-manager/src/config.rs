@@ -67,6 +67,11 @@ pub struct Args {
     /// milliseconds (an idle connection between frames has no deadline) [default: 10000]
     #[arg(long)]
     pub frame_timeout_ms: Option<u64>,
+    /// After answering a request, a session's thread polls its socket for up to this many
+    /// microseconds before it sleeps: a client's next message (a quiet release, the next
+    /// lookup) then costs no wake-up, for CPU spent polling. 0 to 1000 [default: 0]
+    #[arg(long)]
+    pub session_spin_us: Option<u64>,
     /// Accept InjectFault requests (tests only)
     #[arg(long)]
     pub enable_fault_injection: bool,
@@ -196,6 +201,7 @@ struct FileConfig {
     max_buffered_bytes: Option<String>,
     hello_timeout_ms: Option<u64>,
     frame_timeout_ms: Option<u64>,
+    session_spin_us: Option<u64>,
     log_level: Option<String>,
     ssd_dir: Option<PathBuf>,
     ssd: Option<bool>,
@@ -268,6 +274,8 @@ pub struct ManagerConfig {
     pub hello_timeout: std::time::Duration,
     /// Deadline for a whole frame, from its first byte.
     pub frame_timeout: std::time::Duration,
+    /// How long a session's thread polls for the next request before it sleeps.
+    pub session_spin: std::time::Duration,
     pub log_level: crate::log::Level,
     pub ssd: Option<SsdSettings>,
     /// DRAM eviction policy.
@@ -764,6 +772,14 @@ impl ManagerConfig {
             "frame_timeout_ms",
             a.frame_timeout_ms.or(file.frame_timeout_ms).unwrap_or(10_000),
         )?;
+        let session_spin = match a.session_spin_us.or(file.session_spin_us).unwrap_or(0) {
+            v @ 0..=1000 => std::time::Duration::from_micros(v),
+            v => {
+                return Err(ConfigError::Invalid(format!(
+                    "session_spin_us {v} must be 0..=1000 microseconds"
+                )));
+            }
+        };
         let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
             .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
         let ssd_dir = a
@@ -882,6 +898,7 @@ impl ManagerConfig {
             max_buffered_bytes,
             hello_timeout,
             frame_timeout,
+            session_spin,
             log_level,
         })
     }
@@ -1081,6 +1098,11 @@ mod tests {
         assert_eq!(c.max_buffered_bytes, 64 << 20);
         assert_eq!(c.hello_timeout, std::time::Duration::from_secs(5));
         assert_eq!(c.frame_timeout, std::time::Duration::from_secs(10));
+        assert_eq!(c.session_spin, std::time::Duration::ZERO, "sessions sleep at once by default");
+        let spin = ManagerConfig::from_argv(["x", "--session-spin-us", "40"]).expect("spin");
+        assert_eq!(spin.session_spin, std::time::Duration::from_micros(40));
+        let e = ManagerConfig::from_argv(["x", "--session-spin-us", "1001"]).expect_err("too long");
+        assert!(e.to_string().contains("session_spin_us 1001 must be 0..=1000"), "{e}");
         let e = ManagerConfig::from_argv(["x", "--max-buffered-bytes", "1MiB"]).expect_err("below a frame");
         assert!(e.to_string().contains("at least 4MiB"), "{e}");
         let e = ManagerConfig::from_argv(["x", "--hello-timeout-ms", "0"]).expect_err("zero");

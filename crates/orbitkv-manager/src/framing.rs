@@ -155,7 +155,11 @@ impl PeerReader<'_> {
     /// One receive from the socket into `buf`, waiting as the deadlines allow.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let Some((deadline, stall)) = self.deadline() else {
-            // Idle between frames: wait as long as the peer likes.
+            // Idle between frames: wait as long as the peer likes (polling
+            // first for `--session-spin-us`, when set).
+            if let Some(n) = self.spin_recv(buf)? {
+                return Ok(n);
+            }
             let mut stream: &UnixStream = self.stream;
             return stream.read(buf);
         };
@@ -179,6 +183,30 @@ impl PeerReader<'_> {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+}
+
+impl PeerReader<'_> {
+    /// Poll the socket without sleeping for up to `--session-spin-us`:
+    /// `Some(n)` when bytes arrived meanwhile, `None` when the caller should
+    /// block (spinning off, or nothing came).
+    fn spin_recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let spin = self.shared.config.session_spin;
+        if spin.is_zero() {
+            return Ok(None);
+        }
+        let start = Instant::now();
+        loop {
+            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
+                Ok((n, _)) => return Ok(Some(n)),
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if start.elapsed() >= spin {
+                return Ok(None);
+            }
+            std::hint::spin_loop();
         }
     }
 }

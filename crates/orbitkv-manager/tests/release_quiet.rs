@@ -22,7 +22,18 @@ fn stats(c: &Client) -> serde_json::Value {
 
 #[test]
 fn quiet_releases_are_ordered_counted_and_never_answered() {
-    let m = ManagerProc::start(&[]);
+    quiet_releases(&[]);
+}
+
+/// The same with session threads that poll before they sleep: the spin
+/// changes when a thread sleeps, never what it answers or in which order.
+#[test]
+fn quiet_releases_with_spinning_sessions() {
+    quiet_releases(&["--session-spin-us", "200"]);
+}
+
+fn quiet_releases(flags: &[&str]) {
+    let m = ManagerProc::start(flags);
     let c = m.client();
     let ns = c.register_namespace([7; 32], BB as u64, 0, b"").expect("ns");
     let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(7, i)).collect();

@@ -122,3 +122,23 @@ def test_release_without_waiting(manager) -> None:  # type: ignore[no-untyped-de
     with d.lookup(ns, hs) as lease:
         assert lease.hit_blocks == 3
     assert d.stats()["live_leases"] == 0
+
+
+def test_client_spin_setting(manager, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`ORBITKV_CLIENT_SPIN_US` (0-1000) makes calls poll for their reply before
+    sleeping: the same answers; a bad value is refused at connect, naming it."""
+    monkeypatch.setenv("ORBITKV_CLIENT_SPIN_US", "1001")
+    with pytest.raises(ValueError, match="ORBITKV_CLIENT_SPIN_US"):
+        manager.client()
+    monkeypatch.setenv("ORBITKV_CLIENT_SPIN_US", "200")
+    c = manager.client()
+    ns = c.register_namespace(FP, BB)
+    hs = [bytes([9, i]) * 16 for i in range(4)]
+    data = [bytes([i + 1]) * BB for i in range(4)]
+    assert c.save(ns, hs, data).stored == 4
+    for _ in range(50):
+        lease = c.lookup(ns, hs)
+        out = bytearray(4 * BB)
+        assert c.restore(lease, out) == 4 * BB and bytes(out) == b"".join(data)
+        c.release(lease, wait=False)
+    assert c.stats()["live_leases"] == 0
