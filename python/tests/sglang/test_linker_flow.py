@@ -27,8 +27,7 @@ def assert_drained(*engines: Engine, manager: ManagerProcess | None = None) -> N
         e.step()
         assert e.drained() == {"query_leases": 0, "queued_loads": 0, "load_batches": 0, "offloads": 0}
     if manager is not None:
-        st = manager.stats()
-        assert st["live_leases"] == 0 and st["live_saves"] == 0, st
+        manager.settled_stats(live_leases=0, live_saves=0)
 
 
 def test_cold_miss_offload_then_restore_byte_exact(orbit_manager: ManagerProcess) -> None:
@@ -196,7 +195,7 @@ def test_unselected_lookup_lease_is_released(orbit_manager: ManagerProcess) -> N
     assert orbit_manager.stats()["live_leases"] == 1
     b.step()
     assert b.linker.stats["query_leases_released"] == 1
-    assert orbit_manager.stats()["live_leases"] == 0
+    orbit_manager.settled_stats(live_leases=0)
     b.alloc.free(hog)
     got = b.run(req, tokens)
     assert got.computed == 4 * PAGE + 1 and got.mismatched_bytes == 0

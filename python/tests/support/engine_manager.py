@@ -84,6 +84,21 @@ class ManagerProcess:
         with self.client() as c:
             return dict(c.stats())
 
+    def settled_stats(self, timeout: float = 10.0, **expected: int) -> dict:
+        """Stats once each named gauge has its expected value. The adapters release
+        leases with `release(lease, wait=False)` (no reply), so the Manager applies a
+        release a moment after the adapter sent it, on that adapter's session, while
+        these stats come through another one. Fails naming the values last seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.stats()
+            if all(st[k] == v for k, v in expected.items()):
+                return st
+            if time.monotonic() > deadline:
+                seen = {k: st[k] for k in expected}
+                raise AssertionError(f"Manager stats never reached {expected} within {timeout} s: {seen}")
+            time.sleep(0.01)
+
     def kill(self) -> None:
         """SIGKILL: no drain, no goodbye (a crashed Manager)."""
         if self.proc.poll() is None:

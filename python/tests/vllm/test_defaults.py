@@ -215,7 +215,7 @@ def hits_again(engine: Engine, mgr: ManagerProcess, seed: int) -> None:
     assert r.request_id not in engine.failed
     engine.run_until_drained()
     engine.assert_drained()
-    assert mgr.stats()["live_leases"] == 0
+    mgr.settled_stats(live_leases=0)
 
 
 def save_prompt(model_dir: Path, mgr: ManagerProcess) -> None:

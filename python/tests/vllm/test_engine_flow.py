@@ -89,8 +89,7 @@ def assert_no_leases_held(engine: Engine, manager: ManagerProcess) -> None:
     # went with a dropped connection's session ...
     assert c["leases_released"] + c["leases_lost_with_session"] == c["lookups"], c
     # ... and the Manager agrees: no lease or pending save is left (L1, L2, L4).
-    stats = manager.stats()
-    assert (stats["live_leases"], stats["live_saves"]) == (0, 0), stats
+    manager.settled_stats(live_leases=0, live_saves=0)
 
 
 @pytest.mark.parametrize("layout", ["LBNHC", "BLHNC"])

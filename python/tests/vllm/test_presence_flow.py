@@ -120,8 +120,7 @@ def test_a_probable_hit_is_answered_a_step_later_byte_exact(
     assert (c["lookups"], c["hit_blocks"], c["loads_finished"], c["loads_failed"]) == (1, FULL_BLOCKS, 1, 0), c
     b.run_until_drained()
     b.assert_drained()
-    st = orbit_manager.stats()
-    assert (st["live_leases"], st["live_saves"]) == (0, 0), st
+    orbit_manager.settled_stats(live_leases=0, live_saves=0)
     b.shutdown()
 
 
