@@ -301,7 +301,9 @@ impl Conn {
         ))
     }
 
-    pub(crate) fn call(&self, req: &Request) -> Result<Response, ClientError> {
+    /// Lock the connection and write `req` under the next request id: the
+    /// guard (held until the reply is read, if one is due) and that id.
+    fn write(&self, req: &Request) -> Result<(std::sync::MutexGuard<'_, Inner>, u32), ClientError> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if g.broken {
             return Err(ClientError::Unavailable(
@@ -310,8 +312,16 @@ impl Conn {
         }
         let id = g.next_id;
         g.next_id = g.next_id.wrapping_add(1);
+        if let Err(e) = write_frame(&mut g.stream.get_ref(), req.kind() as u16, id, &req.encode()) {
+            g.broken = true; // part of a frame may be on the wire
+            return Err(io_err(e));
+        }
+        Ok((g, id))
+    }
+
+    pub(crate) fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        let (mut g, id) = self.write(req)?;
         let r = (|| {
-            write_frame(&mut g.stream.get_ref(), req.kind() as u16, id, &req.encode()).map_err(io_err)?;
             if g.stream.buffer().is_empty() {
                 spin_for_reply(g.stream.get_ref(), self.spin);
             }
@@ -335,19 +345,7 @@ impl Conn {
     /// nothing is read. A failed write breaks the connection.
     pub(crate) fn send(&self, req: &Request) -> Result<(), ClientError> {
         debug_assert!(!req.expects_reply());
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if g.broken {
-            return Err(ClientError::Unavailable(
-                "connection to the Manager is broken".into(),
-            ));
-        }
-        let id = g.next_id;
-        g.next_id = g.next_id.wrapping_add(1);
-        let r = write_frame(&mut g.stream.get_ref(), req.kind() as u16, id, &req.encode()).map_err(io_err);
-        if r.is_err() {
-            g.broken = true;
-        }
-        r
+        self.write(req).map(|_| ())
     }
 
     /// Has the Manager's end of the connection gone (closed, crashed,

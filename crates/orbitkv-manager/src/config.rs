@@ -1098,11 +1098,18 @@ mod tests {
         assert_eq!(c.max_buffered_bytes, 64 << 20);
         assert_eq!(c.hello_timeout, std::time::Duration::from_secs(5));
         assert_eq!(c.frame_timeout, std::time::Duration::from_secs(10));
-        assert_eq!(c.session_spin, std::time::Duration::ZERO, "sessions sleep at once by default");
+        assert_eq!(
+            c.session_spin,
+            std::time::Duration::ZERO,
+            "sessions sleep at once by default"
+        );
         let spin = ManagerConfig::from_argv(["x", "--session-spin-us", "40"]).expect("spin");
         assert_eq!(spin.session_spin, std::time::Duration::from_micros(40));
         let e = ManagerConfig::from_argv(["x", "--session-spin-us", "1001"]).expect_err("too long");
-        assert!(e.to_string().contains("session_spin_us 1001 must be 0..=1000"), "{e}");
+        assert!(
+            e.to_string().contains("session_spin_us 1001 must be 0..=1000"),
+            "{e}"
+        );
         let e = ManagerConfig::from_argv(["x", "--max-buffered-bytes", "1MiB"]).expect_err("below a frame");
         assert!(e.to_string().contains("at least 4MiB"), "{e}");
         let e = ManagerConfig::from_argv(["x", "--hello-timeout-ms", "0"]).expect_err("zero");
