@@ -345,6 +345,29 @@ fn tls_copy(cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>), src: &
     }
 }
 
+/// XXH3-64 over every block, GB/s: the crate's compile-time path and the
+/// Manager's (run-time AVX2 dispatch), best of `reps` (the hash each side of a
+/// peer transfer takes per block).
+fn hash_rates(src: &[Vec<u8>], reps: usize) -> (f64, f64) {
+    let total: usize = src.iter().map(Vec::len).sum();
+    let mut best = (0.0f64, 0.0f64);
+    let mut sink = 0u64;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        for b in src {
+            sink ^= xxhash_rust::xxh3::xxh3_64(b);
+        }
+        best.0 = best.0.max(gbps(total, t0.elapsed()));
+        let t0 = Instant::now();
+        for b in src {
+            sink ^= orbitkv_manager::checksum::xxh3_64(b);
+        }
+        best.1 = best.1.max(gbps(total, t0.elapsed()));
+    }
+    assert_eq!(sink, 0, "both paths agree on every block");
+    best
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let out = args
@@ -393,6 +416,7 @@ fn main() {
     if let Some((_, p)) = tls_setup {
         p.stop();
     }
+    let (hash_crate, hash_manager) = hash_rates(&src, 3);
     let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
     let (tls, peer_tls, fill_tls, tls_note) = if have_tls {
         (
@@ -425,6 +449,10 @@ fn main() {
         "    of which the fill     {fill_plain:>8.2}   {:.2}x (bytes into B's arena)",
         fill_plain / tcp
     );
+    println!(
+        "  xxh3-64 per block       {hash_manager:>8.2}   ({}; xxhash-rust's compile-time path {hash_crate:.2})",
+        orbitkv_manager::checksum::long_path()
+    );
     if let (Some(t), Some(p)) = (tls, peer_tls) {
         println!("  TLS-only copy           {t:>8.2}");
         println!(
@@ -453,6 +481,9 @@ fn main() {
         "peer_restore_tls_gbps": peer_tls,
         "peer_tls_vs_tls": tls.zip(peer_tls).map(|(t, p)| p / t),
         "tls_note": tls_note,
+        "xxh3_gbps": hash_manager,
+        "xxh3_path": orbitkv_manager::checksum::long_path(),
+        "xxh3_crate_compile_time_gbps": hash_crate,
     });
     if let Some(parent) = Path::new(&out).parent() {
         let _ = std::fs::create_dir_all(parent);

@@ -194,10 +194,10 @@ pub fn recv_into_save_slot(
     // bytes are checked against the source's checksum before commit.
     let buf = unsafe { seg.mapping().slice_mut(slot.offset, len) }.map_err(std::io::Error::other)?;
     r.read_exact(buf)?;
-    Ok(xxhash_rust::xxh3::xxh3_64(buf))
+    Ok(crate::checksum::xxh3_64(buf))
 }
 
-/// The peer tier's sends: write the first `len` bytes of `slot` to `w` and
+/// The peer tier's sends: write the first `len` bytes of `slot` to `w`, then
 /// return their xxh3-64. The caller must hold an acquired lease on the block
 /// in `slot` (`AcquireStep::Ready` in `peer::source`) until this returns.
 pub fn send_leased_slot(
@@ -213,12 +213,15 @@ pub fn send_leased_slot(
     // (caller's obligation above): a pinned, visible block's slot is frozen
     // (never freed, reallocated or written by the Manager) until the lease ends,
     // which happens after this returns. A client of a trusted uid could still
-    // write into its mapping of this range; the checksum is taken over the bytes
-    // as sent, so the reader stores exactly what it received and verified.
+    // write into its mapping of this range between the copy and the hash; the
+    // reader then finds its checksum of the bytes it received differs from this
+    // one and stores nothing (it stores only what it received and verified).
     let buf = unsafe { seg.mapping().slice(slot.offset, len) }.map_err(std::io::Error::other)?;
-    let sum = xxhash_rust::xxh3::xxh3_64(buf);
+    // Sent first, hashed second: the socket copy is the one read of the block
+    // from memory, and the hash then reads it from cache (the other order read
+    // it from memory for the hash and again, from cache, for a slower copy).
     w.write_all(buf)?;
-    Ok(sum)
+    Ok(crate::checksum::xxh3_64(buf))
 }
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.

@@ -871,7 +871,7 @@ impl<'a> FillSession<'a> {
                 SaveStatus::Present | SaveStatus::Refused => {
                     scratch.resize(len, 0);
                     std::io::Read::read_exact(conn, &mut scratch)?;
-                    xxhash_rust::xxh3::xxh3_64(&scratch)
+                    crate::checksum::xxh3_64(&scratch)
                 }
             };
             sums.push(sum);
