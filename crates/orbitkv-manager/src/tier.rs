@@ -166,17 +166,18 @@ pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
 }
 
 /// The peer tier's reads into DRAM: fill the first `len` bytes of `slot` from
-/// `r` and return their xxh3-64.
+/// `r` and return them, for the caller to checksum (on this thread or a
+/// helper's).
 ///
 /// The caller must hold `slot` as an allocated, uncommitted save slot of a
 /// Manager-internal session (`CacheState::begin_save` in `peer::fill`), and
-/// must commit or abort that save only after this returns.
-pub fn recv_into_save_slot(
-    segments: &[Segment],
+/// must commit or abort that save only after the returned slice is dropped.
+pub fn recv_into_save_slot<'a>(
+    segments: &'a [Segment],
     slot: orbitkv_core::Slot,
     len: usize,
     r: &mut impl std::io::Read,
-) -> std::io::Result<u64> {
+) -> std::io::Result<&'a [u8]> {
     let seg = segments
         .get(slot.segment as usize)
         .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
@@ -187,14 +188,15 @@ pub fn recv_into_save_slot(
     // Manager-internal session that calls this (caller's obligation above): it
     // is invisible, its location was handed to no client, and the cache
     // allocates it to nothing else until that save is committed or aborted, which
-    // happens after this returns; so within this process this is the only
-    // reference to these bytes. A client of a trusted uid maps the whole arena
-    // read-write and could still write here; it can only damage cache content,
-    // which the trust model (same or allowed uid) already grants it, and the
-    // bytes are checked against the source's checksum before commit.
+    // happens after the returned slice is dropped; so within this process this
+    // is the only reference to these bytes (the mutable one ends when it
+    // becomes the shared one returned). A client of a trusted uid maps the whole
+    // arena read-write and could still write here; it can only damage cache
+    // content, which the trust model (same or allowed uid) already grants it,
+    // and the bytes are checked against the source's checksum before commit.
     let buf = unsafe { seg.mapping().slice_mut(slot.offset, len) }.map_err(std::io::Error::other)?;
     r.read_exact(buf)?;
-    Ok(crate::checksum::xxh3_64(buf))
+    Ok(buf)
 }
 
 /// The peer tier's sends: write the first `len` bytes of `slot` to `w`, then

@@ -472,6 +472,78 @@ fn a_peer_sending_garbage_or_wrong_bytes_stores_nothing() {
     }
 }
 
+/// A well-formed transfer of every block asked for (`bytes(i)` each), with
+/// the right xxh3-64 per block except for block `wrong`.
+fn transfer(req: &PeerRequest, wrong: Option<usize>, bytes: fn(usize) -> Vec<u8>) -> Vec<u8> {
+    let PeerRequest::Fetch { hashes, .. } = req else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let head = PeerResponse::Leased {
+        lease: 1,
+        blocks: hashes.len() as u32,
+        block_bytes: BB as u64,
+    };
+    write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
+    let mut checksums = Vec::new();
+    for i in 0..hashes.len() {
+        let b = bytes(i);
+        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+        checksums.push(if Some(i) == wrong { sum ^ 1 } else { sum });
+        out.extend_from_slice(&b);
+    }
+    let tail = PeerResponse::Sent { checksums };
+    write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
+    out
+}
+
+/// Fills of 1 MiB or more take their checksums on a helper thread while the
+/// next block arrives: byte-exact from a real source, and nothing stored when
+/// one block's checksum is wrong or the source stops half-way.
+#[test]
+fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
+    const N: usize = 24; // 1.5 MiB of 64 KiB blocks
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &[]);
+    let b = manager(None, &[pa], &[]);
+    let data = blocks(60, N);
+    save(&a, 11, &data);
+    let (hit, got) = restore(&b, 11, N);
+    assert_eq!(hit, N, "every block through the peer");
+    assert!(got == data, "byte-exact");
+    assert_eq!(peer_stat(&b, "blocks"), N as u64);
+    // Right bytes, but the 17th block's checksum is off by one bit.
+    let one_bad = fake_source(|req| transfer(req, Some(16), |i| block(i as u8, BB)));
+    // Half of the blocks, then the connection closes.
+    let cut = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                let Ok((h, body)) = read_frame(&mut s) else {
+                    continue;
+                };
+                let Ok(req) = decode_peer_request(h.kind, &body) else {
+                    continue;
+                };
+                let all = transfer(&req, None, |i| block(i as u8, BB));
+                let _ = s.write_all(&all[..all.len() / 2]);
+            }
+        });
+        port
+    };
+    for port in [one_bad, cut] {
+        let b = manager(None, &[port], &[]);
+        assert_eq!(restore(&b, 12, N).0, 0, "a miss");
+        let s = b.stats();
+        assert_eq!(s["blocks_committed_total"], 0, "nothing stored");
+        assert_eq!(s["dram_visible_blocks"], 0);
+        assert_eq!(peer_stat(&b, "errors"), 1);
+        assert!(s["peers"]["peers"][0]["last_error"].is_string());
+    }
+}
+
 #[test]
 fn three_managers_each_find_the_others_blocks() {
     let (pa, pb, pc) = (free_port(), free_port(), free_port());

@@ -18,6 +18,14 @@
 //! told to `Send`, every other hit is told `Done` (its source lease released).
 //! A peer that failed is skipped for [`DOWN_BACKOFF`], so a dead peer costs one
 //! connect timeout, not one per miss.
+//!
+//! Data path of a fill: the source writes each pinned block straight from its
+//! arena slot to the socket, then hashes it (xxh3-64, from cache); the reader
+//! receives each block straight into a fresh save slot of its own arena. In a
+//! fill of 1 MiB or more a helper thread (`orbitkv-peer-hash`) hashes block
+//! `i` while block `i + 1` arrives; smaller fills hash inline. The save is
+//! committed (the blocks become visible) only after every checksum matched the
+//! source's, and only after the helper has ended.
 
 mod etcd;
 mod source;
@@ -860,22 +868,15 @@ impl<'a> FillSession<'a> {
             .begin_save(self.id, ns, hashes)
             .map_err(|e| PeerError::Protocol(format!("no room for peer blocks: {e}")))?;
         let len = block_bytes as usize;
-        let mut scratch: Vec<u8> = Vec::new();
+        let segments = &self.shared.segments[..];
         let mut sums = Vec::with_capacity(hashes.len());
-        for st in &items {
-            let sum = match st {
-                SaveStatus::Allocated(slot) => {
-                    crate::tier::recv_into_save_slot(&self.shared.segments, *slot, len, conn)?
-                }
-                // Already here (or refused for room): read past the bytes.
-                SaveStatus::Present | SaveStatus::Refused => {
-                    scratch.resize(len, 0);
-                    std::io::Read::read_exact(conn, &mut scratch)?;
-                    crate::checksum::xxh3_64(&scratch)
-                }
-            };
-            sums.push(sum);
-        }
+        let ahead = items.len() >= 2 && len.saturating_mul(items.len()) >= HASH_AHEAD_MIN_BYTES;
+        let received = if ahead {
+            receive_hashing_ahead(conn, segments, &items, len, &mut sums)
+        } else {
+            read_blocks(conn, segments, &items, len, &mut |r| sums.push(r.sum()))
+        };
+        received?;
         let (h, body) = read_frame(conn)?;
         let checksums =
             match decode_peer_response(h.kind, &body).map_err(|e| PeerError::Protocol(e.to_string()))? {
@@ -900,6 +901,92 @@ impl<'a> FillSession<'a> {
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         Ok(committed as usize)
     }
+}
+
+/// A fill of at least this many bytes checksums each block on a helper thread
+/// while the next one is received, so the reader's thread only moves bytes.
+const HASH_AHEAD_MIN_BYTES: usize = 1 << 20;
+/// Received blocks waiting for the helper at most (then the reader waits).
+const HASH_AHEAD_QUEUE: usize = 64;
+
+/// One block of a fill as read: the bytes in its save slot, or the checksum
+/// of bytes read past (a block already here, or refused for room).
+enum Received<'a> {
+    Slot(&'a [u8]),
+    Sum(u64),
+}
+
+impl Received<'_> {
+    fn sum(self) -> u64 {
+        match self {
+            Received::Slot(b) => crate::checksum::xxh3_64(b),
+            Received::Sum(s) => s,
+        }
+    }
+}
+
+/// Read the blocks of a fill in order, each into its save slot (or past it),
+/// handing each to `sink` as soon as it is in.
+fn read_blocks<'a>(
+    conn: &mut Conn,
+    segments: &'a [orbitkv_shm::Segment],
+    items: &[SaveStatus],
+    len: usize,
+    sink: &mut dyn FnMut(Received<'a>),
+) -> Result<(), PeerError> {
+    let mut scratch: Vec<u8> = Vec::new();
+    for st in items {
+        match st {
+            SaveStatus::Allocated(slot) => {
+                sink(Received::Slot(crate::tier::recv_into_save_slot(
+                    segments, *slot, len, conn,
+                )?));
+            }
+            // Already here (or refused for room): read past the bytes.
+            SaveStatus::Present | SaveStatus::Refused => {
+                scratch.resize(len, 0);
+                std::io::Read::read_exact(conn, &mut scratch)?;
+                sink(Received::Sum(crate::checksum::xxh3_64(&scratch)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`read_blocks`] with the checksums taken on a helper thread, block `i`
+/// while block `i + 1` arrives; `sums` gets them in block order. The helper
+/// has ended (every slice it held dropped) when this returns, whatever
+/// happened, so the caller may then commit or abort the save. Without a
+/// helper (the thread could not start), the blocks are hashed here.
+fn receive_hashing_ahead(
+    conn: &mut Conn,
+    segments: &[orbitkv_shm::Segment],
+    items: &[SaveStatus],
+    len: usize,
+    sums: &mut Vec<u64>,
+) -> Result<(), PeerError> {
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Received<'_>>(HASH_AHEAD_QUEUE);
+        let helper = std::thread::Builder::new()
+            .name("orbitkv-peer-hash".into())
+            .spawn_scoped(scope, move || {
+                rx.into_iter().map(Received::sum).collect::<Vec<u64>>()
+            });
+        let Ok(helper) = helper else {
+            return read_blocks(conn, segments, items, len, &mut |r| sums.push(r.sum()));
+        };
+        // A send fails only if the helper is gone (it panicked): the join says so.
+        let read = read_blocks(conn, segments, items, len, &mut |r| {
+            let _ = tx.send(r);
+        });
+        drop(tx);
+        let hashed = helper
+            .join()
+            .map_err(|_| PeerError::Protocol("the checksum thread panicked".into()));
+        read?;
+        *sums = hashed?;
+        Ok(())
+    })
 }
 
 impl Drop for FillSession<'_> {
