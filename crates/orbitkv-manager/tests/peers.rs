@@ -2,7 +2,8 @@
 //! loopback: restore through B what was saved on A (from A's DRAM, from A's
 //! SSD, after A restarts), A killed mid-transfer, source leases ended by
 //! completion / connection loss / timeout / shutdown, garbage from either
-//! side, mutual TLS with a wrong certificate, three Managers.
+//! side, mutual TLS with a wrong certificate, three Managers, and a bulk fill
+//! (checksums on the helper thread) with one bad block or a cut.
 
 mod support;
 
