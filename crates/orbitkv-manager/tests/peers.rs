@@ -498,12 +498,12 @@ fn transfer(req: &PeerRequest, wrong: Option<usize>, bytes: fn(usize) -> Vec<u8>
     out
 }
 
-/// Fills of 1 MiB or more take their checksums on a helper thread while the
+/// Fills of 4 MiB or more take their checksums on a helper thread while the
 /// next block arrives: byte-exact from a real source, and nothing stored when
 /// one block's checksum is wrong or the source stops half-way.
 #[test]
 fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
-    const N: usize = 24; // 1.5 MiB of 64 KiB blocks
+    const N: usize = 72; // 4.5 MiB of 64 KiB blocks
     let pa = free_port();
     let a = manager(Some(pa), &[], &[]);
     let b = manager(None, &[pa], &[]);
@@ -513,8 +513,8 @@ fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
     assert_eq!(hit, N, "every block through the peer");
     assert!(got == data, "byte-exact");
     assert_eq!(peer_stat(&b, "blocks"), N as u64);
-    // Right bytes, but the 17th block's checksum is off by one bit.
-    let one_bad = fake_source(|req| transfer(req, Some(16), |i| block(i as u8, BB)));
+    // Right bytes, but the 50th block's checksum is off by one bit.
+    let one_bad = fake_source(|req| transfer(req, Some(49), |i| block(i as u8, BB)));
     // Half of the blocks, then the connection closes.
     let cut = {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
