@@ -199,31 +199,31 @@ pub fn recv_into_save_slot<'a>(
     Ok(buf)
 }
 
-/// The peer tier's sends: write the first `len` bytes of `slot` to `w`, then
-/// return their xxh3-64. The caller must hold an acquired lease on the block
-/// in `slot` (`AcquireStep::Ready` in `peer::source`) until this returns.
-pub fn send_leased_slot(
-    segments: &[Segment],
+/// The peer tier's sends: write the first `len` bytes of `slot` to `w` and
+/// return them, for the caller to checksum after (on this thread or a
+/// helper's: from cache, the socket copy having read them from memory). The
+/// caller must hold an acquired lease on the block in `slot`
+/// (`AcquireStep::Ready` in `peer::source`) until the returned slice is dropped.
+pub fn send_leased_slot<'a>(
+    segments: &'a [Segment],
     slot: orbitkv_core::Slot,
     len: usize,
     w: &mut impl std::io::Write,
-) -> std::io::Result<u64> {
+) -> std::io::Result<&'a [u8]> {
     let seg = segments
         .get(slot.segment as usize)
         .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
     // SAFETY: the block is pinned by an acquired lease of the caller's session
     // (caller's obligation above): a pinned, visible block's slot is frozen
     // (never freed, reallocated or written by the Manager) until the lease ends,
-    // which happens after this returns. A client of a trusted uid could still
-    // write into its mapping of this range between the copy and the hash; the
-    // reader then finds its checksum of the bytes it received differs from this
-    // one and stores nothing (it stores only what it received and verified).
+    // which happens after the returned slice is dropped. A client of a trusted
+    // uid could still write into its mapping of this range between the copy
+    // and the hash; the reader then finds its checksum of the bytes it received
+    // differs from the source's and stores nothing (it stores only what it
+    // received and verified).
     let buf = unsafe { seg.mapping().slice(slot.offset, len) }.map_err(std::io::Error::other)?;
-    // Sent first, hashed second: the socket copy is the one read of the block
-    // from memory, and the hash then reads it from cache (the other order read
-    // it from memory for the hash and again, from cache, for a slower copy).
     w.write_all(buf)?;
-    Ok(crate::checksum::xxh3_64(buf))
+    Ok(buf)
 }
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.

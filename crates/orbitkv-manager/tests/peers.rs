@@ -498,21 +498,13 @@ fn transfer(req: &PeerRequest, wrong: Option<usize>, bytes: fn(usize) -> Vec<u8>
     out
 }
 
-/// Fills of 4 MiB or more take their checksums on a helper thread while the
-/// next block arrives: byte-exact from a real source, and nothing stored when
+/// Transfers of 4 MiB or more take their checksums on a helper thread on each
+/// side while the next block moves (`--peer-hash-thread on`), or inline
+/// (`off`): byte-exact from a real source either way, and nothing stored when
 /// one block's checksum is wrong or the source stops half-way.
 #[test]
 fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
     const N: usize = 72; // 4.5 MiB of 64 KiB blocks
-    let pa = free_port();
-    let a = manager(Some(pa), &[], &[]);
-    let b = manager(None, &[pa], &[]);
-    let data = blocks(60, N);
-    save(&a, 11, &data);
-    let (hit, got) = restore(&b, 11, N);
-    assert_eq!(hit, N, "every block through the peer");
-    assert!(got == data, "byte-exact");
-    assert_eq!(peer_stat(&b, "blocks"), N as u64);
     // Right bytes, but the 50th block's checksum is off by one bit.
     let one_bad = fake_source(|req| transfer(req, Some(49), |i| block(i as u8, BB)));
     // Half of the blocks, then the connection closes.
@@ -534,14 +526,27 @@ fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
         });
         port
     };
-    for port in [one_bad, cut] {
-        let b = manager(None, &[port], &[]);
-        assert_eq!(restore(&b, 12, N).0, 0, "a miss");
-        let s = b.stats();
-        assert_eq!(s["blocks_committed_total"], 0, "nothing stored");
-        assert_eq!(s["dram_visible_blocks"], 0);
-        assert_eq!(peer_stat(&b, "errors"), 1);
-        assert!(s["peers"]["peers"][0]["last_error"].is_string());
+    for mode in ["on", "off"] {
+        let flag = ["--peer-hash-thread", mode];
+        let pa = free_port();
+        let a = manager(Some(pa), &[], &flag);
+        let b = manager(None, &[pa], &flag);
+        assert_eq!(b.stats()["peers"]["hash_thread"], mode == "on");
+        let data = blocks(60, N);
+        save(&a, 11, &data);
+        let (hit, got) = restore(&b, 11, N);
+        assert_eq!(hit, N, "every block through the peer ({mode})");
+        assert!(got == data, "byte-exact ({mode})");
+        assert_eq!(peer_stat(&b, "blocks"), N as u64);
+        for port in [one_bad, cut] {
+            let b = manager(None, &[port], &flag);
+            assert_eq!(restore(&b, 12, N).0, 0, "a miss ({mode})");
+            let s = b.stats();
+            assert_eq!(s["blocks_committed_total"], 0, "nothing stored ({mode})");
+            assert_eq!(s["dram_visible_blocks"], 0);
+            assert_eq!(peer_stat(&b, "errors"), 1);
+            assert!(s["peers"]["peers"][0]["last_error"].is_string());
+        }
     }
 }
 
