@@ -9,11 +9,12 @@
 //! shutdown (every live connection is shut down), because ending the session
 //! releases everything it holds. No lease is ended while its bytes are still
 //! being written or hashed: the writer is this same thread, and a checksum
-//! helper thread (transfers of 4 MiB or more) has ended before it goes on. A `Probe` pins the same way
-//! and answers only the count; the lease is then sent on `Send`, released on
-//! `Done`, or ends as above (no answer within `--peer-timeout-ms`). TP
-//! requests (`TpPin` / `TpSettle` / `TpRelease`, `tp.rs`) pin TP leases owned
-//! by this connection's session; while it owns any, idleness does not close it.
+//! helper thread (transfers of 4 MiB or more) has ended before it goes on. A
+//! `Probe` pins the same way and answers only the count; the lease is then
+//! sent on `Send`, released on `Done`, or ends as above (no answer within
+//! `--peer-timeout-ms`). TP requests (`TpPin` / `TpSettle` / `TpRelease`,
+//! `tp.rs`) pin TP leases owned by this connection's session; while it owns
+//! any, idleness does not close it.
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
