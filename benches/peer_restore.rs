@@ -7,6 +7,7 @@
 //! every restore crosses the wire.
 //!
 //! Usage: peer_restore [OUT.json] [--total-mib N] [--block-kib N] [--trials N]
+//!        [--peer-hash-thread on|off|auto]   (passed to both Managers; default auto)
 //! Needs the `openssl` command for the TLS rows (skipped with the reason in the JSON otherwise).
 
 use std::io::{Read, Write};
@@ -173,10 +174,11 @@ struct Pair {
     nb: orbitkv_client::Namespace,
 }
 
-fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path) -> Pair {
+fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path, hash_thread: &str) -> Pair {
     let arena = (total * 3).next_multiple_of(1 << 20).max(64 << 20);
     let port = free_port();
-    let tls = pki.map(tls_args).unwrap_or_default();
+    let mut tls = pki.map(tls_args).unwrap_or_default();
+    tls.extend(["--peer-hash-thread".to_string(), hash_thread.to_string()]);
     let mut a_args = vec!["--peer-listen".to_string(), format!("127.0.0.1:{port}")];
     a_args.extend(tls.iter().cloned());
     let mut b_args = vec!["--peer".to_string(), format!("127.0.0.1:{port}")];
@@ -345,6 +347,29 @@ fn tls_copy(cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>), src: &
     }
 }
 
+/// XXH3-64 over every block, GB/s: the crate's compile-time path and the
+/// Manager's (run-time AVX2 dispatch), best of `reps` (the hash each side of a
+/// peer transfer takes per block).
+fn hash_rates(src: &[Vec<u8>], reps: usize) -> (f64, f64) {
+    let total: usize = src.iter().map(Vec::len).sum();
+    let mut best = (0.0f64, 0.0f64);
+    let mut sink = 0u64;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        for b in src {
+            sink ^= xxhash_rust::xxh3::xxh3_64(b);
+        }
+        best.0 = best.0.max(gbps(total, t0.elapsed()));
+        let t0 = Instant::now();
+        for b in src {
+            sink ^= orbitkv_manager::checksum::xxh3_64(b);
+        }
+        best.1 = best.1.max(gbps(total, t0.elapsed()));
+    }
+    assert_eq!(sink, 0, "both paths agree on every block");
+    best
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let out = args
@@ -362,6 +387,11 @@ fn main() {
     let total = opt("--total-mib", 128) << 20;
     let bs = opt("--block-kib", 256) << 10;
     let trials = opt("--trials", 5).max(1) as u32;
+    let hash_thread = args
+        .iter()
+        .position(|a| a == "--peer-hash-thread")
+        .and_then(|i| args.get(i + 1))
+        .map_or("auto", String::as_str);
     let n = (total / bs).max(1);
     let src: Vec<Vec<u8>> = (0..n)
         .map(|i| (0..bs).map(|j| (i * 131 + j * 7) as u8).collect())
@@ -373,8 +403,20 @@ fn main() {
     let have_tls = make_pki(&pki);
 
     // Interleaved per trial, so drift on a shared machine hits every row alike.
-    let plain_pair = pair(None, bs, n * bs, &root);
-    let tls_setup = have_tls.then(|| (tls_configs(&pki), pair(Some(&pki), bs, n * bs, &root)));
+    let plain_pair = pair(None, bs, n * bs, &root, hash_thread);
+    // What `auto` resolved to (or what was asked), from B's status.
+    let hash_thread_on = plain_pair
+        .cb
+        .stats_json()
+        .ok()
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+        .and_then(|v| v["peers"]["hash_thread"].as_bool());
+    let tls_setup = have_tls.then(|| {
+        (
+            tls_configs(&pki),
+            pair(Some(&pki), bs, n * bs, &root, hash_thread),
+        )
+    });
     let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_fill, mut tls_fill) = (Vec::new(), Vec::new());
     for t in 0..trials {
@@ -393,6 +435,7 @@ fn main() {
     if let Some((_, p)) = tls_setup {
         p.stop();
     }
+    let (hash_crate, hash_manager) = hash_rates(&src, 3);
     let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
     let (tls, peer_tls, fill_tls, tls_note) = if have_tls {
         (
@@ -411,10 +454,15 @@ fn main() {
     };
     let _ = std::fs::remove_dir_all(&root);
     println!(
-        "bytes per trial {} ({} blocks of {} KiB), {trials} trials, median GB/s:",
+        "bytes per trial {} ({} blocks of {} KiB), {trials} trials, checksum helper thread {} ({hash_thread}), median GB/s:",
         n * bs,
         n,
-        bs >> 10
+        bs >> 10,
+        match hash_thread_on {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "?",
+        }
     );
     println!("  plain TCP copy          {tcp:>8.2}");
     println!(
@@ -424,6 +472,10 @@ fn main() {
     println!(
         "    of which the fill     {fill_plain:>8.2}   {:.2}x (bytes into B's arena)",
         fill_plain / tcp
+    );
+    println!(
+        "  xxh3-64 per block       {hash_manager:>8.2}   ({}; xxhash-rust's compile-time path {hash_crate:.2})",
+        orbitkv_manager::checksum::long_path()
     );
     if let (Some(t), Some(p)) = (tls, peer_tls) {
         println!("  TLS-only copy           {t:>8.2}");
@@ -453,6 +505,12 @@ fn main() {
         "peer_restore_tls_gbps": peer_tls,
         "peer_tls_vs_tls": tls.zip(peer_tls).map(|(t, p)| p / t),
         "tls_note": tls_note,
+        "peer_hash_thread": hash_thread,
+        "peer_hash_thread_on": hash_thread_on,
+        "available_parallelism": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "xxh3_gbps": hash_manager,
+        "xxh3_path": orbitkv_manager::checksum::long_path(),
+        "xxh3_crate_compile_time_gbps": hash_crate,
     });
     if let Some(parent) = Path::new(&out).parent() {
         let _ = std::fs::create_dir_all(parent);

@@ -175,6 +175,10 @@ pub struct Args {
     /// fetch from the longest hit; 1 asks them one at a time [default: 4]
     #[arg(long)]
     pub peer_fill_parallel: Option<usize>,
+    /// Checksum peer transfers of 4 MiB or more on a helper thread while the next
+    /// block moves: on, off, or auto (on with 4 or more CPUs available) [default: auto]
+    #[arg(long)]
+    pub peer_hash_thread: Option<String>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -228,6 +232,7 @@ struct FileConfig {
     tp_shard_peer: Option<Vec<String>>,
     tp_peer_parallel: Option<usize>,
     peer_fill_parallel: Option<usize>,
+    peer_hash_thread: Option<String>,
 }
 
 /// Validated SSD-tier settings.
@@ -332,6 +337,9 @@ pub struct PeerSettings {
     pub tp_parallel: usize,
     /// Most peers probed at once on a local miss (1: one at a time).
     pub fill_parallel: usize,
+    /// Checksum transfers of 4 MiB or more on a helper thread (`--peer-hash-thread`,
+    /// `auto` resolved at start-up).
+    pub hash_thread: bool,
 }
 
 /// Whether `addr` (`host:port`) names a literal loopback IP.
@@ -378,6 +386,23 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
             "peer_fill_parallel {fill_parallel} must be 1..=64"
         )));
     }
+    let hash_thread = match a
+        .peer_hash_thread
+        .take()
+        .or(file.peer_hash_thread.take())
+        .as_deref()
+        .unwrap_or("auto")
+    {
+        "on" => true,
+        "off" => false,
+        // The helper needs a core of its own beside the socket threads.
+        "auto" => std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4),
+        other => {
+            return Err(ConfigError::Invalid(format!(
+                "peer_hash_thread {other:?} must be on, off or auto"
+            )));
+        }
+    };
     let query_control = a.enable_query_control || file.enable_query_control.unwrap_or(false);
     if !tp_shard_s.is_empty() && !query_control {
         return Err(ConfigError::Invalid(
@@ -573,6 +598,7 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
         tp_shards,
         tp_parallel,
         fill_parallel,
+        hash_thread,
     }))
 }
 
@@ -947,6 +973,12 @@ mod tests {
         assert_eq!(p.tp_shards.get(&3).map(String::as_str), Some("127.0.0.1:7471"));
         assert_eq!(p.tp_parallel, 8);
         assert_eq!(p.fill_parallel, 4);
+        let auto = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4);
+        assert_eq!(p.hash_thread, auto, "auto: on with 4 or more CPUs");
+        for (v, want) in [("on", true), ("off", false)] {
+            let c = peer_cfg(&["--peer", "127.0.0.1:1", "--peer-hash-thread", v]).expect(v);
+            assert_eq!(c.peers.expect("peers").hash_thread, want);
+        }
         assert!(p.peers.is_empty(), "a TP shard peer is not asked on a local miss");
         let c = peer_cfg(&[
             "--peer-listen",
@@ -997,6 +1029,7 @@ mod tests {
             ][..],
             &["--peer", "127.0.0.1:1", "--peer-timeout-ms", "0"][..],
             &["--peer", "127.0.0.1:1", "--peer-fill-parallel", "0"][..],
+            &["--peer", "127.0.0.1:1", "--peer-hash-thread", "yes"][..],
             // etcd over TLS: a CA for https, TLS files only with https, one scheme,
             // a client certificate with its key.
             &[

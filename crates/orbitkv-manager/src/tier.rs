@@ -166,17 +166,18 @@ pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
 }
 
 /// The peer tier's reads into DRAM: fill the first `len` bytes of `slot` from
-/// `r` and return their xxh3-64.
+/// `r` and return them, for the caller to checksum (on this thread or a
+/// helper's).
 ///
 /// The caller must hold `slot` as an allocated, uncommitted save slot of a
 /// Manager-internal session (`CacheState::begin_save` in `peer::fill`), and
-/// must commit or abort that save only after this returns.
-pub fn recv_into_save_slot(
-    segments: &[Segment],
+/// must commit or abort that save only after the returned slice is dropped.
+pub fn recv_into_save_slot<'a>(
+    segments: &'a [Segment],
     slot: orbitkv_core::Slot,
     len: usize,
     r: &mut impl std::io::Read,
-) -> std::io::Result<u64> {
+) -> std::io::Result<&'a [u8]> {
     let seg = segments
         .get(slot.segment as usize)
         .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
@@ -187,38 +188,42 @@ pub fn recv_into_save_slot(
     // Manager-internal session that calls this (caller's obligation above): it
     // is invisible, its location was handed to no client, and the cache
     // allocates it to nothing else until that save is committed or aborted, which
-    // happens after this returns; so within this process this is the only
-    // reference to these bytes. A client of a trusted uid maps the whole arena
-    // read-write and could still write here; it can only damage cache content,
-    // which the trust model (same or allowed uid) already grants it, and the
-    // bytes are checked against the source's checksum before commit.
+    // happens after the returned slice is dropped; so within this process this
+    // is the only reference to these bytes (the mutable one ends when it
+    // becomes the shared one returned). A client of a trusted uid maps the whole
+    // arena read-write and could still write here; it can only damage cache
+    // content, which the trust model (same or allowed uid) already grants it,
+    // and the bytes are checked against the source's checksum before commit.
     let buf = unsafe { seg.mapping().slice_mut(slot.offset, len) }.map_err(std::io::Error::other)?;
     r.read_exact(buf)?;
-    Ok(xxhash_rust::xxh3::xxh3_64(buf))
+    Ok(buf)
 }
 
 /// The peer tier's sends: write the first `len` bytes of `slot` to `w` and
-/// return their xxh3-64. The caller must hold an acquired lease on the block
-/// in `slot` (`AcquireStep::Ready` in `peer::source`) until this returns.
-pub fn send_leased_slot(
-    segments: &[Segment],
+/// return them, for the caller to checksum after (on this thread or a
+/// helper's: from cache, the socket copy having read them from memory). The
+/// caller must hold an acquired lease on the block in `slot`
+/// (`AcquireStep::Ready` in `peer::source`) until the returned slice is dropped.
+pub fn send_leased_slot<'a>(
+    segments: &'a [Segment],
     slot: orbitkv_core::Slot,
     len: usize,
     w: &mut impl std::io::Write,
-) -> std::io::Result<u64> {
+) -> std::io::Result<&'a [u8]> {
     let seg = segments
         .get(slot.segment as usize)
         .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
     // SAFETY: the block is pinned by an acquired lease of the caller's session
     // (caller's obligation above): a pinned, visible block's slot is frozen
     // (never freed, reallocated or written by the Manager) until the lease ends,
-    // which happens after this returns. A client of a trusted uid could still
-    // write into its mapping of this range; the checksum is taken over the bytes
-    // as sent, so the reader stores exactly what it received and verified.
+    // which happens after the returned slice is dropped. A client of a trusted
+    // uid could still write into its mapping of this range between the copy
+    // and the hash; the reader then finds its checksum of the bytes it received
+    // differs from the source's and stores nothing (it stores only what it
+    // received and verified).
     let buf = unsafe { seg.mapping().slice(slot.offset, len) }.map_err(std::io::Error::other)?;
-    let sum = xxhash_rust::xxh3::xxh3_64(buf);
     w.write_all(buf)?;
-    Ok(sum)
+    Ok(buf)
 }
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.

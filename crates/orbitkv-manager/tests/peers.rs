@@ -2,7 +2,8 @@
 //! loopback: restore through B what was saved on A (from A's DRAM, from A's
 //! SSD, after A restarts), A killed mid-transfer, source leases ended by
 //! completion / connection loss / timeout / shutdown, garbage from either
-//! side, mutual TLS with a wrong certificate, three Managers.
+//! side, mutual TLS with a wrong certificate, three Managers, and a bulk fill
+//! (checksums on the helper thread) with one bad block or a cut.
 
 mod support;
 
@@ -469,6 +470,83 @@ fn a_peer_sending_garbage_or_wrong_bytes_stores_nothing() {
         assert_eq!(s["dram_visible_blocks"], 0);
         assert_eq!(peer_stat(&b, "errors"), 1);
         assert!(s["peers"]["peers"][0]["last_error"].is_string());
+    }
+}
+
+/// A well-formed transfer of every block asked for (`bytes(i)` each), with
+/// the right xxh3-64 per block except for block `wrong`.
+fn transfer(req: &PeerRequest, wrong: Option<usize>, bytes: fn(usize) -> Vec<u8>) -> Vec<u8> {
+    let PeerRequest::Fetch { hashes, .. } = req else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let head = PeerResponse::Leased {
+        lease: 1,
+        blocks: hashes.len() as u32,
+        block_bytes: BB as u64,
+    };
+    write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
+    let mut checksums = Vec::new();
+    for i in 0..hashes.len() {
+        let b = bytes(i);
+        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+        checksums.push(if Some(i) == wrong { sum ^ 1 } else { sum });
+        out.extend_from_slice(&b);
+    }
+    let tail = PeerResponse::Sent { checksums };
+    write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
+    out
+}
+
+/// Transfers of 4 MiB or more take their checksums on a helper thread on each
+/// side while the next block moves (`--peer-hash-thread on`), or inline
+/// (`off`): byte-exact from a real source either way, and nothing stored when
+/// one block's checksum is wrong or the source stops half-way.
+#[test]
+fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
+    const N: usize = 72; // 4.5 MiB of 64 KiB blocks
+    // Right bytes, but the 50th block's checksum is off by one bit.
+    let one_bad = fake_source(|req| transfer(req, Some(49), |i| block(i as u8, BB)));
+    // Half of the blocks, then the connection closes.
+    let cut = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                let Ok((h, body)) = read_frame(&mut s) else {
+                    continue;
+                };
+                let Ok(req) = decode_peer_request(h.kind, &body) else {
+                    continue;
+                };
+                let all = transfer(&req, None, |i| block(i as u8, BB));
+                let _ = s.write_all(&all[..all.len() / 2]);
+            }
+        });
+        port
+    };
+    for mode in ["on", "off"] {
+        let flag = ["--peer-hash-thread", mode];
+        let pa = free_port();
+        let a = manager(Some(pa), &[], &flag);
+        let b = manager(None, &[pa], &flag);
+        assert_eq!(b.stats()["peers"]["hash_thread"], mode == "on");
+        let data = blocks(60, N);
+        save(&a, 11, &data);
+        let (hit, got) = restore(&b, 11, N);
+        assert_eq!(hit, N, "every block through the peer ({mode})");
+        assert!(got == data, "byte-exact ({mode})");
+        assert_eq!(peer_stat(&b, "blocks"), N as u64);
+        for port in [one_bad, cut] {
+            let b = manager(None, &[port], &flag);
+            assert_eq!(restore(&b, 12, N).0, 0, "a miss ({mode})");
+            let s = b.stats();
+            assert_eq!(s["blocks_committed_total"], 0, "nothing stored ({mode})");
+            assert_eq!(s["dram_visible_blocks"], 0);
+            assert_eq!(peer_stat(&b, "errors"), 1);
+            assert!(s["peers"]["peers"][0]["last_error"].is_string());
+        }
     }
 }
 

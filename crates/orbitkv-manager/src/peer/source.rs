@@ -8,11 +8,13 @@
 //! no `Done` within `--peer-timeout-ms` of the last byte sent, garbage) and at
 //! shutdown (every live connection is shut down), because ending the session
 //! releases everything it holds. No lease is ended while its bytes are still
-//! being written: the writer is this same thread. A `Probe` pins the same way
-//! and answers only the count; the lease is then sent on `Send`, released on
-//! `Done`, or ends as above (no answer within `--peer-timeout-ms`). TP
-//! requests (`TpPin` / `TpSettle` / `TpRelease`, `tp.rs`) pin TP leases owned
-//! by this connection's session; while it owns any, idleness does not close it.
+//! being written or hashed: the writer is this same thread, and a checksum
+//! helper thread (transfers of 4 MiB or more) has ended before it goes on. A
+//! `Probe` pins the same way and answers only the count; the lease is then
+//! sent on `Send`, released on `Done`, or ends as above (no answer within
+//! `--peer-timeout-ms`). TP requests (`TpPin` / `TpSettle` / `TpRelease`,
+//! `tp.rs`) pin TP leases owned by this connection's session; while it owns
+//! any, idleness does not close it.
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -359,22 +361,30 @@ fn send(
         block_bytes,
     };
     write_frame(conn, head.kind(), id, &head.encode())?;
-    let mut checksums = Vec::with_capacity(slots.len());
-    for (i, slot) in slots.iter().enumerate() {
-        if i == 1
-            && let Some(ms) = stall_ms(shared)
-        {
-            // Fault injection (tests): hold the transfer mid-way so a test can
-            // kill this Manager while a reader has half of the bytes.
-            std::thread::sleep(Duration::from_millis(ms));
-        }
-        checksums.push(crate::tier::send_leased_slot(
-            &shared.segments,
-            *slot,
-            block_bytes as usize,
-            conn,
-        )?);
-    }
+    let len = block_bytes as usize;
+    let segments = &shared.segments[..];
+    let stall = stall_ms(shared);
+    // The slots stay pinned until the caller releases the lease, after this
+    // returns, so after the checksum helper (if any) has ended.
+    let checksums = super::checksums_alongside(
+        peer.hash_ahead(slots.len(), len),
+        |sink| {
+            for (i, slot) in slots.iter().enumerate() {
+                if i == 1
+                    && let Some(ms) = stall
+                {
+                    // Fault injection (tests): hold the transfer mid-way so a test can
+                    // kill this Manager while a reader has half of the bytes.
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                sink(super::Piece::Bytes(crate::tier::send_leased_slot(
+                    segments, *slot, len, conn,
+                )?));
+            }
+            Ok::<(), SourceError>(())
+        },
+        || SourceError::Bad("the checksum thread panicked".into()),
+    )?;
     let n = slots.len() as u64;
     let tail = PeerResponse::Sent { checksums };
     write_frame(conn, tail.kind(), id, &tail.encode())?;
