@@ -1,15 +1,25 @@
 """Replay a prefix-block trace through a real Manager from several client processes.
 
 Reads the public Mooncake FAST25 trace format (one JSON object per line with
-`hash_ids`, one id per 512-token prefix block; `timestamp`, `input_length` and
-`output_length` are ignored), supplied by the user, or generates a seeded multi-turn
-chat trace (`--generate N`). Nothing is downloaded. For every (trace, capacity,
-policy): a fresh `orbitkv serve` with a DRAM arena of `capacity` blocks (and, with
-`--ssd-blocks`, an SSD tier of that many more), `--cache-policy` set, then `--clients`
-processes replay the requests (each takes the next request in trace order when it is
-free, so up to `clients` requests are in flight, as in a server): `lookup` → `restore`
+`hash_ids`, one id per 512-token prefix block, and `timestamp` in milliseconds, used
+only with `--pace`; `input_length` and `output_length` are ignored), supplied by the
+user, or generates a seeded multi-turn chat trace (`--generate N`; no timestamps).
+Nothing is downloaded. For every (trace, capacity, policy): a fresh `orbitkv serve`
+with a DRAM arena of `capacity` blocks (and, with `--ssd-blocks`, an SSD tier of that
+many more), `--cache-policy` set, then `--clients` processes replay the requests
+(each takes the next request in trace order when it is free, so up to `clients`
+requests are in flight, as in a server): `lookup` → `restore`
 of the hit prefix (every restored byte compared with the bytes saved for that block
-id) → `release` → `save` of the blocks after the hit.
+id) → `release` → `save` of the blocks after the hit. Requests go back to back by
+default; `--pace X` issues each no earlier than its trace timestamp ÷ X after the start
+(X = 1: the trace's own rate), so a disk that keeps up with the trace's rate but not
+with back-to-back replay shows the policy rather than the disk.
+
+`--policy-seed S` starts every Manager with `--cache-policy-seed S` (`duel`'s sample;
+unset, each Manager draws its own); `--repeat N` replays every point N times, the
+policies alternating, and reports every run (seed S + run index when a seed is given).
+With an SSD tier each run also reports the Manager's `ssd_spilled_blocks_total` and
+`ssd_evicted_unspilled_blocks_total` (blocks DRAM evicted before their spill was written).
 
 Printed and written as JSON (`--out`): hit rate per policy, the blocks served from DRAM
 and from SSD (the Manager's staged-block counter), and, computed in the same run on the
@@ -43,22 +53,30 @@ from typing import Any
 KiB = 1024
 
 
-def load_trace(path: str) -> list[list[int]]:
+def load_trace(path: str) -> tuple[list[list[int]], list[float] | None]:
+    """The requests' block ids, and their timestamps in seconds (None when a line has none)."""
     out = []
+    times: list[float] | None = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                ids = json.loads(line)["hash_ids"]
+                obj = json.loads(line)
+                ids = obj["hash_ids"]
             except (ValueError, KeyError, TypeError) as e:
                 raise SystemExit(f"{path}:{n}: expected a JSON object with a `hash_ids` list ({e})") from e
             if not isinstance(ids, list) or not all(isinstance(x, int) and x >= 0 for x in ids):
                 raise SystemExit(f"{path}:{n}: `hash_ids` must be a list of non-negative integers")
             out.append(ids)
+            ts = obj.get("timestamp")
+            if times is not None and isinstance(ts, (int, float)) and ts >= 0:
+                times.append(ts / 1000.0)
+            else:
+                times = None
     if not out:
         raise SystemExit(f"{path}: no requests")
-    return out
+    return out, times
 
 
 def generate(n: int, seed: int) -> list[list[int]]:
@@ -152,17 +170,25 @@ def block_bytes_of(h: bytes, size: int) -> bytes:
     return h * (size // len(h)) + h[: size % len(h)]
 
 
-def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any) -> None:
+def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start: float) -> None:
     from orbitkv import _native
     from orbitkv.hashing import fingerprint
 
-    st = {"asked": 0, "served": 0, "mismatches": 0, "refused": 0, "requests": 0, "restore_failed": 0,
-          "errors": []}
+    st: dict[str, Any] = {"asked": 0, "served": 0, "mismatches": 0, "refused": 0, "requests": 0,
+                          "restore_failed": 0, "max_late_s": 0.0, "errors": []}
     try:
         c = _native.Client(socket, timeout_ms=60000)
         ns = c.register_namespace(fingerprint(bench="trace_replay", block_bytes=block), block)
         buf = bytearray(max_blocks * block)
-        while (req := tasks.get()) is not None:
+        while (task := tasks.get()) is not None:
+            due, req = task
+            if due is not None:  # --pace: not before its time (wall clock shared by the processes)
+                wait = start + due - time.time()
+                if wait > 0:
+                    time.sleep(wait)
+                else:
+                    st["max_late_s"] = max(st["max_late_s"], -wait)
+                st["last_issue"] = time.time()
             hashes = [block_hash(b) for b in req]
             lease = c.lookup(ns, hashes)
             hit = lease.hit_blocks
@@ -195,7 +221,7 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any) -> Non
     q.put(("done", st))
 
 
-def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int,
+def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int, seed: int | None,
                    extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     from orbitkv import _native
 
@@ -203,6 +229,8 @@ def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int,
     args = [sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", str(dram),
             "--segment-size", str(min(dram, 256 << 20)), "--metrics-addr", "off", "--log-level", "warn",
             "--cache-policy", policy]
+    if seed is not None:
+        args += ["--cache-policy-seed", str(seed)]
     if ssd:
         # One SSD block holds a block plus its 4 KiB header, on 4 KiB alignment.
         per = -(-(block + 4 * KiB) // (4 * KiB)) * 4 * KiB
@@ -223,21 +251,26 @@ def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int,
 
 
 def replay(trace: list[list[int]], capacity: int, ssd_blocks: int, policy: str, clients: int, block: int,
-           workdir: str, quiet: bool, extra: list[str]) -> dict[str, Any]:
+           workdir: str, quiet: bool, extra: list[str], seed: int | None = None,
+           due: list[float] | None = None) -> dict[str, Any]:
+    """One fresh Manager, the trace replayed once. `due`: per request, seconds after
+    the start before which it is not issued (`--pace`); None: back to back."""
     from orbitkv import _native
 
     tmp = tempfile.mkdtemp(prefix="replay-", dir=workdir)
-    proc, sock = _start_manager(tmp, capacity * block, policy, ssd_blocks, block, extra)
+    proc, sock = _start_manager(tmp, capacity * block, policy, ssd_blocks, block, seed, extra)
     try:
         ctx = mp.get_context("spawn")
         q, tasks = ctx.Queue(), ctx.Queue()
-        for req in trace:  # taken in trace order by whichever client is free
-            tasks.put(req)
+        for i, req in enumerate(trace):  # taken in trace order by whichever client is free
+            tasks.put((due[i] if due is not None else None, req))
         for _ in range(clients):
             tasks.put(None)
         tasks.cancel_join_thread()  # a run that fails early must not wait for its backlog to drain
         longest = max(len(r) for r in trace)
-        procs = [ctx.Process(target=_client, args=(sock, tasks, longest, block, q)) for _ in range(clients)]
+        start = time.time() + 3.0  # paced runs: time for the clients to start
+        procs = [ctx.Process(target=_client, args=(sock, tasks, longest, block, q, start))
+                 for _ in range(clients)]
         t0 = time.perf_counter()
         for p in procs:
             p.start()
@@ -269,6 +302,11 @@ def replay(trace: list[list[int]], capacity: int, ssd_blocks: int, policy: str, 
     from_ssd = int(stats.get("ssd_staged_blocks_total", 0))
     return {
         "policy": policy,
+        "policy_seed": seed,
+        "paced": due is not None,
+        "max_late_seconds": max(r["max_late_s"] for r in results) if due is not None else None,
+        # Paced: from the start to the last request issued (at least the trace's span / pace).
+        "issue_span_seconds": max(r["last_issue"] for r in results) - start if due is not None else None,
         "hit_rate": served / max(asked, 1),
         "blocks_asked": asked,
         "blocks_served": served,
@@ -281,6 +319,8 @@ def replay(trace: list[list[int]], capacity: int, ssd_blocks: int, policy: str, 
         "restores_failed": sum(r["restore_failed"] for r in results),
         "evictions": stats.get("evictions_total"),
         "ssd_bytes_written": stats.get("ssd_bytes_written_total"),
+        "ssd_spilled_blocks": stats.get("ssd_spilled_blocks_total"),
+        "ssd_evicted_unspilled_blocks": stats.get("ssd_evicted_unspilled_blocks_total"),
         "wall_seconds": wall,
     }
 
@@ -329,11 +369,21 @@ def main() -> int:
     ap.add_argument("--workdir", default=None, help="where Managers keep sockets and SSD files (default: /var/tmp)")
     ap.add_argument("--out", default="bench-results/trace_replay.json")
     ap.add_argument("--png", default=None, help="write a plot of hit rate vs capacity here")
+    ap.add_argument("--policy-seed", type=int, default=None,
+                    help="start every Manager with --cache-policy-seed (default: each draws its own)")
+    ap.add_argument("--repeat", type=int, default=1, help="replay every point this many times (policies alternate)")
+    ap.add_argument("--pace", type=float, default=0.0,
+                    help="issue each request at its trace timestamp / PACE (1: the trace's rate; 0: back to back)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
-    traces: list[tuple[str, list[list[int]]]] = [(Path(p).stem, load_trace(p)) for p in a.trace]
+    traces: list[tuple[str, list[list[int]], list[float] | None]] = [
+        (Path(p).stem, *load_trace(p)) for p in a.trace]
     if a.generate:
-        traces.append((f"generated-{a.generate}-seed{a.seed}", generate(a.generate, a.seed)))
+        traces.append((f"generated-{a.generate}-seed{a.seed}", generate(a.generate, a.seed), None))
+    if a.pace < 0 or a.repeat < 1:
+        ap.error("--pace must be >= 0 and --repeat >= 1")
+    if a.pace and any(t is None for _, _, t in traces):
+        ap.error("--pace needs a `timestamp` on every request of every trace (generated traces have none)")
     if not traces:
         ap.error("give --trace FILE (the FAST25 JSONL format) and/or --generate N")
     if a.clients < 1 or a.block_bytes < 4 * KiB or a.block_bytes % (4 * KiB):
@@ -342,9 +392,10 @@ def main() -> int:
     policies = [p for p in a.policies.split(",") if p]
     workdir = a.workdir or ("/var/tmp" if os.path.isdir("/var/tmp") else tempfile.gettempdir())
     rows = []
-    for name, trace in traces:
+    for name, trace, times in traces:
         if a.limit:
             trace = trace[: a.limit]
+        due = [(t - times[0]) / a.pace for t in times[: len(trace)]] if a.pace and times else None
         for cap in caps:
             t0 = time.perf_counter()
             lru = hit_rate_lru(trace, cap + a.ssd_blocks)
@@ -353,19 +404,39 @@ def main() -> int:
                                    "manager_args": a.manager_args,
                                    "ssd_blocks": a.ssd_blocks, "block_bytes": a.block_bytes, "clients": a.clients,
                                    "lru": lru, "optimum": opt, "reference_seconds": time.perf_counter() - t0,
-                                   "policies": {}}
-            for pol in policies:
-                r = replay(trace, cap, a.ssd_blocks, pol, a.clients, a.block_bytes, workdir, a.quiet,
-                           a.manager_args.split())
-                r["vs_optimum"] = r["hit_rate"] / opt if opt else None
-                r["vs_lru"] = r["hit_rate"] / lru if lru else None
-                row["policies"][pol] = r
+                                   "pace": a.pace, "policies": {}}
+            runs: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
+            for i in range(a.repeat):
+                seed = None if a.policy_seed is None else a.policy_seed + i
+                line = f"{name:>24} dram {cap:>6} ssd {a.ssd_blocks:>6}  lru {lru:.3f}  optimum {opt:.3f}"
+                if a.repeat > 1:
+                    line += f"  run {i + 1}/{a.repeat}"
+                for pol in policies:
+                    r = replay(trace, cap, a.ssd_blocks, pol, a.clients, a.block_bytes, workdir, a.quiet,
+                               a.manager_args.split(), seed, due)
+                    r["vs_optimum"] = r["hit_rate"] / opt if opt else None
+                    r["vs_lru"] = r["hit_rate"] / lru if lru else None
+                    runs[pol].append(r)
+                    line += (f"  {pol} {r['hit_rate']:.3f} (dram {r['hit_rate_dram']:.3f}"
+                             f" ssd {r['hit_rate_ssd']:.3f}; {r['mismatched_blocks']} wrong")
+                    if a.ssd_blocks:
+                        line += (f"; {r['ssd_spilled_blocks']} spilled,"
+                                 f" {r['ssd_evicted_unspilled_blocks']} lost unspilled")
+                    if due is not None:
+                        line += f"; {r['max_late_seconds']:.1f} s late at most"
+                    line += ")"
+                print(line, flush=True)
+            for pol, rs in runs.items():
+                if len(rs) == 1:
+                    row["policies"][pol] = rs[0]
+                    continue
+                rates = [r["hit_rate"] for r in rs]
+                row["policies"][pol] = {
+                    "hit_rate": sum(rates) / len(rates), "hit_rate_min": min(rates), "hit_rate_max": max(rates),
+                    "hit_rate_dram": sum(r["hit_rate_dram"] for r in rs) / len(rs),
+                    "hit_rate_ssd": sum(r["hit_rate_ssd"] for r in rs) / len(rs),
+                    "mismatched_blocks": sum(r["mismatched_blocks"] for r in rs), "runs": rs}
             rows.append(row)
-            line = f"{name:>24} dram {cap:>6} ssd {a.ssd_blocks:>6}  lru {lru:.3f}  optimum {opt:.3f}"
-            for pol, r in row["policies"].items():
-                line += (f"  {pol} {r['hit_rate']:.3f} (dram {r['hit_rate_dram']:.3f} ssd {r['hit_rate_ssd']:.3f};"
-                         f" {r['mismatched_blocks']} wrong)")
-            print(line, flush=True)
     wrong = sum(r["mismatched_blocks"] for row in rows for r in row["policies"].values())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as f:

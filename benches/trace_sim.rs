@@ -101,6 +101,8 @@ struct TierTally {
     from_ssd: u64,
     spilled: u64,
     dropped_from_ssd: u64,
+    /// DRAM evictions of blocks the SSD would have kept, before their spill was written.
+    evicted_unspilled: u64,
     /// Lookups whose hit could not be staged (no DRAM room): recomputed.
     unserved: u64,
 }
@@ -243,6 +245,7 @@ fn run_core_tiered(
             store.remove(&k);
         }
     }
+    t.evicted_unspilled = cache.counters().evicted_unspilled;
     Ok(t)
 }
 
@@ -621,6 +624,18 @@ fn lookup_cost(kind: PolicyKind, ssd_blocks: u64) -> Result<f64, String> {
     Ok(best)
 }
 
+/// One kind's runs (one per seed) as one JSON object: the single run's fields, or
+/// with several seeds the lowest and highest hit rate and every run.
+fn summarize(mut runs: Vec<serde_json::Value>) -> serde_json::Value {
+    if runs.len() == 1 {
+        return runs.swap_remove(0);
+    }
+    let rates: Vec<f64> = runs.iter().filter_map(|r| r["hit_rate"].as_f64()).collect();
+    let min = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = rates.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    serde_json::json!({"hit_rate_min": min, "hit_rate_max": max, "runs": runs})
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("trace_sim: {e}");
@@ -640,6 +655,8 @@ fn real_main() -> Result<(), String> {
     let mut analyze = false;
     let mut ssd_writes = 0u64;
     let mut toolagent: Vec<u64> = Vec::new();
+    // `duel`'s sample seeds; `None` alone: random per process (the Manager's default).
+    let mut seeds: Vec<Option<u64>> = vec![None];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -672,10 +689,21 @@ fn real_main() -> Result<(), String> {
                     .map_err(|e| format!("--generate-toolagent: {e}"))?,
             ),
             "--cost" => cost = true,
+            "--seed" => {
+                seeds = val()?
+                    .split(',')
+                    .map(|c| {
+                        c.trim()
+                            .parse::<u64>()
+                            .map(Some)
+                            .map_err(|e| format!("--seed {c}: {e}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--ssd" => ssd = val()?.parse::<u64>().map_err(|e| format!("--ssd: {e}"))?,
             "-h" | "--help" => {
                 println!(
-                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--generate-toolagent SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS [--ssd-writes N]] [--sweep] [--analyze] [--cost] [--out JSON]"
+                    "usage: trace_sim --trace FILE [--trace FILE...] [--generate SEED...] [--generate-toolagent SEED...] [--capacity N,N] [--policy a,b] [--ssd BLOCKS [--ssd-writes N]] [--seed S,S...] [--sweep] [--analyze] [--cost] [--out JSON]"
                 );
                 println!(
                     "policies: {}",
@@ -767,25 +795,40 @@ fn real_main() -> Result<(), String> {
                         }
                     );
                     for &k in &kinds {
-                        let t =
-                            run_core_tiered(trace, cap, ssd, Policy::new(k, cap * BLOCK), joint, ssd_writes)?;
-                        let (r, from_ssd) = (
-                            t.served as f64 / t.requested.max(1) as f64,
-                            t.from_ssd as f64 / t.requested.max(1) as f64,
-                        );
-                        print!(
-                            "  {} {r:.3} (dram {:.3} + ssd {from_ssd:.3}; {:.2}×opt, {} spilled, {} store drops, {} unserved)",
-                            k.name(),
-                            r - from_ssd,
-                            r / opt,
-                            t.spilled,
-                            t.dropped_from_ssd,
-                            t.unserved
-                        );
-                        row[field][k.name()] = serde_json::json!({"hit_rate": r, "hit_rate_ssd": from_ssd,
-                            "hit_rate_dram": r - from_ssd, "vs_optimum": r / opt, "vs_lru": r / lru,
-                            "spilled_blocks": t.spilled, "ssd_store_dropped_blocks": t.dropped_from_ssd,
-                            "unserved_lookups": t.unserved});
+                        let mut runs = Vec::new();
+                        for &seed in &seeds {
+                            let t = run_core_tiered(
+                                trace,
+                                cap,
+                                ssd,
+                                Policy::seeded(k, cap * BLOCK, seed),
+                                joint,
+                                ssd_writes,
+                            )?;
+                            let (r, from_ssd) = (
+                                t.served as f64 / t.requested.max(1) as f64,
+                                t.from_ssd as f64 / t.requested.max(1) as f64,
+                            );
+                            print!(
+                                "  {}{} {r:.3} (dram {:.3} + ssd {from_ssd:.3}; {:.2}×opt, {} spilled, {} evicted unspilled, {} store drops, {} unserved)",
+                                k.name(),
+                                seed.map_or(String::new(), |s| format!("[seed {s}]")),
+                                r - from_ssd,
+                                r / opt,
+                                t.spilled,
+                                t.evicted_unspilled,
+                                t.dropped_from_ssd,
+                                t.unserved
+                            );
+                            runs.push(
+                                serde_json::json!({"seed": seed, "hit_rate": r, "hit_rate_ssd": from_ssd,
+                                "hit_rate_dram": r - from_ssd, "vs_optimum": r / opt, "vs_lru": r / lru,
+                                "spilled_blocks": t.spilled, "ssd_store_dropped_blocks": t.dropped_from_ssd,
+                                "evicted_unspilled_blocks": t.evicted_unspilled,
+                                "unserved_lookups": t.unserved}),
+                            );
+                        }
+                        row[field][k.name()] = summarize(runs);
                     }
                 }
                 println!();
@@ -796,11 +839,22 @@ fn real_main() -> Result<(), String> {
                 print!("\n   ");
             }
             for &k in &kinds {
-                let t0 = Instant::now();
-                let r = run_core(trace, cap, Policy::new(k, cap * BLOCK))?.rate();
-                print!("  {} {r:.3} ({:.2}×opt)", k.name(), r / opt);
-                row["policies"][k.name()] = serde_json::json!({"hit_rate": r, "vs_optimum": r / opt,
-                    "vs_lru": r / lru, "seconds": t0.elapsed().as_secs_f64()});
+                let mut runs = Vec::new();
+                for &seed in &seeds {
+                    let t0 = Instant::now();
+                    let r = run_core(trace, cap, Policy::seeded(k, cap * BLOCK, seed))?.rate();
+                    print!(
+                        "  {}{} {r:.3} ({:.2}×opt)",
+                        k.name(),
+                        seed.map_or(String::new(), |s| format!("[seed {s}]")),
+                        r / opt
+                    );
+                    runs.push(
+                        serde_json::json!({"seed": seed, "hit_rate": r, "vs_optimum": r / opt,
+                        "vs_lru": r / lru, "seconds": t0.elapsed().as_secs_f64()}),
+                    );
+                }
+                row["policies"][k.name()] = summarize(runs);
             }
             println!();
             if sweep {
@@ -970,34 +1024,49 @@ mod tests {
         for (seed, cap) in [(8u64, 512u64), (9, 2048), (10, 8192)] {
             let trace = generated(seed, 8000);
             let lru = run_lru(&trace, cap).rate();
-            let duel = run_core(&trace, cap, Policy::new(PolicyKind::Duel, cap * BLOCK))
+            let duel = run_core(&trace, cap, Policy::seeded(PolicyKind::Duel, cap * BLOCK, SEED))
                 .expect("replay")
                 .rate();
             assert!(duel >= lru, "seed {seed} cap {cap}: duel {duel} < lru {lru}");
         }
     }
 
+    /// `duel`'s sample seed in these tests: fixed, so a test sees the same
+    /// figures in every run (the Manager's default is random per process).
+    const SEED: Option<u64> = Some(1);
+
     /// DRAM and SSD decided as one capacity: the policy keeps the SSD within its
-    /// size (the store never has to drop a copy by its own order), and `duel`
-    /// through the same two tiers is not more than 3 % below `lru` through them.
-    /// (`duel` samples its shadow caches with a per-process random seed, so its
-    /// figure varies from run to run; a fresh-clone CI run saw seed 13 serve
-    /// 1.3 % fewer blocks than `lru`. docs/performance.md has the spread.)
+    /// size (the store never has to drop a copy by its own order), with a disk
+    /// that keeps up DRAM evicts almost no block the SSD would have kept before
+    /// it was copied (the spill-ahead lists what eviction takes next), and `duel`
+    /// through the same two tiers is not below `lru` through them.
     #[test]
     fn joint_tiers_keep_the_ssd_within_its_size_and_duel_is_not_below_lru() {
         for (seed, dram, ssd) in [(13u64, 256u64, 768u64), (14, 512, 1536)] {
             let trace = generated(seed, 6000);
             let run = |kind| {
-                run_core_tiered(&trace, dram, ssd, Policy::new(kind, dram * BLOCK), true, 0).expect("tiers")
+                run_core_tiered(
+                    &trace,
+                    dram,
+                    ssd,
+                    Policy::seeded(kind, dram * BLOCK, SEED),
+                    true,
+                    0,
+                )
+                .expect("tiers")
             };
             let (lru, duel) = (run(PolicyKind::Lru), run(PolicyKind::Duel));
             for t in [&lru, &duel] {
                 assert_eq!(t.dropped_from_ssd, 0, "seed {seed}: {t:?}");
                 assert!(t.from_ssd > 0 && t.unserved == 0, "seed {seed}: {t:?}");
+                assert!(
+                    t.evicted_unspilled * 20 <= t.spilled,
+                    "seed {seed}: more than 5 % of spills lost to eviction with a disk that keeps up: {t:?}"
+                );
             }
             assert!(
-                duel.served * 100 >= lru.served * 97,
-                "seed {seed}: duel {duel:?} more than 3 % below lru {lru:?}"
+                duel.served >= lru.served,
+                "seed {seed}: duel {duel:?} below lru {lru:?}"
             );
         }
     }

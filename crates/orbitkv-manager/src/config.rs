@@ -110,6 +110,11 @@ pub struct Args {
     /// lru-chain or tinylfu (docs/performance.md compares them on traces) [default: duel]
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
+    /// Seed of the `duel` policy's key sample (a u64): the same seed picks the same keys in
+    /// every run, for reproducible measurements. Unset, the seed is random per process, so
+    /// clients cannot aim keys at the sample [default: random]
+    #[arg(long, env = "ORBITKV_CACHE_POLICY_SEED")]
+    pub cache_policy_seed: Option<u64>,
     /// Slots of the presence table clients read to answer "certainly absent" without a
     /// message: a power of two (1024..=268435456), `auto` (twice the 4 KiB extents of DRAM
     /// and SSD: it cannot fill up) or `off` [default: auto]
@@ -216,6 +221,7 @@ struct FileConfig {
     ssd_write_policy: Option<String>,
     presence_slots: Option<String>,
     cache_policy: Option<String>,
+    cache_policy_seed: Option<u64>,
     peer_listen: Option<String>,
     peer: Option<Vec<String>>,
     peer_tls_cert: Option<PathBuf>,
@@ -285,6 +291,8 @@ pub struct ManagerConfig {
     pub ssd: Option<SsdSettings>,
     /// DRAM eviction policy.
     pub cache_policy: orbitkv_core::policy::PolicyKind,
+    /// Seed of `duel`'s key sample (`None`: random per process).
+    pub cache_policy_seed: Option<u64>,
     /// Slots of the presence table (0: none is published).
     pub presence_slots: u64,
     /// Peer Managers (contract D3); `None` when this Manager neither serves nor asks peers.
@@ -867,6 +875,7 @@ impl ManagerConfig {
                 .map_err(|e| ConfigError::Invalid(format!("cache_policy: {e}")))?,
             None => orbitkv_core::policy::PolicyKind::default(),
         };
+        let cache_policy_seed = a.cache_policy_seed.or(file.cache_policy_seed);
         // A Manager that asks peers on a local miss cannot let a local table answer
         // "certainly absent": the block may be one peer fill away (session.rs `lookup`).
         let asks_peers = peers
@@ -909,6 +918,7 @@ impl ManagerConfig {
             peers,
             ssd,
             cache_policy,
+            cache_policy_seed,
             socket,
             dram_size,
             segment_size,
@@ -1182,6 +1192,10 @@ mod tests {
         assert_eq!(c.cache_policy, PolicyKind::Duel);
         let c = ManagerConfig::from_argv(["x", "--cache-policy", "lru"]).expect("lru");
         assert_eq!(c.cache_policy, PolicyKind::Lru);
+        assert_eq!(c.cache_policy_seed, None, "random per process unless set");
+        let c = ManagerConfig::from_argv(["x", "--cache-policy-seed", "42"]).expect("seed");
+        assert_eq!(c.cache_policy_seed, Some(42));
+        ManagerConfig::from_argv(["x", "--cache-policy-seed", "-1"]).expect_err("not a u64");
         let e = ManagerConfig::from_argv(["x", "--cache-policy", "mru"]).expect_err("unknown");
         assert!(
             e.to_string().contains("\"mru\"")

@@ -95,7 +95,8 @@ impl Manager {
             None => None,
         };
         let sizes: Vec<u64> = segments.iter().map(|s| s.size()).collect();
-        let mut cache = orbitkv_core::CacheState::with_policy(&sizes, config.cache_policy);
+        let mut cache =
+            orbitkv_core::CacheState::with_policy_seed(&sizes, config.cache_policy, config.cache_policy_seed);
         let below: Option<Box<dyn tier::Tier>> = match &config.ssd {
             Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,

@@ -380,6 +380,12 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             c.demotions,
         ),
         (
+            "ssd_evicted_unspilled_blocks_total",
+            "DRAM evictions of blocks the SSD tier would have kept, before their spill was written",
+            "counter",
+            c.evicted_unspilled,
+        ),
+        (
             "ssd_dropped_blocks_total",
             "SSD copies deleted to make room",
             "counter",

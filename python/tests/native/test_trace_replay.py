@@ -1,7 +1,9 @@
 """`benches/trace_replay.py` against real Manager processes: a generated chat trace
 replayed by several clients with every restored byte checked, the Manager's LRU equal
 to the reference LRU when one client keeps the trace's order, no policy above the
-offline optimum, an SSD tier serving part of the hits, `--cache-policy` honoured."""
+offline optimum, an SSD tier serving part of the hits, `--cache-policy` honoured,
+`--policy-seed` reproducing `duel`'s figures, `--pace` issuing requests at the trace's
+timestamps."""
 
 from __future__ import annotations
 
@@ -47,6 +49,42 @@ def test_several_clients_and_an_ssd_tier_serve_exact_bytes_from_both_tiers(tmp_p
     assert p["served_from_ssd"] > 0 and p["served_from_dram"] > 0, p
     assert p["served_from_dram"] + p["served_from_ssd"] == p["blocks_served"]
     assert p["ssd_bytes_written"] > 0
+    assert p["ssd_spilled_blocks"] > 0 and p["ssd_evicted_unspilled_blocks"] is not None, p
+
+
+def test_the_same_policy_seed_gives_the_same_duel_figures_in_fresh_managers(tmp_path: Path) -> None:
+    # One client keeps the trace's order, so the seed is the only randomness left.
+    args = ("--capacity", "96", "--clients", "1", "--policies", "duel", "--policy-seed", "5", "--repeat", "2")
+    doc = replay(tmp_path, *args)
+    runs = doc["rows"][0]["policies"]["duel"]["runs"]
+    assert [r["policy_seed"] for r in runs] == [5, 6]
+    again = replay(tmp_path, *args)["rows"][0]["policies"]["duel"]["runs"]
+    assert [r["blocks_served"] for r in runs] == [r["blocks_served"] for r in again]
+    assert all(r["blocks_served"] > 0 and r["mismatched_blocks"] == 0 for r in runs)
+
+
+def test_pace_issues_requests_no_earlier_than_their_timestamps(tmp_path: Path) -> None:
+    trace = tmp_path / "timed.jsonl"
+    # 40 requests 50 ms apart (2 s of trace); at --pace 2 they take at least 1 s.
+    trace.write_text("".join(json.dumps({"timestamp": 50 * i, "hash_ids": [0, i % 7 + 1, 100 + i]}) + "\n"
+                             for i in range(40)))
+    out = tmp_path / "p.json"
+    r = subprocess.run(
+        [sys.executable, str(BENCH), "--trace", str(trace), "--block-bytes", "4096", "--quiet", "--capacity", "64",
+         "--clients", "2", "--policies", "lru", "--pace", "2", "--workdir", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    p = json.loads(out.read_text())["rows"][0]["policies"]["lru"]
+    assert p["paced"] and p["mismatched_blocks"] == 0 and p["blocks_served"] > 0, p
+    assert p["issue_span_seconds"] >= 39 * 0.050 / 2, p
+    # A generated trace has no timestamps: pacing it is refused.
+    r = subprocess.run(
+        [sys.executable, str(BENCH), "--generate", "20", "--capacity", "64", "--pace", "1", "--quiet",
+         "--workdir", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode != 0 and "--pace needs a `timestamp`" in r.stderr, r.stderr
 
 
 def test_an_unknown_policy_is_refused_by_the_manager(tmp_path: Path) -> None:

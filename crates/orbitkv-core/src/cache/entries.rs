@@ -175,6 +175,15 @@ impl CacheState {
         let Some(key) = victim else {
             return false;
         };
+        // With joint tiers: a block the two tiers together still keep, leaving
+        // DRAM without an SSD copy, is lost because its spill came too late.
+        let policy = self.policy.get();
+        let lost_spill = policy.tiers_enabled()
+            && policy.tiers_keep(&key)
+            && self
+                .index
+                .get(&key)
+                .is_some_and(|e| e.slot.is_some() && !e.on_ssd);
         let Some(e) = self.index.get_mut(&key) else {
             return true; // the policy only tracks indexed blocks; nothing to free
         };
@@ -184,6 +193,9 @@ impl CacheState {
         if e.on_ssd {
             self.free_slot(slot, SlotFree::Demoted);
         } else {
+            if lost_spill {
+                self.counters.evicted_unspilled += 1;
+            }
             self.index.remove(&key);
             self.note_visibility(key, false);
             self.free_slot(slot, SlotFree::Evicted);

@@ -133,6 +133,11 @@ pub struct Counters {
     pub sessions_released_from_quarantine: u64,
     /// DRAM slots freed while an SSD copy keeps the block visible.
     pub demotions: u64,
+    /// With DRAM and SSD decided as one capacity: DRAM evictions of blocks the
+    /// tiers' policy still kept but the SSD had no copy of yet (the spill came
+    /// too late; the block is lost). With `--ssd-admit-hits` N > 0 this also
+    /// counts blocks below N hits, which would not have been spilled anyway.
+    pub evicted_unspilled: u64,
     pub spilled_blocks: u64,
     pub spill_failures: u64,
     pub staged_blocks: u64,
@@ -201,8 +206,14 @@ impl CacheState {
 
     /// A cache whose DRAM eviction follows `kind`.
     pub fn with_policy(segment_sizes: &[u64], kind: PolicyKind) -> Self {
+        Self::with_policy_seed(segment_sizes, kind, None)
+    }
+
+    /// A cache whose DRAM eviction follows `kind`, `duel`'s sample drawn with
+    /// `seed` (`None`: random per process; see [`Policy::seeded`]).
+    pub fn with_policy_seed(segment_sizes: &[u64], kind: PolicyKind, seed: Option<u64>) -> Self {
         let capacity = ArenaAllocator::new(segment_sizes).capacity();
-        Self::with_policy_instance(segment_sizes, Policy::new(kind, capacity))
+        Self::with_policy_instance(segment_sizes, Policy::seeded(kind, capacity, seed))
     }
 
     /// A cache with a policy built by the caller (the simulator's parameter sweeps).

@@ -37,7 +37,8 @@ pub struct Duel<K> {
     shadows: Vec<S3Fifo<K>>,
     shadow_lru: Lru<K>,
     shadow_capacity: u64,
-    /// Picks the sample; seeded per process, so clients cannot aim keys at it.
+    /// Picks the sample; seeded per process unless a seed is given (the Manager's
+    /// `--cache-policy-seed`), so clients cannot aim keys at it.
     hasher: foldhash::fast::SeedableRandomState,
     hits: [u64; LRU + 1],
     accesses: u64,
@@ -45,7 +46,14 @@ pub struct Duel<K> {
 }
 
 impl<K: Copy + Eq + Hash + Ord> Duel<K> {
+    /// A duel whose sample is drawn with a random per-process seed.
     pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_seed(capacity_bytes, None)
+    }
+
+    /// A duel whose sample is drawn with `seed` (the same keys in every process
+    /// and run: reproducible figures), or a random per-process seed for `None`.
+    pub fn with_seed(capacity_bytes: u64, seed: Option<u64>) -> Self {
         let shadow_capacity = (capacity_bytes / SAMPLE).max(1);
         let leader = 1; // S3-FIFO, 10 %, until the shadows say otherwise
         Duel {
@@ -61,7 +69,12 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
                 .collect(),
             shadow_lru: Lru::new(),
             shadow_capacity,
-            hasher: foldhash::fast::SeedableRandomState::random(),
+            hasher: match seed {
+                Some(s) => {
+                    foldhash::fast::SeedableRandomState::with_seed(s, foldhash::SharedSeed::global_fixed())
+                }
+                None => foldhash::fast::SeedableRandomState::random(),
+            },
             hits: [0; LRU + 1],
             accesses: 0,
             leader,
@@ -176,13 +189,25 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         Some(victim)
     }
 
-    /// The entries the leader would evict first (see the policies).
-    pub fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
-        if self.leader == LRU {
-            self.lru.coldest(limit_bytes, wanted)
+    /// The entries the leader would evict first (see the policies), then those
+    /// the other real policy would: the leader changes with the shadows' hits,
+    /// and a spill-ahead that listed only the current leader's cold end would
+    /// miss what the next leader evicts.
+    pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        let (mut first, second) = if self.leader == LRU {
+            (
+                self.lru.coldest(limit_bytes, &mut wanted),
+                self.s3.coldest(limit_bytes, &mut wanted),
+            )
         } else {
-            self.s3.coldest(limit_bytes, wanted)
-        }
+            (
+                self.s3.coldest(limit_bytes, &mut wanted),
+                self.lru.coldest(limit_bytes, &mut wanted),
+            )
+        };
+        let listed: std::collections::HashSet<K> = first.iter().copied().collect();
+        first.extend(second.into_iter().filter(|k| !listed.contains(k)));
+        first
     }
 }
 
@@ -262,5 +287,34 @@ mod tests {
             "{:?}",
             p.hits
         );
+    }
+
+    /// The spill-ahead list: the leader's cold end, then the other policy's,
+    /// each key once.
+    #[test]
+    fn coldest_lists_the_leaders_cold_end_then_the_others() {
+        let mut p: Duel<u32> = Duel::with_seed(100 * 10, Some(3));
+        for k in 0..100u32 {
+            p.insert(k, 10);
+        }
+        for k in (0..40u32).step_by(3) {
+            p.touch(&k);
+        }
+        // S3-FIFO keeps these in its small queue's front; LRU makes them newest.
+        p.lru.touch(&1);
+        p.lru.touch(&2);
+        for leader in [1, LRU] {
+            p.leader = leader;
+            let (first, second) = if leader == LRU {
+                (p.lru.coldest(200, |_| true), p.s3.coldest(200, |_| true))
+            } else {
+                (p.s3.coldest(200, |_| true), p.lru.coldest(200, |_| true))
+            };
+            let listed = p.coldest(200, |_| true);
+            assert_eq!(&listed[..first.len()], &first[..]);
+            let mut expected = first.clone();
+            expected.extend(second.iter().filter(|k| !first.contains(k)));
+            assert_eq!(listed, expected);
+        }
     }
 }

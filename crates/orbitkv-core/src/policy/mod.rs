@@ -111,7 +111,7 @@ enum Recipe {
 }
 
 impl<K: Copy + Eq + Hash + Ord> Inner<K> {
-    fn build(recipe: Recipe, capacity_bytes: u64) -> Self {
+    fn build(recipe: Recipe, capacity_bytes: u64, seed: Option<u64>) -> Self {
         match recipe {
             Recipe::Kind(kind) => match kind {
                 PolicyKind::S3Fifo => Inner::S3Fifo(S3Fifo::new(capacity_bytes)),
@@ -122,7 +122,7 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
                 PolicyKind::S3FifoAdaptive => Inner::S3Fifo(S3Fifo::adaptive(capacity_bytes, capacity_bytes)),
                 PolicyKind::Lru | PolicyKind::LruChain => Inner::Lru(Lru::new()),
                 PolicyKind::TinyLfu => Inner::TinyLfu(TinyLfu::new(capacity_bytes, 1, 8)),
-                PolicyKind::Duel => Inner::Duel(Box::new(Duel::new(capacity_bytes))),
+                PolicyKind::Duel => Inner::Duel(Box::new(Duel::with_seed(capacity_bytes, seed))),
             },
             Recipe::S3Fifo {
                 small_pct,
@@ -237,6 +237,8 @@ pub struct Policy<K> {
     dram: Inner<K>,
     deepest_first: bool,
     recipe: Recipe,
+    /// `duel`'s sample seed (`None`: random per process); the tiers' policy uses it too.
+    seed: Option<u64>,
     tiers: Option<Tiers<K>>,
 }
 
@@ -247,11 +249,12 @@ struct Tiers<K> {
 }
 
 impl<K: Copy + Eq + Hash + Ord> Policy<K> {
-    fn from_recipe(recipe: Recipe, capacity_bytes: u64, deepest_first: bool) -> Self {
+    fn from_recipe(recipe: Recipe, capacity_bytes: u64, deepest_first: bool, seed: Option<u64>) -> Self {
         Policy {
-            dram: Inner::build(recipe, capacity_bytes),
+            dram: Inner::build(recipe, capacity_bytes, seed),
             deepest_first,
             recipe,
+            seed,
             tiers: None,
         }
     }
@@ -266,6 +269,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             },
             capacity_bytes,
             deepest_first,
+            None,
         )
     }
 
@@ -276,19 +280,28 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             Recipe::TinyLfu { window_pct, sample_x },
             capacity_bytes,
             deepest_first,
+            None,
         )
     }
 
+    /// A policy of `kind`; `duel` samples with a random per-process seed.
     pub fn new(kind: PolicyKind, capacity_bytes: u64) -> Self {
+        Self::seeded(kind, capacity_bytes, None)
+    }
+
+    /// A policy of `kind` whose `duel` sample is drawn with `seed` (`None`: random
+    /// per process). Only `duel` samples with this seed; `tinylfu`'s sketch hash
+    /// stays random per process, and the other kinds draw no random numbers.
+    pub fn seeded(kind: PolicyKind, capacity_bytes: u64, seed: Option<u64>) -> Self {
         let deepest_first = !matches!(kind, PolicyKind::S3Fifo | PolicyKind::Lru);
-        Self::from_recipe(Recipe::Kind(kind), capacity_bytes, deepest_first)
+        Self::from_recipe(Recipe::Kind(kind), capacity_bytes, deepest_first, seed)
     }
 
     /// Decide the SSD tier with the DRAM tier: a second policy of the same kind
     /// over `total_bytes` (DRAM + SSD) tracks every visible block from now on;
     /// `visible` are the blocks visible already, `(key, weight)`.
     pub fn enable_tiers(&mut self, total_bytes: u64, visible: impl IntoIterator<Item = (K, u64)>) {
-        let mut p = Inner::build(self.recipe, total_bytes);
+        let mut p = Inner::build(self.recipe, total_bytes, self.seed);
         for (k, w) in visible {
             p.insert(k, w);
         }
