@@ -430,27 +430,8 @@ fn fake_source(reply: fn(&PeerRequest) -> Vec<u8>) -> u16 {
 fn a_peer_sending_garbage_or_wrong_bytes_stores_nothing() {
     // Plain garbage instead of a reply.
     let garbage = fake_source(|_| b"\x00\x01not a frame at all".to_vec());
-    // A well-formed transfer whose checksums do not match the bytes.
-    let lying = fake_source(|req| {
-        let PeerRequest::Fetch { hashes, .. } = req else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        let head = PeerResponse::Leased {
-            lease: 1,
-            blocks: hashes.len() as u32,
-            block_bytes: BB as u64,
-        };
-        write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
-        for _ in hashes {
-            out.extend(std::iter::repeat_n(0x5a, BB));
-        }
-        let tail = PeerResponse::Sent {
-            checksums: vec![12345; hashes.len()],
-        };
-        write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
-        out
-    });
+    // A well-formed transfer whose first block's checksum does not match its bytes.
+    let lying = fake_source(|req| transfer(req, Some(0), |_| vec![0x5a; BB]));
     // More blocks than asked for.
     let greedy = fake_source(|_| {
         let mut out = Vec::new();
