@@ -82,18 +82,14 @@ fn refusal(code: u16, message: String) -> ClientError {
 pub const CLIENT_SPIN_ENV: &str = "ORBITKV_CLIENT_SPIN_US";
 
 fn spin_from_env() -> Result<Duration, ClientError> {
-    match std::env::var(CLIENT_SPIN_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(Duration::ZERO),
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(us @ 0..=1000) => Ok(Duration::from_micros(us)),
-            _ => Err(ClientError::Invalid(format!(
-                "{CLIENT_SPIN_ENV}={v:?} is not 0 to 1000 microseconds"
-            ))),
-        },
-        Err(std::env::VarError::NotUnicode(v)) => Err(ClientError::Invalid(format!(
-            "{CLIENT_SPIN_ENV}={v:?} is not 0 to 1000 microseconds"
-        ))),
-    }
+    let Some(v) = std::env::var_os(CLIENT_SPIN_ENV) else {
+        return Ok(Duration::ZERO);
+    };
+    v.to_str()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|us| *us <= 1000)
+        .map(Duration::from_micros)
+        .ok_or_else(|| ClientError::Invalid(format!("{CLIENT_SPIN_ENV}={v:?} is not 0 to 1000 microseconds")))
 }
 
 /// Poll `stream` (peeking, never consuming) until a byte is readable, the

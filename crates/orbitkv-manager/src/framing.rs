@@ -185,9 +185,7 @@ impl PeerReader<'_> {
             }
         }
     }
-}
 
-impl PeerReader<'_> {
     /// Poll the socket without sleeping for up to `--session-spin-us`:
     /// `Some(n)` when bytes arrived meanwhile, `None` when the caller should
     /// block (spinning off, or nothing came).

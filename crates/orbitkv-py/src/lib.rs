@@ -247,7 +247,7 @@ impl Lease {
         traceback: Py<PyAny>,
     ) -> PyResult<()> {
         let _ = (exc_type, exc_value, traceback);
-        release_lease(py, &self.client, self)
+        release_lease(py, &self.client, self, true)
     }
 }
 
@@ -940,15 +940,7 @@ impl Client {
     #[pyo3(signature = (lease, *, wait = true))]
     fn release(&self, py: Python<'_>, lease: &Lease, wait: bool) -> PyResult<()> {
         self.check_lease(lease)?;
-        if wait {
-            return release_lease(py, &self.inner, lease);
-        }
-        if !lease.mark_released() {
-            return Ok(());
-        }
-        let c = self.inner.clone();
-        let id = lease.id;
-        py.detach(|| c.release_quiet(&[id])).map_err(to_py)
+        release_lease(py, &self.inner, lease, wait)
     }
 
     fn save(
@@ -1063,13 +1055,21 @@ impl Client {
 }
 
 /// Release `lease` once: later calls (explicit or a `with` exit) are no-ops.
-fn release_lease(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease) -> PyResult<()> {
+/// `wait=false` sends a `ReleaseQuiet` and reads no answer.
+fn release_lease(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease, wait: bool) -> PyResult<()> {
     if !lease.mark_released() {
         return Ok(());
     }
     let c = c.clone();
     let id = lease.id;
-    py.detach(|| c.release(id)).map_err(to_py)
+    py.detach(|| {
+        if wait {
+            c.release(id)
+        } else {
+            c.release_quiet(&[id])
+        }
+    })
+    .map_err(to_py)
 }
 
 /// Abort `pending` unless it was committed or aborted already.
