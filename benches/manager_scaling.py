@@ -58,9 +58,9 @@ def chain(i: int) -> list[bytes]:
     return [i.to_bytes(4, "little") + j.to_bytes(4, "little") + bytes(24) for j in range(CHAIN)]
 
 
-def client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out: Any) -> None:
+def client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out: Any, measured: Any) -> None:
     try:
-        _client_loop(sock, op, seconds, worker, start, out)
+        _client_loop(sock, op, seconds, worker, start, out, measured)
     except BaseException as e:  # reported to the parent, which fails loudly
         out.put(f"worker {worker} ({op}): {e!r}")
         raise
@@ -77,7 +77,7 @@ def closed_loop(op: Callable[[int], None], seconds: float, start: Any) -> tuple[
     return len(lat), lat
 
 
-def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out: Any) -> None:
+def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, out: Any, measured: Any) -> None:
     c = _native.Client(sock)
     ns = c.register_namespace(FP, BB)
     hs = chain(worker % 64)
@@ -103,6 +103,7 @@ def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, ou
     # The process's CPU from before the start signal to the end (this process's
     # threads only: the native client runs on the calling thread).
     out.put((count, lat, time.process_time() - cpu0))
+    measured.wait(60)  # the session (and its Manager thread) lives until the parent has read the counters
     c.close()
 
 
@@ -166,6 +167,20 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of all threads of `pid` so far (each is a
+    sleep, so each later costs a wake-up); threads that ended are not counted."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:  # the thread ended meanwhile
+            pass
+    return total
+
+
 def manager_counters(sock: str) -> tuple[int, int]:
     with _native.Client(sock) as c:
         st = c.stats()
@@ -174,21 +189,24 @@ def manager_counters(sock: str) -> tuple[int, int]:
 
 def run_clients(sock: str, op: str, n: int, seconds: float, mgr_pid: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=client_loop, args=(sock, op, seconds, w, start, out)) for w in range(n)]
+    start, out, measured = ctx.Event(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=client_loop, args=(sock, op, seconds, w, start, out, measured)) for w in range(n)]
     for p in procs:
         p.start()
     time.sleep(0.5 + 0.05 * n)  # every client connected and mapped
-    mgr0 = proc_cpu_s(mgr_pid)
+    mgr0, sw0 = proc_cpu_s(mgr_pid), voluntary_switches(mgr_pid)
     start.set()
     results = [out.get(timeout=seconds + 60) for _ in procs]
-    mgr1 = proc_cpu_s(mgr_pid)
+    mgr1, sw1 = proc_cpu_s(mgr_pid), voluntary_switches(mgr_pid)
+    measured.set()
     for p in procs:
         p.join()
     row = summarize(results, seconds)
     ops = row["ops_per_s"] * seconds
     # Where the CPU goes per operation: the Manager's threads over the timed loop.
     row["manager_cpu_us_per_op"] = (mgr1 - mgr0) / ops * 1e6 if ops else 0.0
+    # How often the Manager's threads slept (and so had to be woken) per operation.
+    row["manager_sleeps_per_op"] = (sw1 - sw0) / ops if ops else 0.0
     return row
 
 
@@ -217,8 +235,13 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "manager_scaling.json"))
     ap.add_argument("--manager-args", default="", help="more `orbitkv serve` flags, e.g. \"--cache-policy lru\"")
+    ap.add_argument("--ops", default="lookup,lookup_acked,save,echo,echo_quiet",
+                    help="which operations and baselines to run (comma-separated)")
     a = ap.parse_args()
     counts = [int(x) for x in a.clients.split(",")]
+    ops = set(a.ops.split(","))
+    if unknown := ops - {"lookup", "lookup_acked", "save", "echo", "echo_quiet"}:
+        raise SystemExit(f"unknown --ops: {sorted(unknown)}")
     d = tempfile.mkdtemp(prefix="okv-scale-")
     sock = os.path.join(d, "m.sock")
     mgr = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", "1GiB",
@@ -238,15 +261,17 @@ def main() -> int:
                 for i in range(64):
                     c.save(ns, chain(i), [bytes(BB)] * CHAIN)
             row: dict[str, Any] = {"clients": n}
-            for op in ("lookup", "lookup_acked", "save"):
+            for op in [o for o in ("lookup", "lookup_acked", "save") if o in ops]:
                 before = manager_counters(sock)
                 row[op] = run_clients(sock, op, n, a.seconds, mgr.pid)
                 after = manager_counters(sock)
                 # Lookups whose hits the eviction policy never saw (its replay fell behind).
                 row[op]["policy_touches_dropped"] = after[0] - before[0]
                 row[op]["manager_lookups"] = after[1] - before[1]
-            row["echo"] = run_echo(n, a.seconds, quiet=False)
-            row["echo_quiet"] = run_echo(n, a.seconds, quiet=True)
+            if "echo" in ops:
+                row["echo"] = run_echo(n, a.seconds, quiet=False)
+            if "echo_quiet" in ops:
+                row["echo_quiet"] = run_echo(n, a.seconds, quiet=True)
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
@@ -257,14 +282,15 @@ def main() -> int:
     for row in rows:
         n = row["clients"]
         for op in ("lookup", "lookup_acked", "save", "echo", "echo_quiet"):
-            # Ideal: linear in clients until every core is busy (a client plus its server side).
-            ideal = base[op]["ops_per_s"] / base["clients"] * min(n, max(1, cores // 2))
-            row[op]["vs_ideal_linear"] = row[op]["ops_per_s"] / ideal
+            if op in row:
+                # Ideal: linear in clients until every core is busy (a client plus its server side).
+                ideal = base[op]["ops_per_s"] / base["clients"] * min(n, max(1, cores // 2))
+                row[op]["vs_ideal_linear"] = row[op]["ops_per_s"] / ideal
         # The issue's ratio (against two echo round trips), and against an echo of
         # exactly the messages each op exchanges.
-        row["lookup_vs_echo"] = row["lookup"]["ops_per_s"] / row["echo"]["ops_per_s"]
-        row["lookup_vs_echo_quiet"] = row["lookup"]["ops_per_s"] / row["echo_quiet"]["ops_per_s"]
-        row["lookup_acked_vs_echo"] = row["lookup_acked"]["ops_per_s"] / row["echo"]["ops_per_s"]
+        for op, echo in (("lookup", "echo"), ("lookup", "echo_quiet"), ("lookup_acked", "echo")):
+            if op in row and echo in row:
+                row[f"{op}_vs_{echo}"] = row[op]["ops_per_s"] / row[echo]["ops_per_s"]
     doc = {
         "bench": "manager_scaling",
         "ops": {

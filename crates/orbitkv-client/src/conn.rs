@@ -1,19 +1,21 @@
 //! The session's socket: handshake with fd receipt, then request/reply.
 
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use orbitkv_proto::{
-    ErrorCode, FrameError, HEADER_LEN, Header, Request, Response, decode_response, read_frame, write_frame,
+    ErrorCode, FrameError, HEADER_LEN, Header, MAX_QUIET_RELEASES, Request, Response, decode_response,
+    read_frame, write_frame,
 };
 use orbitkv_shm::Mapping;
 use orbitkv_shm::fdpass::recv_with_fds;
 use orbitkv_shm::presence::PresenceView;
 
 use crate::ClientError;
+use crate::release_queue::{self, Pushed, ReleaseQueue};
 
 /// An open connection, its session id, the mapped arena segments and the
 /// presence table (when the Manager publishes one).
@@ -42,9 +44,13 @@ struct Inner {
 
 #[derive(Debug)]
 pub(crate) struct Conn {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    /// Quiet releases waiting for the next request or the flusher.
+    releases: Arc<ReleaseQueue>,
     /// How long a call polls for its reply before it sleeps (`ORBITKV_CLIENT_SPIN_US`).
     spin: Duration,
+    /// How long a call waits for its reply (also the socket's read timeout).
+    reply_timeout: Duration,
     /// A duplicate of the socket, polled without the lock for a hang-up
     /// (the Manager closed or died) while another thread waits for a reply.
     watch: std::os::fd::OwnedFd,
@@ -111,6 +117,67 @@ fn spin_for_reply(stream: &UnixStream, spin: Duration) {
             return;
         }
         std::hint::spin_loop();
+    }
+}
+
+/// Sleep until `stream` is readable (the reply's first bytes, end of stream or
+/// an error, which the read that follows reports), or fail after `timeout`.
+/// Not a blocking `read`: a Unix stream socket's blocked reader also wakes each
+/// time the Manager consumes bytes this side sent (the "write space" wake-up
+/// shares the wait queue and a blocked `read` does not filter it), which cost
+/// every call one more wake-up; `poll` for `POLLIN` filters it out.
+fn wait_for_reply(stream: &UnixStream, timeout: Duration) -> Result<(), ClientError> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ts = Timespec::try_from(left).unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        });
+        let mut fds = [PollFd::new(stream, PollFlags::IN)];
+        match poll(&mut fds, Some(&ts)) {
+            Ok(0) if left.is_zero() => {
+                return Err(ClientError::Unavailable(
+                    "timed out waiting for the Manager".into(),
+                ));
+            }
+            Ok(0) | Err(rustix::io::Errno::INTR) => {}
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(ClientError::Unavailable(format!("waiting for the Manager: {e}"))),
+        }
+    }
+}
+
+/// `ReleaseQuiet` frames for `leases` (at most `MAX_QUIET_RELEASES` each),
+/// under this connection's next request ids; empty for no leases.
+fn frame_releases(g: &mut Inner, leases: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(leases.len() * 8 + HEADER_LEN + 4);
+    for chunk in leases.chunks(MAX_QUIET_RELEASES) {
+        let id = g.next_id;
+        g.next_id = g.next_id.wrapping_add(1);
+        let req = Request::ReleaseQuiet {
+            leases: chunk.to_vec(),
+        };
+        // A Vec takes every byte, and 4,096 leases are far below MAX_BODY.
+        let _ = write_frame(&mut out, req.kind() as u16, id, &req.encode());
+    }
+    out
+}
+
+/// The flusher thread: sends deferred releases that no request carried
+/// within the delay, until the connection closes.
+fn flush_due_releases(inner: &Mutex<Inner>, queue: &ReleaseQueue) {
+    while queue.wait_due() {
+        let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
+        let leases = queue.take();
+        if leases.is_empty() || g.broken {
+            continue; // a request carried them, or nothing can be sent
+        }
+        let out = frame_releases(&mut g, &leases);
+        if g.stream.get_ref().write_all(&out).is_err() {
+            g.broken = true; // the next call reports it
+        }
     }
 }
 
@@ -283,12 +350,14 @@ impl Conn {
         );
         Ok((
             Conn {
-                inner: Mutex::new(Inner {
+                releases: Arc::new(ReleaseQueue::new(release_queue::delay_from_env()?)),
+                inner: Arc::new(Mutex::new(Inner {
                     stream: BufReader::with_capacity(READ_BUFFER, stream),
                     next_id: 2,
                     broken: false,
-                }),
+                })),
                 spin: spin_from_env()?,
+                reply_timeout: timeout,
                 watch,
             },
             session,
@@ -297,9 +366,10 @@ impl Conn {
         ))
     }
 
-    /// Lock the connection and write `req` under the next request id: the
-    /// guard (held until the reply is read, if one is due) and that id.
-    fn write(&self, req: &Request) -> Result<(std::sync::MutexGuard<'_, Inner>, u32), ClientError> {
+    /// Lock the connection and write `req` under the next request id, behind
+    /// the deferred releases queued so far (one `write` for all): the guard
+    /// (held until the reply is read, if one is due) and that id.
+    fn write(&self, req: &Request) -> Result<(MutexGuard<'_, Inner>, u32), ClientError> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if g.broken {
             return Err(ClientError::Unavailable(
@@ -308,11 +378,54 @@ impl Conn {
         }
         let id = g.next_id;
         g.next_id = g.next_id.wrapping_add(1);
-        if let Err(e) = write_frame(&mut g.stream.get_ref(), req.kind() as u16, id, &req.encode()) {
+        let mut frame = Vec::new();
+        write_frame(&mut frame, req.kind() as u16, id, &req.encode()).map_err(io_err)?;
+        let mut out = frame_releases(&mut g, &self.releases.take());
+        out.extend_from_slice(&frame);
+        if let Err(e) = g.stream.get_ref().write_all(&out) {
             g.broken = true; // part of a frame may be on the wire
-            return Err(io_err(e));
+            return Err(io_err(FrameError::Io(e)));
         }
         Ok((g, id))
+    }
+
+    /// Queue quiet releases for the next request, or for the flusher thread
+    /// once they have waited the delay (`ORBITKV_RELEASE_DELAY_US`; 0 sends
+    /// them now, in their own message).
+    pub(crate) fn defer_releases(&self, leases: &[u64]) -> Result<(), ClientError> {
+        if self.releases.delay.is_zero() {
+            return self.send_releases(leases);
+        }
+        if self.releases.push(leases)? == Pushed::StartFlusher {
+            let (inner, queue) = (self.inner.clone(), self.releases.clone());
+            let started = std::thread::Builder::new()
+                .name("orbitkv-release".into())
+                .spawn(move || flush_due_releases(&inner, &queue));
+            if started.is_err() {
+                // No thread to bound the wait: send what is queued now.
+                self.releases.flusher_failed();
+                return self.send_releases(&self.releases.take());
+            }
+        }
+        Ok(())
+    }
+
+    /// Write quiet releases now (with whatever was queued before them).
+    pub(crate) fn send_releases(&self, leases: &[u64]) -> Result<(), ClientError> {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.broken {
+            return Err(ClientError::Unavailable(
+                "connection to the Manager is broken".into(),
+            ));
+        }
+        let mut all = self.releases.take();
+        all.extend_from_slice(leases);
+        let out = frame_releases(&mut g, &all);
+        if let Err(e) = g.stream.get_ref().write_all(&out) {
+            g.broken = true;
+            return Err(io_err(FrameError::Io(e)));
+        }
+        Ok(())
     }
 
     pub(crate) fn call(&self, req: &Request) -> Result<Response, ClientError> {
@@ -320,6 +433,7 @@ impl Conn {
         let r = (|| {
             if g.stream.buffer().is_empty() {
                 spin_for_reply(g.stream.get_ref(), self.spin);
+                wait_for_reply(g.stream.get_ref(), self.reply_timeout)?;
             }
             let (h, body) = read_frame(&mut g.stream).map_err(io_err)?;
             if h.request_id != id && h.request_id != 0 {
@@ -334,14 +448,6 @@ impl Conn {
             g.broken = true; // framing can no longer be trusted
         }
         r
-    }
-
-    /// Send a request that has no reply (`ReleaseQuiet`): written under the
-    /// lock, so it is ordered with every other request of this connection;
-    /// nothing is read. A failed write breaks the connection.
-    pub(crate) fn send(&self, req: &Request) -> Result<(), ClientError> {
-        debug_assert!(!req.expects_reply());
-        self.write(req).map(|_| ())
     }
 
     /// Has the Manager's end of the connection gone (closed, crashed,
@@ -372,7 +478,14 @@ impl Conn {
     }
 
     pub(crate) fn shutdown(&self) {
+        self.releases.close();
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let _ = g.stream.get_ref().shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.releases.close(); // the flusher thread exits
     }
 }

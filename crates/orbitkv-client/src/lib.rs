@@ -10,6 +10,7 @@ mod conn;
 mod copy;
 mod error;
 mod guard;
+mod release_queue;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +25,7 @@ use orbitkv_proto::{
     ErrorCode, HASH_BYTES, MAX_QUIET_RELEASES, MAX_TP_SHARDS, Request, Response, SaveItem, TP_TOKEN_BYTES,
 };
 use orbitkv_shm::Mapping;
+pub use release_queue::RELEASE_DELAY_ENV;
 
 pub type Hash = [u8; HASH_BYTES];
 
@@ -505,9 +507,30 @@ impl Client {
         if self.closed.load(Ordering::Acquire) {
             return Err(ClientError::Closed);
         }
-        self.conn.send(&Request::ReleaseQuiet {
-            leases: leases.to_vec(),
-        })
+        self.conn.send_releases(leases)
+    }
+
+    /// [`Client::release_quiet`], deferred: the leases are written in front of
+    /// this connection's next request (the same `write`, so the Manager's
+    /// session thread wakes once for both), or by this connection's flusher
+    /// thread once they have waited `ORBITKV_RELEASE_DELAY_US` (default 200;
+    /// 0 sends at once). Ordered like an immediate release with every later
+    /// request of this client; other sessions may see the leases held for up
+    /// to the delay. An error means the connection is closing or closed.
+    pub fn release_later(&self, leases: &[u64]) -> Result<(), ClientError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        if leases.len() > MAX_QUIET_RELEASES {
+            return Err(ClientError::Invalid(format!(
+                "a quiet release names at most {MAX_QUIET_RELEASES} leases, got {}",
+                leases.len()
+            )));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ClientError::Closed);
+        }
+        self.conn.defer_releases(leases)
     }
 
     /// Copy blocks `[start, start + dst.len())` of an acquired lease into `dst`

@@ -160,8 +160,7 @@ impl PeerReader<'_> {
             if let Some(n) = self.spin_recv(buf)? {
                 return Ok(n);
             }
-            let mut stream: &UnixStream = self.stream;
-            return stream.read(buf);
+            return self.wait_readable_then_recv(buf);
         };
         loop {
             match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
@@ -181,6 +180,27 @@ impl PeerReader<'_> {
             let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
             match rustix::event::poll(&mut fds, Some(&timeout)) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Sleep until the socket is readable, then receive. Not a blocking
+    /// `recv`: a Unix stream socket's blocking reader also wakes whenever the
+    /// peer consumes bytes this side sent (the "write space" wake-up walks the
+    /// same wait queue and a blocked `recv` does not filter it), so a session
+    /// thread waiting for the next request woke once more per reply. `poll` for
+    /// `POLLIN` filters those wake-ups out; measured in docs/performance.md.
+    fn wait_readable_then_recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
+                Ok((n, _)) => return Ok(n),
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
         }

@@ -6,7 +6,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use orbitkv_client::{Client, ClientError, Namespace};
@@ -205,9 +205,13 @@ fn eviction_racing_lookups_never_hits_missing_bytes() {
     let content = |chain: u8, i: u8| block(chain.wrapping_mul(7).wrapping_add(i), BLK);
     let chain = |c: u8| -> Vec<[u8; 32]> { (0..4).map(|i| hash(c, i)).collect() };
     let stop = Arc::new(AtomicBool::new(false));
+    // Readers start once every chain was saved once: probes that miss cost no
+    // round trip, so readers started at once could finish before any save.
+    let saved = Arc::new(AtomicU64::new(0));
     let saver = {
         let sock = m.socket().to_path_buf();
         let stop = stop.clone();
+        let saved = saved.clone();
         std::thread::spawn(move || {
             let c = Client::connect(&sock, None, Duration::from_secs(5)).expect("connect");
             let ns = c.register_namespace([5; 32], BLK as u64, 0, b"").expect("ns");
@@ -219,6 +223,7 @@ fn eviction_racing_lookups_never_hits_missing_bytes() {
                 // Refusals are fine here (readers pin what they restore).
                 c.save(&ns, &chain(ch), &src).expect("save");
                 k += 1;
+                saved.store(k, Ordering::Release);
             }
             k
         })
@@ -226,9 +231,18 @@ fn eviction_racing_lookups_never_hits_missing_bytes() {
     let readers: Vec<_> = (0..2)
         .map(|r| {
             let sock = m.socket().to_path_buf();
+            let saved = saved.clone();
             std::thread::spawn(move || {
                 let c = Client::connect(&sock, None, Duration::from_secs(5)).expect("connect");
                 let ns = c.register_namespace([5; 32], BLK as u64, 0, b"").expect("ns");
+                let t0 = std::time::Instant::now();
+                while saved.load(Ordering::Acquire) < u64::from(CHAINS) {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(30),
+                        "the saver made no progress"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 let (mut probes, mut hits, mut stale_maybe) = (0u64, 0u64, 0u64);
                 for k in 0..3000u64 {
                     let ch = ((k * 7 + r) % u64::from(CHAINS)) as u8;

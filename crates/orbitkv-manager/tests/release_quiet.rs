@@ -167,3 +167,83 @@ fn a_quiet_release_ends_a_redeemed_tp_part() {
         "every rank reported: it had ended"
     );
 }
+
+/// Deferred releases (`Client::release_later`, what Python's
+/// `release(wait=False)` does): they ride in front of the session's next
+/// request, in order, and the flusher sends them after the delay when no
+/// request comes, so another session sees them released soon either way.
+#[test]
+fn deferred_releases_ride_the_next_request_or_are_flushed() {
+    let m = ManagerProc::start(&[]);
+    let c = m.client();
+    let watcher = m.client();
+    let ns = c.register_namespace([9; 32], BB as u64, 0, b"").expect("ns");
+    let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(9, i)).collect();
+    let data: Vec<Vec<u8>> = (0..4).map(|i| block(i, BB)).collect();
+    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+    assert_eq!(c.save(&ns, &hs, &refs).expect("save").stored, 4);
+
+    // Carried by the next request: the stats call sees every one released.
+    let leases: Vec<u64> = (0..5)
+        .map(|_| c.lookup(&ns, &hs).expect("lookup").lease)
+        .collect();
+    for l in &leases {
+        c.release_later(&[*l]).expect("queued");
+    }
+    let st = stats(&c);
+    assert_eq!(st["live_leases"], 0, "carried in front of the stats request");
+    assert_eq!(st["quiet_releases_total"], 5);
+
+    // Nothing else sent on `c`: the flusher sends it after the delay (200 µs
+    // by default); another session sees it released well within a second.
+    let hit = c.lookup(&ns, &hs).expect("lookup");
+    c.release_later(&[hit.lease]).expect("queued");
+    let t0 = std::time::Instant::now();
+    loop {
+        let st: serde_json::Value =
+            serde_json::from_str(&watcher.stats_json().expect("stats")).expect("json");
+        if st["live_leases"] == 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "the flusher never sent the release: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    // Idle (the flusher parked), then more: sent again without a request.
+    std::thread::sleep(Duration::from_millis(20));
+    let hit = c.lookup(&ns, &hs).expect("lookup");
+    c.release_later(&[hit.lease]).expect("queued");
+    let t0 = std::time::Instant::now();
+    while serde_json::from_str::<serde_json::Value>(&watcher.stats_json().expect("stats")).expect("json")["live_leases"]
+        != 0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "a parked flusher never woke"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(stats(&c)["quiet_release_failures_total"], 0);
+
+    // More queued than one message carries: split into several, all applied.
+    let n = orbitkv_proto::MAX_QUIET_RELEASES + 100;
+    let leases: Vec<u64> = (0..n)
+        .map(|_| c.lookup(&ns, &hs).expect("lookup").lease)
+        .collect();
+    for chunk in leases.chunks(1000) {
+        c.release_later(chunk).expect("queued");
+    }
+    let st = stats(&c);
+    assert_eq!(st["live_leases"], 0);
+    assert_eq!(st["quiet_release_failures_total"], 0);
+
+    // Argument errors are the caller's; a closed client refuses.
+    assert!(c.release_later(&[]).is_ok());
+    let many = vec![1u64; orbitkv_proto::MAX_QUIET_RELEASES + 1];
+    assert!(matches!(c.release_later(&many), Err(ClientError::Invalid(_))));
+    c.close().expect("close");
+    assert!(matches!(c.release_later(&[1]), Err(ClientError::Closed)));
+}

@@ -1066,7 +1066,7 @@ fn release_lease(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease,
         if wait {
             c.release(id)
         } else {
-            c.release_quiet(&[id])
+            c.release_later(&[id])
         }
     })
     .map_err(to_py)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orbitkv import _native
@@ -122,6 +124,36 @@ def test_release_without_waiting(manager) -> None:  # type: ignore[no-untyped-de
     with d.lookup(ns, hs) as lease:
         assert lease.hit_blocks == 3
     assert d.stats()["live_leases"] == 0
+
+
+def test_release_delay_setting(manager, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`ORBITKV_RELEASE_DELAY_US` (0-100000) bounds how long a `wait=False`
+    release waits for a request to carry it: another session sees the lease
+    held until then, and released after it; 0 sends at once; a bad value is
+    refused at connect, naming it."""
+    monkeypatch.setenv("ORBITKV_RELEASE_DELAY_US", "100001")
+    with pytest.raises(ValueError, match="ORBITKV_RELEASE_DELAY_US"):
+        manager.client()
+    monkeypatch.setenv("ORBITKV_RELEASE_DELAY_US", "0")
+    watcher = manager.client()
+    hs = [bytes([8, i]) * 16 for i in range(2)]
+    for delay_us in (100_000, 0):
+        monkeypatch.setenv("ORBITKV_RELEASE_DELAY_US", str(delay_us))
+        c = manager.client()
+        ns = c.register_namespace(FP, BB)
+        c.save(ns, hs, [bytes(BB)] * 2)
+        lease = c.lookup(ns, hs)
+        t0 = time.monotonic()
+        c.release(lease, wait=False)
+        if delay_us:
+            # Nothing else sent on `c`: held until the flusher sends it.
+            assert watcher.stats()["live_leases"] == 1
+        while watcher.stats()["live_leases"] != 0:
+            assert time.monotonic() - t0 < 5, "the release never arrived"
+            time.sleep(0.001)
+        if delay_us:
+            assert time.monotonic() - t0 >= delay_us / 1e6 * 0.9
+        c.close()
 
 
 def test_client_spin_setting(manager, monkeypatch) -> None:  # type: ignore[no-untyped-def]
