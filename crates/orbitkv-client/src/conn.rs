@@ -376,16 +376,17 @@ impl Conn {
                 "connection to the Manager is broken".into(),
             ));
         }
+        let mut out = frame_releases(&mut g, &self.releases.take());
         let id = g.next_id;
         g.next_id = g.next_id.wrapping_add(1);
-        let mut frame = Vec::new();
-        write_frame(&mut frame, req.kind() as u16, id, &req.encode()).map_err(io_err)?;
-        let mut out = frame_releases(&mut g, &self.releases.take());
-        out.extend_from_slice(&frame);
+        // A request too large to frame is refused, but the releases taken
+        // for it still go out.
+        let framed = write_frame(&mut out, req.kind() as u16, id, &req.encode());
         if let Err(e) = g.stream.get_ref().write_all(&out) {
             g.broken = true; // part of a frame may be on the wire
             return Err(io_err(FrameError::Io(e)));
         }
+        framed.map_err(io_err)?;
         Ok((g, id))
     }
 
