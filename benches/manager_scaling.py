@@ -3,8 +3,11 @@
 One real Manager (`python -m orbitkv serve`); N client processes, each with its own
 session, run one operation in a closed loop for a fixed time:
   * `lookup`       - lookup of a 32-block chain that fully hits (a lease), then the
-                     release the adapters send (`release(lease, wait=False)`: one
-                     message, no reply): 1 round trip + 1 one-way message, no copy;
+                     release the schedulers' adapters make (`release_later`: no
+                     reply, written in front of the next lookup): 1 round trip;
+  * `lookup_quiet` - the same with the workers' release (`release(lease,
+                     wait=False)`: its own message, no reply): 1 round trip +
+                     1 one-way message;
   * `lookup_acked` - the same with an acknowledged release: 2 round trips (the
                      only lookup op before quiet releases existed);
   * `save`         - save of 4 new 4 KiB blocks (begin_save, copy, commit_save):
@@ -15,7 +18,7 @@ Baselines in the same run:
                    over Unix socketpairs (Python on both sides), two round trips per
                    operation: the kernel IPC + process wake-up cost with no Manager
                    (the baseline issue 10 names);
-  * `echo_quiet` - the same pairs exchanging exactly the `lookup` op's messages: one
+  * `echo_quiet` - the same pairs exchanging exactly the `lookup_quiet` op's messages: one
                    round trip, then a one-way message of a quiet release's size.
 The Manager runs one thread per session; lookups and releases share its cache lock
 (saves take it exclusively). CPU per operation is reported for the Manager (all
@@ -86,6 +89,11 @@ def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, ou
     def lookup(_: int) -> None:
         lease = c.lookup(ns, hs)
         assert lease.hit_blocks == CHAIN, lease
+        c.release_later(lease)
+
+    def lookup_quiet(_: int) -> None:
+        lease = c.lookup(ns, hs)
+        assert lease.hit_blocks == CHAIN, lease
         c.release(lease, wait=False)
 
     def lookup_acked(_: int) -> None:
@@ -98,7 +106,7 @@ def _client_loop(sock: str, op: str, seconds: float, worker: int, start: Any, ou
         c.save(ns, keys, payload)
 
     cpu0 = time.process_time()
-    ops = {"lookup": lookup, "lookup_acked": lookup_acked, "save": save}
+    ops = {"lookup": lookup, "lookup_quiet": lookup_quiet, "lookup_acked": lookup_acked, "save": save}
     count, lat = closed_loop(ops[op], seconds, start)
     # The process's CPU from before the start signal to the end (this process's
     # threads only: the native client runs on the calling thread).
@@ -235,12 +243,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "manager_scaling.json"))
     ap.add_argument("--manager-args", default="", help="more `orbitkv serve` flags, e.g. \"--cache-policy lru\"")
-    ap.add_argument("--ops", default="lookup,lookup_acked,save,echo,echo_quiet",
+    ap.add_argument("--ops", default="lookup,lookup_quiet,lookup_acked,save,echo,echo_quiet",
                     help="which operations and baselines to run (comma-separated)")
     a = ap.parse_args()
     counts = [int(x) for x in a.clients.split(",")]
     ops = set(a.ops.split(","))
-    if unknown := ops - {"lookup", "lookup_acked", "save", "echo", "echo_quiet"}:
+    if unknown := ops - {"lookup", "lookup_quiet", "lookup_acked", "save", "echo", "echo_quiet"}:
         raise SystemExit(f"unknown --ops: {sorted(unknown)}")
     d = tempfile.mkdtemp(prefix="okv-scale-")
     sock = os.path.join(d, "m.sock")
@@ -261,7 +269,7 @@ def main() -> int:
                 for i in range(64):
                     c.save(ns, chain(i), [bytes(BB)] * CHAIN)
             row: dict[str, Any] = {"clients": n}
-            for op in [o for o in ("lookup", "lookup_acked", "save") if o in ops]:
+            for op in [o for o in ("lookup", "lookup_quiet", "lookup_acked", "save") if o in ops]:
                 before = manager_counters(sock)
                 row[op] = run_clients(sock, op, n, a.seconds, mgr.pid)
                 after = manager_counters(sock)
@@ -281,20 +289,22 @@ def main() -> int:
     cores = os.cpu_count() or 1
     for row in rows:
         n = row["clients"]
-        for op in ("lookup", "lookup_acked", "save", "echo", "echo_quiet"):
+        for op in ("lookup", "lookup_quiet", "lookup_acked", "save", "echo", "echo_quiet"):
             if op in row:
                 # Ideal: linear in clients until every core is busy (a client plus its server side).
                 ideal = base[op]["ops_per_s"] / base["clients"] * min(n, max(1, cores // 2))
                 row[op]["vs_ideal_linear"] = row[op]["ops_per_s"] / ideal
         # The issue's ratio (against two echo round trips), and against an echo of
         # exactly the messages each op exchanges.
-        for op, echo in (("lookup", "echo"), ("lookup", "echo_quiet"), ("lookup_acked", "echo")):
+        for op, echo in (("lookup", "echo"), ("lookup_quiet", "echo"), ("lookup_quiet", "echo_quiet"),
+                         ("lookup_acked", "echo")):
             if op in row and echo in row:
                 row[f"{op}_vs_{echo}"] = row[op]["ops_per_s"] / row[echo]["ops_per_s"]
     doc = {
         "bench": "manager_scaling",
         "ops": {
-            "lookup": f"lookup of a {CHAIN}-block full hit + quiet release (1 round trip + 1 one-way message)",
+            "lookup": f"lookup of a {CHAIN}-block full hit + release_later (1 round trip, release on the next)",
+            "lookup_quiet": f"lookup of a {CHAIN}-block full hit + quiet release (1 round trip + 1 one-way message)",
             "lookup_acked": f"lookup of a {CHAIN}-block full hit + acknowledged release (2 round trips)",
             "save": f"save of 4 new {BB}-byte blocks: begin_save + copy + commit_save (2 round trips)",
             "echo": "2 round trips of the lookup's request/reply sizes over a socketpair, Python both sides",

@@ -217,13 +217,19 @@ class Client:
         count: int | None = None,
     ) -> int: ...  # bytes copied
     def release(self, lease: Lease, *, wait: bool = True) -> None:
-        """Release `lease` (a no-op when already released). `wait=False` neither
-        waits for the Manager nor sends a message of its own: the release is
-        written in front of this client's next request, or by the client's
-        flusher thread once it has waited `ORBITKV_RELEASE_DELAY_US` (default
-        200; 0 sends at once). Later requests of this client see it released;
-        other clients may see it held for up to that delay. A lease the Manager
-        no longer knows is counted there (`quiet_release_failures_total`), not raised."""
+        """Release `lease` (a no-op when already released). `wait=False` sends it
+        without waiting for the Manager (one message, no round trip); later
+        requests of this client see it released, and a lease the Manager no
+        longer knows is counted there (`quiet_release_failures_total`), not raised."""
+    def release_later(self, lease: Lease) -> None:
+        """Release `lease` (a no-op when already released) with neither a round
+        trip nor a message of its own: the release is written in front of this
+        client's next request, or by the client's flusher thread once it has
+        waited `ORBITKV_RELEASE_DELAY_US` (default 200; 0 sends at once). Later
+        requests of this client see it released; other processes may see it
+        held for up to that delay, so use it only where no other process waits
+        on the release (a scheduler's query leases, not a worker's load lease
+        that its engine's report must follow)."""
     def save(self, ns: Namespace, hashes: Sequence[bytes], src: Buffer | Sequence[Buffer]) -> SaveResult: ...
     def begin_save(self, ns: Namespace, hashes: Sequence[bytes]) -> PendingSave: ...
     def commit_save(self, pending: PendingSave) -> int: ...

@@ -247,7 +247,7 @@ impl Lease {
         traceback: Py<PyAny>,
     ) -> PyResult<()> {
         let _ = (exc_type, exc_value, traceback);
-        release_lease(py, &self.client, self, true)
+        release_lease(py, &self.client, self, Release::Wait)
     }
 }
 
@@ -940,7 +940,21 @@ impl Client {
     #[pyo3(signature = (lease, *, wait = true))]
     fn release(&self, py: Python<'_>, lease: &Lease, wait: bool) -> PyResult<()> {
         self.check_lease(lease)?;
-        release_lease(py, &self.inner, lease, wait)
+        release_lease(
+            py,
+            &self.inner,
+            lease,
+            if wait { Release::Wait } else { Release::Quiet },
+        )
+    }
+
+    /// Release `lease` with neither a round trip nor a message of its own: it
+    /// is written in front of this client's next request, or by the client's
+    /// flusher thread once it has waited `ORBITKV_RELEASE_DELAY_US`. For
+    /// callers that no other process waits on (a scheduler's query leases).
+    fn release_later(&self, py: Python<'_>, lease: &Lease) -> PyResult<()> {
+        self.check_lease(lease)?;
+        release_lease(py, &self.inner, lease, Release::Later)
     }
 
     fn save(
@@ -1054,20 +1068,33 @@ impl Client {
     }
 }
 
+/// How a lease is released.
+#[derive(Clone, Copy)]
+enum Release {
+    /// `Release`, waiting for the Manager's answer.
+    Wait,
+    /// `ReleaseQuiet` sent now; no answer read.
+    Quiet,
+    /// `ReleaseQuiet` queued for the next request or the flusher.
+    Later,
+}
+
 /// Release `lease` once: later calls (explicit or a `with` exit) are no-ops.
-/// `wait=false` sends a `ReleaseQuiet` and reads no answer.
-fn release_lease(py: Python<'_>, c: &Arc<orbitkv_client::Client>, lease: &Lease, wait: bool) -> PyResult<()> {
+fn release_lease(
+    py: Python<'_>,
+    c: &Arc<orbitkv_client::Client>,
+    lease: &Lease,
+    how: Release,
+) -> PyResult<()> {
     if !lease.mark_released() {
         return Ok(());
     }
     let c = c.clone();
     let id = lease.id;
-    py.detach(|| {
-        if wait {
-            c.release(id)
-        } else {
-            c.release_later(&[id])
-        }
+    py.detach(|| match how {
+        Release::Wait => c.release(id),
+        Release::Quiet => c.release_quiet(&[id]),
+        Release::Later => c.release_later(&[id]),
     })
     .map_err(to_py)
 }

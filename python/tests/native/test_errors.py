@@ -127,10 +127,11 @@ def test_release_without_waiting(manager) -> None:  # type: ignore[no-untyped-de
 
 
 def test_release_delay_setting(manager, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """`ORBITKV_RELEASE_DELAY_US` (0-100000) bounds how long a `wait=False`
-    release waits for a request to carry it: another session sees the lease
+    """`ORBITKV_RELEASE_DELAY_US` (0-100000) bounds how long `release_later`
+    waits for a request to carry the release: another session sees the lease
     held until then, and released after it; 0 sends at once; a bad value is
-    refused at connect, naming it."""
+    refused at connect, naming it. Another client's lease is refused before
+    anything is queued, and a repeat is a no-op."""
     monkeypatch.setenv("ORBITKV_RELEASE_DELAY_US", "100001")
     with pytest.raises(ValueError, match="ORBITKV_RELEASE_DELAY_US"):
         manager.client()
@@ -142,9 +143,15 @@ def test_release_delay_setting(manager, monkeypatch) -> None:  # type: ignore[no
         c = manager.client()
         ns = c.register_namespace(FP, BB)
         c.save(ns, hs, [bytes(BB)] * 2)
+        other = c.lookup(ns, hs)
+        with pytest.raises(ValueError):
+            watcher.release_later(other)  # another client's lease: refused, nothing queued
+        c.release(other)
         lease = c.lookup(ns, hs)
         t0 = time.monotonic()
-        c.release(lease, wait=False)
+        c.release_later(lease)
+        assert lease.released
+        c.release_later(lease)  # a no-op
         if delay_us:
             # Nothing else sent on `c`: held until the flusher sends it.
             assert watcher.stats()["live_leases"] == 1

@@ -45,7 +45,8 @@ def test_cold_miss_offload_then_restore_byte_exact(orbit_manager: ManagerProcess
     again = b.serve(tokens)
     assert (again.device_hit, again.external_hit, again.computed) == (0, 5 * PAGE, 1)
     assert again.mismatched_bytes == 0
-    st = orbit_manager.stats()
+    # The query lease's release is quiet (possibly still queued in b's client).
+    st = orbit_manager.settled_stats(live_leases=0)
     assert st["hit_blocks_total"] == 5 and st["leases_retired_total"] >= 1
     # Nothing offloaded twice: the restored path is marked as stored in the tree.
     assert b.linker.stats["offloaded_blocks"] == 0

@@ -121,7 +121,8 @@ def cold_miss_then_full_hit(e: TPEngine, m: ManagerProcess) -> None:
     delta = {k: after[k] - before[k] for k in ("tp_lookups_total", "lookups_total", "tp_parts_redeemed_total")}
     # One Manager call for all ranks; each rank redeemed its part, none looked up again.
     assert delta == {"tp_lookups_total": 1, "lookups_total": 0, "tp_parts_redeemed_total": e.tp}, delta
-    assert after["tp_leases_completed_total"] - before["tp_leases_completed_total"] == 1
+    # The ranks' releases are quiet and may still be queued in their clients.
+    m.settled_stats(tp_leases_completed_total=before["tp_leases_completed_total"] + 1)
     for w in e.call("counters"):
         assert w["bytes_restored"] == FULL_BLOCKS * block_bytes and w["load_failures"] == 0, w
     c = counters(e)
@@ -199,8 +200,8 @@ def test_tp_rank_killed_mid_load_leaks_no_lease_and_serves_no_byte(
         e.step_admitting(r)
         eventually("rank 1 acquired its part", flag.exists)
         e.run_until(lambda: e.call("counters", ranks=[0])[0]["bytes_restored"] > 0, what="rank 0's load")
-        st = m.stats()
-        assert st["live_leases"] == 1 and st["live_tp_leases"] == 1, "rank 1's part, acquired, pins its shard"
+        # Rank 1's part, acquired, pins its shard (rank 0's quiet release may still be on its way).
+        m.settled_stats(live_leases=1, live_tp_leases=1)
         e.kill(1)  # SIGKILL mid-copy
         # L2: the Manager holds rank 1's acquired part until the process is proven gone.
         eventually(
