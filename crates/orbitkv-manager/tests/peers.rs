@@ -637,7 +637,7 @@ fn big_transfer_third_range_lies(req: &PeerRequest) -> Vec<u8> {
 /// (`--peer-fill-streams`), each a contiguous range with a source lease of its
 /// own: byte-exact, every source lease ended by completion; one range's bad
 /// checksum stores nothing of any range; a source holding only the first part
-/// fills that prefix.
+/// fills that prefix; one without the first range is asked for nothing else.
 #[test]
 fn a_split_fetch_is_exact_and_one_bad_range_stores_nothing() {
     const N: usize = 36; // 36 MiB: four ranges of 9 MiB
@@ -707,6 +707,23 @@ fn a_split_fetch_is_exact_and_one_bad_range_stores_nothing() {
     eventually("every source lease of the split fetch ended", || {
         source_stat(&c_src, "leases_open") == 0
     });
+
+    // A source without the first range (blocks 9.. only): asked for the first
+    // range alone, a miss, no other range requested.
+    let pd = free_port();
+    let d_src = manager(Some(pd), &[], &big);
+    {
+        let c = d_src.client();
+        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
+        let src: Vec<&[u8]> = data[9..].iter().map(|v| v.as_slice()).collect();
+        let stored = c.save(&ns, &big_hashes(N)[9..], &src).expect("save").stored as usize;
+        assert_eq!(stored, N - 9);
+        c.close().expect("close");
+    }
+    let b = manager(None, &[pd], &streams);
+    assert_eq!(restore_big(&b, N).0, 0, "a miss");
+    assert_eq!(source_stat(&d_src, "fetches"), 1, "only the first range asked");
+    assert_eq!(b.stats()["blocks_committed_total"], 0, "nothing stored");
 }
 
 #[test]

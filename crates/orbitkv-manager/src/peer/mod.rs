@@ -556,8 +556,9 @@ impl PeerTier {
     /// `hashes` (a source lease of its own), receives and verifies it on its
     /// own thread; only when every range arrived and matched its checksums are
     /// the saves committed, the leading ranges up to the first the source held
-    /// only in part. Any failure stores nothing and closes every connection
-    /// (each source lease ends with it).
+    /// only in part. The other ranges are asked only once the source has
+    /// leased all of the first. Any failure stores nothing and closes every
+    /// connection (each source lease ends with it).
     fn fetch_streams(
         &self,
         shared: &Shared,
@@ -582,7 +583,7 @@ impl PeerTier {
             return self.fetch_from(shared, addr, ns, req, hashes, block_bytes);
         }
         let ranges: Vec<&[BlockHash]> = hashes.chunks(hashes.len().div_ceil(streams)).collect();
-        let part = |range: &[BlockHash]| -> Result<Part<'_>, PeerError> {
+        let open = |range: &[BlockHash]| -> Result<(Conn, u64, usize), PeerError> {
             let req = PeerRequest::Fetch {
                 fingerprint: *fingerprint,
                 shard: *shard,
@@ -591,9 +592,12 @@ impl PeerTier {
                 generation: *generation,
                 hashes: range.to_vec(),
             };
-            let (mut conn, (lease, blocks, _)) =
+            let (conn, (lease, blocks, _)) =
                 self.open_leased(addr, req.kind(), &req.encode(), range.len(), block_bytes)?;
-            let blocks = blocks as usize;
+            Ok((conn, lease, blocks as usize))
+        };
+        let receive = |range: &[BlockHash], opened: (Conn, u64, usize)| -> Result<Part<'_>, PeerError> {
+            let (mut conn, lease, blocks) = opened;
             if blocks == 0 {
                 return Ok(Part {
                     conn,
@@ -617,16 +621,31 @@ impl PeerTier {
                 }
             }
         };
+        // The first range is asked first: a source without all of it gets no
+        // other request (no bytes moved that could not be a prefix).
+        let first = open(ranges[0])?;
+        if first.2 < ranges[0].len() {
+            let (conn, lease, blocks) = first;
+            return self.receive_leased(
+                shared,
+                addr,
+                conn,
+                (lease, blocks as u32, block_bytes),
+                ns,
+                ranges[0],
+                block_bytes,
+            );
+        }
         let parts: Vec<Result<Part<'_>, PeerError>> = std::thread::scope(|scope| {
             let others: Vec<_> = ranges[1..]
                 .iter()
                 .map(|r| {
                     std::thread::Builder::new()
                         .name("orbitkv-peer-fill".into())
-                        .spawn_scoped(scope, || part(r))
+                        .spawn_scoped(scope, || open(r).and_then(|o| receive(r, o)))
                 })
                 .collect();
-            let mut parts = vec![part(ranges[0])];
+            let mut parts = vec![receive(ranges[0], first)];
             for t in others {
                 parts.push(match t {
                     Ok(t) => t
