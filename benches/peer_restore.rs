@@ -8,6 +8,7 @@
 //!
 //! Usage: peer_restore [OUT.json] [--total-mib N] [--block-kib N] [--trials N]
 //!        [--peer-hash-thread on|off|auto]   (passed to both Managers; default auto)
+//!        [--peer-fill-streams N]            (passed to B; default: B's own default)
 //! Needs the `openssl` command for the TLS rows (skipped with the reason in the JSON otherwise).
 
 use std::io::{Read, Write};
@@ -174,7 +175,14 @@ struct Pair {
     nb: orbitkv_client::Namespace,
 }
 
-fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path, hash_thread: &str) -> Pair {
+fn pair(
+    pki: Option<&Path>,
+    bs: usize,
+    total: usize,
+    root: &Path,
+    hash_thread: &str,
+    streams: Option<&str>,
+) -> Pair {
     let arena = (total * 3).next_multiple_of(1 << 20).max(64 << 20);
     let port = free_port();
     let mut tls = pki.map(tls_args).unwrap_or_default();
@@ -182,6 +190,9 @@ fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path, hash_thread: &
     let mut a_args = vec!["--peer-listen".to_string(), format!("127.0.0.1:{port}")];
     a_args.extend(tls.iter().cloned());
     let mut b_args = vec!["--peer".to_string(), format!("127.0.0.1:{port}")];
+    if let Some(n) = streams {
+        b_args.extend(["--peer-fill-streams".to_string(), n.to_string()]);
+    }
     b_args.extend(tls.iter().cloned());
     let tag = if pki.is_some() { "tls" } else { "plain" };
     let (a, a_sock) = manager(root, &format!("a-{tag}"), arena, &a_args);
@@ -392,6 +403,11 @@ fn main() {
         .position(|a| a == "--peer-hash-thread")
         .and_then(|i| args.get(i + 1))
         .map_or("auto", String::as_str);
+    let streams = args
+        .iter()
+        .position(|a| a == "--peer-fill-streams")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
     let n = (total / bs).max(1);
     let src: Vec<Vec<u8>> = (0..n)
         .map(|i| (0..bs).map(|j| (i * 131 + j * 7) as u8).collect())
@@ -403,18 +419,23 @@ fn main() {
     let have_tls = make_pki(&pki);
 
     // Interleaved per trial, so drift on a shared machine hits every row alike.
-    let plain_pair = pair(None, bs, n * bs, &root, hash_thread);
+    let plain_pair = pair(None, bs, n * bs, &root, hash_thread, streams);
     // What `auto` resolved to (or what was asked), from B's status.
-    let hash_thread_on = plain_pair
+    let b_status = plain_pair
         .cb
         .stats_json()
         .ok()
-        .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok());
+    let hash_thread_on = b_status
+        .as_ref()
         .and_then(|v| v["peers"]["hash_thread"].as_bool());
+    let fill_streams = b_status
+        .as_ref()
+        .and_then(|v| v["peers"]["fill_streams"].as_u64());
     let tls_setup = have_tls.then(|| {
         (
             tls_configs(&pki),
-            pair(Some(&pki), bs, n * bs, &root, hash_thread),
+            pair(Some(&pki), bs, n * bs, &root, hash_thread, streams),
         )
     });
     let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -454,7 +475,7 @@ fn main() {
     };
     let _ = std::fs::remove_dir_all(&root);
     println!(
-        "bytes per trial {} ({} blocks of {} KiB), {trials} trials, checksum helper thread {} ({hash_thread}), median GB/s:",
+        "bytes per trial {} ({} blocks of {} KiB), {trials} trials, checksum helper thread {} ({hash_thread}), fill streams {}, median GB/s:",
         n * bs,
         n,
         bs >> 10,
@@ -462,7 +483,8 @@ fn main() {
             Some(true) => "on",
             Some(false) => "off",
             None => "?",
-        }
+        },
+        fill_streams.map_or("?".to_string(), |n| n.to_string())
     );
     println!("  plain TCP copy          {tcp:>8.2}");
     println!(
@@ -507,6 +529,7 @@ fn main() {
         "tls_note": tls_note,
         "peer_hash_thread": hash_thread,
         "peer_hash_thread_on": hash_thread_on,
+        "peer_fill_streams": fill_streams,
         "available_parallelism": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "xxh3_gbps": hash_manager,
         "xxh3_path": orbitkv_manager::checksum::long_path(),

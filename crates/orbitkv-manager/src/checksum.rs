@@ -22,6 +22,77 @@ pub fn xxh3_64(data: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(data)
 }
 
+/// XXH3-64 of a buffer of known length that fills front to back (a block
+/// arriving from a socket), hashed while the bytes just written are still in
+/// cache: [`Progressive::update`] after each receive with the prefix filled so
+/// far, [`Progressive::finish`] with the whole buffer. The value equals
+/// [`xxh3_64`] of the whole buffer. Only the AVX2 long-input loop hashes
+/// progressively; elsewhere (short inputs, other CPUs) `finish` hashes it all.
+#[derive(Debug, Clone)]
+pub struct Progressive {
+    len: usize,
+    /// 1 KiB stripe blocks already folded into `acc`.
+    blocks: usize,
+    acc: [u64; 8],
+    on: bool,
+}
+
+#[allow(unsafe_code)] // the AVX2 loop, only where run-time detection found AVX2
+impl Progressive {
+    pub fn new(len: usize) -> Progressive {
+        #[cfg(target_arch = "x86_64")]
+        let on = len >= LONG_MIN && std::arch::is_x86_feature_detected!("avx2");
+        #[cfg(not(target_arch = "x86_64"))]
+        let on = false;
+        Progressive {
+            len,
+            blocks: 0,
+            acc: INIT_ACC,
+            on,
+        }
+    }
+
+    /// Fold in what is complete of `filled`, the buffer's first
+    /// `filled.len()` bytes (the same buffer at every call, growing).
+    pub fn update(&mut self, filled: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.on && filled.len() <= self.len {
+            // The input's last 1 KiB block (even a whole one) is folded by `finish`.
+            let upto = (filled.len() / long::BLOCK).min((self.len - 1) / long::BLOCK);
+            if upto > self.blocks {
+                // SAFETY: `on` is set only when the CPU has AVX2.
+                unsafe { long::blocks_avx2(&mut self.acc, filled, self.blocks, upto) };
+                self.blocks = upto;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = filled;
+    }
+
+    /// The XXH3-64 of `data`, the whole buffer.
+    pub fn finish(mut self, data: &[u8]) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if self.on && data.len() == self.len {
+            self.update(data);
+            // SAFETY: `on` is set only when the CPU has AVX2.
+            return unsafe { long::finish_avx2(&mut self.acc, data, self.blocks) };
+        }
+        xxh3_64(data)
+    }
+}
+
+/// The accumulators' initial values (the specification's `XXH3_INIT_ACC`).
+const INIT_ACC: [u64; 8] = [
+    0xC2B2_AE3D,
+    0x9E37_79B1_85EB_CA87,
+    0xC2B2_AE3D_27D4_EB4F,
+    0x1656_67B1_9E37_79F9,
+    0x85EB_CA77_C2B2_AE63,
+    0x85EB_CA77,
+    0x27D4_EB2F_1656_67C5,
+    0x9E37_79B1,
+];
+
 /// Which loop [`xxh3_64`] uses for long inputs on this CPU (for bench reports).
 pub fn long_path() -> &'static str {
     #[cfg(target_arch = "x86_64")]
@@ -56,40 +127,29 @@ mod long {
     ];
 
     const P32_1: u64 = 0x9E37_79B1;
-    const P32_2: u64 = 0x85EB_CA77;
-    const P32_3: u64 = 0xC2B2_AE3D;
     const P64_1: u64 = 0x9E37_79B1_85EB_CA87;
-    const P64_2: u64 = 0xC2B2_AE3D_27D4_EB4F;
-    const P64_3: u64 = 0x1656_67B1_9E37_79F9;
-    const P64_4: u64 = 0x85EB_CA77_C2B2_AE63;
-    const P64_5: u64 = 0x27D4_EB2F_1656_67C5;
     const STRIPE: usize = 64;
     /// Secret bytes consumed per stripe.
     const STEP: usize = 8;
     const STRIPES_PER_BLOCK: usize = (SECRET.len() - STRIPE) / STEP;
-    const BLOCK: usize = STRIPE * STRIPES_PER_BLOCK;
+    pub(super) const BLOCK: usize = STRIPE * STRIPES_PER_BLOCK;
 
     /// The long-input XXH3-64 (inputs over 240 bytes), AVX2 accumulators.
     pub(super) fn hash(data: &[u8]) -> u64 {
         debug_assert!(data.len() > 240);
+        let mut acc = super::INIT_ACC;
         // SAFETY: only called after `is_x86_feature_detected!("avx2")` (the caller, above).
-        unsafe { hash_avx2(data) }
+        unsafe { finish_avx2(&mut acc, data, 0) }
     }
 
+    /// Fold 1 KiB blocks `from..to` of `data` into `acc`.
+    ///
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    unsafe fn hash_avx2(data: &[u8]) -> u64 {
-        let len = data.len();
-        let mut acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
-        let mut lanes = [_mm256_set1_epi64x(0); 2];
-        // SAFETY: `acc` is 64 bytes; unaligned loads.
-        unsafe {
-            lanes[0] = _mm256_loadu_si256(acc.as_ptr().cast());
-            lanes[1] = _mm256_loadu_si256(acc.as_ptr().add(4).cast());
-        }
-        let blocks = (len - 1) / BLOCK;
-        for b in 0..blocks {
+    pub(super) unsafe fn blocks_avx2(acc: &mut [u64; 8], data: &[u8], from: usize, to: usize) {
+        let mut lanes = load(acc);
+        for b in from..to {
             let block = &data[b * BLOCK..(b + 1) * BLOCK];
             for s in 0..STRIPES_PER_BLOCK {
                 accumulate(
@@ -100,6 +160,21 @@ mod long {
             }
             scramble(&mut lanes, &SECRET[SECRET.len() - STRIPE..]);
         }
+        store(&lanes, acc);
+    }
+
+    /// The hash of `data` (over 240 bytes) whose first `done` 1 KiB blocks
+    /// are already folded into `acc`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn finish_avx2(acc: &mut [u64; 8], data: &[u8], done: usize) -> u64 {
+        let len = data.len();
+        let blocks = (len - 1) / BLOCK;
+        // SAFETY: the caller's obligation (AVX2) is ours.
+        unsafe { blocks_avx2(acc, data, done.min(blocks), blocks) };
+        let mut lanes = load(acc);
         // The last, partial block: whole stripes, then the input's last 64
         // bytes (overlapping) with a secret offset of its own.
         let tail = &data[blocks * BLOCK..];
@@ -116,17 +191,33 @@ mod long {
             &data[len - STRIPE..],
             &SECRET[SECRET.len() - STRIPE - 7..],
         );
-        // SAFETY: `acc` is 64 bytes; unaligned stores.
-        unsafe {
-            _mm256_storeu_si256(acc.as_mut_ptr().cast(), lanes[0]);
-            _mm256_storeu_si256(acc.as_mut_ptr().add(4).cast(), lanes[1]);
-        }
+        store(&lanes, acc);
         let mut h = (len as u64).wrapping_mul(P64_1);
         for i in 0..4 {
             let k = &SECRET[11 + 16 * i..];
             h = h.wrapping_add(mul_fold(acc[2 * i] ^ read64(k, 0), acc[2 * i + 1] ^ read64(k, 8)));
         }
         avalanche(h)
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn load(acc: &[u64; 8]) -> [__m256i; 2] {
+        // SAFETY: `acc` is 64 bytes; unaligned loads.
+        unsafe {
+            [
+                _mm256_loadu_si256(acc.as_ptr().cast()),
+                _mm256_loadu_si256(acc.as_ptr().add(4).cast()),
+            ]
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn store(lanes: &[__m256i; 2], acc: &mut [u64; 8]) {
+        // SAFETY: `acc` is 64 bytes; unaligned stores.
+        unsafe {
+            _mm256_storeu_si256(acc.as_mut_ptr().cast(), lanes[0]);
+            _mm256_storeu_si256(acc.as_mut_ptr().add(4).cast(), lanes[1]);
+        }
     }
 
     /// One 64-byte stripe into the accumulators: each 64-bit lane gains the
@@ -232,6 +323,63 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn progressive_equals_one_shot_whatever_the_pieces() {
+        // Lengths around the 1 KiB stripe-block edges and peer block sizes,
+        // fed in pieces that do and do not fall on those edges (one byte,
+        // odd sizes, exactly 1 KiB, whole), each prefix handed over once.
+        let buf = bytes((256 << 10) + 100, 11);
+        let lens = [
+            0,
+            100,
+            240,
+            1023,
+            1024,
+            1025,
+            2048,
+            4096 + 1,
+            (64 << 10) - 1,
+            64 << 10,
+            (256 << 10) + 3,
+        ];
+        for len in lens {
+            let d = &buf[..len];
+            for piece in [1, 63, 1000, 1024, 4096, 65_537, usize::MAX] {
+                let mut p = Progressive::new(len);
+                let mut at = 0;
+                while at < len {
+                    at = at.saturating_add(piece).min(len);
+                    p.update(&d[..at]);
+                }
+                assert_eq!(
+                    p.finish(d),
+                    xxhash_rust::xxh3::xxh3_64(d),
+                    "length {len}, pieces of {piece}"
+                );
+            }
+            // `update` called twice with the same prefix, and never at all.
+            let mut p = Progressive::new(len);
+            p.update(&d[..len / 2]);
+            p.update(&d[..len / 2]);
+            assert_eq!(p.finish(d), xxhash_rust::xxh3::xxh3_64(d), "length {len}");
+            assert_eq!(Progressive::new(len).finish(d), xxhash_rust::xxh3::xxh3_64(d));
+        }
+    }
+
+    #[test]
+    fn progressive_sees_a_byte_changed_after_its_block_was_folded() {
+        // The sum is over the bytes as they were when folded: a later change
+        // to a folded block is not seen; a change to the unfolded rest is.
+        let mut d = bytes(64 << 10, 5);
+        let whole = xxh3_64(&d);
+        let mut p = Progressive::new(d.len());
+        p.update(&d[..32 << 10]);
+        d[40 << 10] ^= 1;
+        assert_ne!(p.clone().finish(&d), whole);
+        d[40 << 10] ^= 1;
+        assert_eq!(p.finish(&d), whole);
     }
 
     #[test]

@@ -184,6 +184,11 @@ pub struct Args {
     /// block moves: on, off, or auto (on with 4 or more CPUs available) [default: auto]
     #[arg(long)]
     pub peer_hash_thread: Option<String>,
+    /// Split a fetch from one peer of 16 MiB or more over up to this many connections
+    /// (ranges of at least 8 MiB, received in parallel, committed together) [default: 4 with
+    /// 8 or more CPUs available, else 1]
+    #[arg(long)]
+    pub peer_fill_streams: Option<usize>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -239,6 +244,7 @@ struct FileConfig {
     tp_peer_parallel: Option<usize>,
     peer_fill_parallel: Option<usize>,
     peer_hash_thread: Option<String>,
+    peer_fill_streams: Option<usize>,
 }
 
 /// Validated SSD-tier settings.
@@ -348,6 +354,8 @@ pub struct PeerSettings {
     /// Checksum transfers of 4 MiB or more on a helper thread (`--peer-hash-thread`,
     /// `auto` resolved at start-up).
     pub hash_thread: bool,
+    /// Most connections one fetch from one peer is split over (`--peer-fill-streams`).
+    pub fill_streams: usize,
 }
 
 /// Whether `addr` (`host:port`) names a literal loopback IP.
@@ -411,6 +419,19 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
             )));
         }
     };
+    // Each stream's socket threads want a core on each side.
+    let fill_streams = a.peer_fill_streams.or(file.peer_fill_streams).unwrap_or_else(|| {
+        if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 8) {
+            4
+        } else {
+            1
+        }
+    });
+    if !(1..=8).contains(&fill_streams) {
+        return Err(ConfigError::Invalid(format!(
+            "peer_fill_streams {fill_streams} must be 1..=8"
+        )));
+    }
     let query_control = a.enable_query_control || file.enable_query_control.unwrap_or(false);
     if !tp_shard_s.is_empty() && !query_control {
         return Err(ConfigError::Invalid(
@@ -607,6 +628,7 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
         tp_parallel,
         fill_parallel,
         hash_thread,
+        fill_streams,
     }))
 }
 
@@ -985,6 +1007,16 @@ mod tests {
         assert_eq!(p.fill_parallel, 4);
         let auto = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4);
         assert_eq!(p.hash_thread, auto, "auto: on with 4 or more CPUs");
+        let streams = if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 8) {
+            4
+        } else {
+            1
+        };
+        assert_eq!(p.fill_streams, streams, "4 with 8 or more CPUs");
+        let c = peer_cfg(&["--peer", "127.0.0.1:1", "--peer-fill-streams", "3"]).expect("3 streams");
+        assert_eq!(c.peers.expect("peers").fill_streams, 3);
+        assert!(peer_cfg(&["--peer", "127.0.0.1:1", "--peer-fill-streams", "0"]).is_err());
+        assert!(peer_cfg(&["--peer", "127.0.0.1:1", "--peer-fill-streams", "9"]).is_err());
         for (v, want) in [("on", true), ("off", false)] {
             let c = peer_cfg(&["--peer", "127.0.0.1:1", "--peer-hash-thread", v]).expect(v);
             assert_eq!(c.peers.expect("peers").hash_thread, want);

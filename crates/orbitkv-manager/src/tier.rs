@@ -199,6 +199,49 @@ pub fn recv_into_save_slot<'a>(
     Ok(buf)
 }
 
+/// [`recv_into_save_slot`] that also hashes (xxh3-64) the bytes as they land:
+/// after each receive (as much as the socket holds, up to the rest of the
+/// block) its bytes are folded in while still in cache, instead of one pass
+/// over the whole block after it. Returns the bytes and their sum; the same obligations as [`recv_into_save_slot`]. The sum is of the
+/// bytes as received: a change to the slot after its part was folded in (only
+/// a trusted client could make one) is not seen here, and the bytes were
+/// received into a slot no client has been told of.
+pub fn recv_into_save_slot_hashed<'a>(
+    segments: &'a [Segment],
+    slot: orbitkv_core::Slot,
+    len: usize,
+    r: &mut impl std::io::Read,
+) -> std::io::Result<(&'a [u8], u64)> {
+    let seg = segments
+        .get(slot.segment as usize)
+        .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
+    if len as u64 > slot.len {
+        return Err(std::io::Error::other("block larger than its slot"));
+    }
+    // SAFETY: as in `recv_into_save_slot` (same caller obligations).
+    let buf = unsafe { seg.mapping().slice_mut(slot.offset, len) }.map_err(std::io::Error::other)?;
+    let mut sum = crate::checksum::Progressive::new(len);
+    let mut got = 0;
+    while got < len {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "peer closed mid-block",
+                ));
+            }
+            Ok(n) => {
+                got += n;
+                sum.update(&buf[..got]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let buf: &'a [u8] = buf;
+    Ok((buf, sum.finish(buf)))
+}
+
 /// The peer tier's sends: write the first `len` bytes of `slot` to `w` and
 /// return them, for the caller to checksum after (on this thread or a
 /// helper's: from cache, the socket copy having read them from memory). The

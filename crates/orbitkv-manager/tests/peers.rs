@@ -406,21 +406,40 @@ fn garbage_to_a_source_is_disconnected_and_serving_goes_on() {
     assert_eq!(restore(&b, 8, 2), (2, blocks(80, 2)), "A still serves peers");
 }
 
-/// A fake source on `port`: answers every Fetch with `reply(request)`.
+/// A fake source on `port`: answers every Fetch with `reply(request)`, each
+/// connection on a thread of its own (a split fetch opens several at once).
 fn fake_source(reply: fn(&PeerRequest) -> Vec<u8>) -> u16 {
+    fake_source_writing(reply, 0)
+}
+
+/// [`fake_source`] writing each reply in pieces of `piece` bytes (0: whole),
+/// pausing after each, so the reader receives every block in many parts.
+fn fake_source_writing(reply: fn(&PeerRequest) -> Vec<u8>, piece: usize) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { continue };
-            while let Ok((h, body)) = read_frame(&mut s) {
-                let Ok(req) = decode_peer_request(h.kind, &body) else {
-                    break;
-                };
-                if s.write_all(&reply(&req)).is_err() {
-                    break;
+            std::thread::spawn(move || {
+                while let Ok((h, body)) = read_frame(&mut s) {
+                    let Ok(req) = decode_peer_request(h.kind, &body) else {
+                        break;
+                    };
+                    let out = reply(&req);
+                    let sent = if piece == 0 {
+                        s.write_all(&out)
+                    } else {
+                        out.chunks(piece).try_for_each(|c| {
+                            let r = s.write_all(c).and_then(|()| s.flush());
+                            std::thread::sleep(Duration::from_micros(300));
+                            r
+                        })
+                    };
+                    if sent.is_err() {
+                        break;
+                    }
                 }
-            }
+            });
         }
     });
     port
@@ -529,6 +548,182 @@ fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
             assert!(s["peers"]["peers"][0]["last_error"].is_string());
         }
     }
+}
+
+/// The reader hashes each block as it lands, receive by receive (inline
+/// checksums): a block dribbled in odd-sized pieces is stored byte-exact; one
+/// byte changed in the middle of a block (its checksum that of the right
+/// bytes) is a miss with nothing stored.
+#[test]
+fn a_block_in_many_receives_is_exact_and_a_byte_changed_mid_block_stores_nothing() {
+    const N: usize = 6;
+    let dribbled = fake_source_writing(|req| transfer(req, None, |i| block(i as u8, BB)), 4093);
+    let flipped = fake_source_writing(
+        |req| {
+            let mut out = transfer(req, None, |i| block(i as u8, BB));
+            // Block 3's middle byte (after the Leased frame and blocks 0..3).
+            let at = out.len() - (N - 3) * BB - sent_frame_len(N) + BB / 2;
+            out[at] ^= 0x40;
+            out
+        },
+        4093,
+    );
+    for mode in ["off", "on"] {
+        let flag = ["--peer-hash-thread", mode];
+        let b = manager(None, &[dribbled], &flag);
+        let (hit, got) = restore(&b, 13, N);
+        assert_eq!(hit, N, "every block ({mode})");
+        let want: Vec<Vec<u8>> = (0..N).map(|i| block(i as u8, BB)).collect();
+        assert!(got == want, "byte-exact ({mode})");
+        let b = manager(None, &[flipped], &flag);
+        assert_eq!(restore(&b, 13, N).0, 0, "a miss ({mode})");
+        let s = b.stats();
+        assert_eq!(s["blocks_committed_total"], 0, "nothing stored ({mode})");
+        assert_eq!(s["dram_visible_blocks"], 0);
+        assert_eq!(peer_stat(&b, "errors"), 1);
+        assert!(
+            s["peers"]["peers"][0]["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("checksums differ")),
+            "{s}"
+        );
+    }
+}
+
+/// Bytes of the `Sent` frame that ends a transfer of `n` blocks.
+fn sent_frame_len(n: usize) -> usize {
+    let tail = PeerResponse::Sent {
+        checksums: vec![0; n],
+    };
+    let mut out = Vec::new();
+    write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
+    out.len()
+}
+
+const BIG: usize = 1 << 20;
+const BIG_FP: [u8; 32] = [8; 32];
+
+fn big_hashes(n: usize) -> Vec<[u8; 32]> {
+    (0..n).map(|i| hash(0x5b, i as u8)).collect()
+}
+
+/// A transfer of 1 MiB blocks: the range whose first hash is block 18's gets
+/// a wrong checksum for its first block (the third of four ranges of 9).
+fn big_transfer_third_range_lies(req: &PeerRequest) -> Vec<u8> {
+    let PeerRequest::Fetch { hashes, .. } = req else {
+        return Vec::new();
+    };
+    let first = usize::from(hashes.first().map_or(0, |h| h[1]));
+    let mut out = Vec::new();
+    let head = PeerResponse::Leased {
+        lease: 1,
+        blocks: hashes.len() as u32,
+        block_bytes: BIG as u64,
+    };
+    write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
+    let mut checksums = Vec::new();
+    for (k, h) in hashes.iter().enumerate() {
+        let b = block(h[1], BIG);
+        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+        checksums.push(if first == 18 && k == 0 { sum ^ 1 } else { sum });
+        out.extend_from_slice(&b);
+    }
+    let tail = PeerResponse::Sent { checksums };
+    write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
+    out
+}
+
+/// A large fetch from one peer is split over several connections
+/// (`--peer-fill-streams`), each a contiguous range with a source lease of its
+/// own: byte-exact, every source lease ended by completion; one range's bad
+/// checksum stores nothing of any range; a source holding only the first part
+/// fills that prefix; one without the first range is asked for nothing else.
+#[test]
+fn a_split_fetch_is_exact_and_one_bad_range_stores_nothing() {
+    const N: usize = 36; // 36 MiB: four ranges of 9 MiB
+    let big = ["--dram-size", "96MiB"];
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &big);
+    let data: Vec<Vec<u8>> = (0..N).map(|i| block(i as u8, BIG)).collect();
+    {
+        let c = a.client();
+        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
+        let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        assert_eq!(
+            c.save(&ns, &big_hashes(N), &src).expect("save").stored as usize,
+            N
+        );
+        c.close().expect("close");
+    }
+    let restore_big = |m: &ManagerProc, n: usize| -> (usize, Vec<Vec<u8>>) {
+        let c = m.client();
+        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
+        let mut out = vec![vec![0u8; BIG]; n];
+        let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let hit = c.restore(&ns, &big_hashes(n), &mut dst).expect("restore") as usize;
+        c.close().expect("close");
+        out.truncate(hit);
+        (hit, out)
+    };
+    let streams = ["--dram-size", "96MiB", "--peer-fill-streams", "4"];
+    let b = manager(None, &[pa], &streams);
+    assert_eq!(b.stats()["peers"]["fill_streams"], 4);
+    let (hit, got) = restore_big(&b, N);
+    assert_eq!(hit, N, "every block through the peer");
+    assert!(got == data, "byte-exact");
+    assert_eq!(source_stat(&a, "fetches"), 4, "four ranges, four fetches");
+    eventually("every source lease ended by completion", || {
+        source_stat(&a, "leases_done") == 4 && source_stat(&a, "leases_open") == 0
+    });
+    assert_eq!(peer_stat(&b, "blocks"), N as u64);
+
+    // The third range's first checksum is wrong: no range is stored.
+    let liar = fake_source(big_transfer_third_range_lies);
+    let b = manager(None, &[liar], &streams);
+    assert_eq!(restore_big(&b, N).0, 0, "a miss");
+    let s = b.stats();
+    assert_eq!(s["blocks_committed_total"], 0, "nothing stored");
+    assert_eq!(s["dram_visible_blocks"], 0);
+    assert_eq!(peer_stat(&b, "errors"), 1);
+
+    // A source holding only the first 20 blocks: the first two ranges whole,
+    // the third's prefix (2 blocks), the fourth a miss.
+    let pc = free_port();
+    let c_src = manager(Some(pc), &[], &big);
+    {
+        let c = c_src.client();
+        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
+        let src: Vec<&[u8]> = data[..20].iter().map(|v| v.as_slice()).collect();
+        assert_eq!(
+            c.save(&ns, &big_hashes(20), &src).expect("save").stored as usize,
+            20
+        );
+        c.close().expect("close");
+    }
+    let b = manager(None, &[pc], &streams);
+    let (hit, got) = restore_big(&b, N);
+    assert_eq!(hit, 20, "the leading whole ranges and the third's prefix");
+    assert!(got[..] == data[..20], "byte-exact prefix");
+    eventually("every source lease of the split fetch ended", || {
+        source_stat(&c_src, "leases_open") == 0
+    });
+
+    // A source without the first range (blocks 9.. only): asked for the first
+    // range alone, a miss, no other range requested.
+    let pd = free_port();
+    let d_src = manager(Some(pd), &[], &big);
+    {
+        let c = d_src.client();
+        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
+        let src: Vec<&[u8]> = data[9..].iter().map(|v| v.as_slice()).collect();
+        let stored = c.save(&ns, &big_hashes(N)[9..], &src).expect("save").stored as usize;
+        assert_eq!(stored, N - 9);
+        c.close().expect("close");
+    }
+    let b = manager(None, &[pd], &streams);
+    assert_eq!(restore_big(&b, N).0, 0, "a miss");
+    assert_eq!(source_stat(&d_src, "fetches"), 1, "only the first range asked");
+    assert_eq!(b.stats()["blocks_committed_total"], 0, "nothing stored");
 }
 
 #[test]

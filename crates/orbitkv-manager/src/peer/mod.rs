@@ -21,8 +21,12 @@
 //!
 //! Data path of a fill: the source writes each pinned block straight from its
 //! arena slot to the socket and hashes it (xxh3-64) after; the reader receives
-//! each block straight into a fresh save slot of its own arena and hashes it.
-//! In a transfer of 4 MiB or more each side hashes on a helper thread
+//! each block straight into a fresh save slot of its own arena, folding each
+//! receive into the block's hash as it lands ([`crate::checksum::Progressive`]).
+//! A fetch of 16 MiB or more from one peer asked alone is split over up to
+//! `--peer-fill-streams` connections ([`PeerTier::fetch_streams`]): one range
+//! of blocks, source lease and save each, all committed only once every range
+//! arrived and matched. In a transfer of 4 MiB or more each side hashes on a helper thread
 //! (`orbitkv-peer-hash`, [`checksums_alongside`]), block `i` while block `i + 1`
 //! moves, when `--peer-hash-thread` is on (`auto`: with 4 or more CPUs);
 //! otherwise inline, from cache. The reader commits the save
@@ -42,7 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use orbitkv_core::{BlockHash, BlockKey, NsId, SaveStatus, SessionEnd, SessionId};
+use orbitkv_core::{BlockHash, BlockKey, NsId, SaveId, SaveStatus, SessionEnd, SessionId};
 use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
 use orbitkv_proto::{FrameError, read_frame, write_frame};
 
@@ -53,7 +57,7 @@ use transport::{Conn, Tls};
 /// How long a peer that failed is skipped.
 pub const DOWN_BACKOFF: Duration = Duration::from_secs(2);
 /// Idle pooled connections kept per peer.
-const POOL_PER_PEER: usize = 4;
+const POOL_PER_PEER: usize = 8;
 /// A pooled connection idle longer than this is dropped, not reused (the
 /// source closes connections idle for [`source::IDLE`]).
 const POOL_IDLE: Duration = Duration::from_secs(20);
@@ -284,7 +288,7 @@ impl PeerTier {
         }
         for addr in candidates {
             let t0 = Instant::now();
-            let got = self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes);
+            let got = self.fetch_streams(shared, &addr, ns, &req, hashes, block_bytes);
             let n = self.note_fetch(&addr, got, t0, block_bytes);
             if n > 0 {
                 return n;
@@ -540,6 +544,160 @@ impl PeerTier {
         self.receive_leased(shared, addr, conn, leased, ns, hashes, block_bytes)
     }
 
+    /// How many connections a fetch of `blocks` blocks of `len` bytes is split
+    /// over: `--peer-fill-streams`, at most one per [`SPLIT_MIN_BYTES`].
+    pub(crate) fn streams_for(&self, blocks: usize, len: usize) -> usize {
+        let per = len.saturating_mul(blocks) / SPLIT_MIN_BYTES;
+        self.settings.fill_streams.min(per).min(blocks).max(1)
+    }
+
+    /// A fetch from `addr`, split over several connections when large
+    /// ([`PeerTier::streams_for`]): each asks for a contiguous range of
+    /// `hashes` (a source lease of its own), receives and verifies it on its
+    /// own thread; only when every range arrived and matched its checksums are
+    /// the saves committed, the leading ranges up to the first the source held
+    /// only in part. The other ranges are asked only once the source has
+    /// leased all of the first. Any failure stores nothing and closes every
+    /// connection (each source lease ends with it).
+    fn fetch_streams(
+        &self,
+        shared: &Shared,
+        addr: &str,
+        ns: NsId,
+        req: &PeerRequest,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+    ) -> Result<usize, PeerError> {
+        let streams = self.streams_for(hashes.len(), block_bytes as usize);
+        let PeerRequest::Fetch {
+            fingerprint,
+            shard,
+            salt,
+            generation,
+            ..
+        } = req
+        else {
+            return self.fetch_from(shared, addr, ns, req, hashes, block_bytes);
+        };
+        if streams <= 1 {
+            return self.fetch_from(shared, addr, ns, req, hashes, block_bytes);
+        }
+        let ranges: Vec<&[BlockHash]> = hashes.chunks(hashes.len().div_ceil(streams)).collect();
+        let open = |range: &[BlockHash]| -> Result<(Conn, u64, usize), PeerError> {
+            let req = PeerRequest::Fetch {
+                fingerprint: *fingerprint,
+                shard: *shard,
+                salt: *salt,
+                block_bytes,
+                generation: *generation,
+                hashes: range.to_vec(),
+            };
+            let (conn, (lease, blocks, _)) =
+                self.open_leased(addr, req.kind(), &req.encode(), range.len(), block_bytes)?;
+            Ok((conn, lease, blocks as usize))
+        };
+        let receive = |range: &[BlockHash], opened: (Conn, u64, usize)| -> Result<Part<'_>, PeerError> {
+            let (mut conn, lease, blocks) = opened;
+            if blocks == 0 {
+                return Ok(Part {
+                    conn,
+                    lease,
+                    blocks,
+                    save: None,
+                });
+            }
+            let mut fill = FillSession::open(shared);
+            let ahead = self.hash_ahead(blocks, block_bytes as usize);
+            match fill.receive_verified(&mut conn, ns, &range[..blocks], block_bytes, ahead) {
+                Ok(save) => Ok(Part {
+                    conn,
+                    lease,
+                    blocks,
+                    save: Some((fill, save)),
+                }),
+                Err(e) => {
+                    conn.close();
+                    Err(e)
+                }
+            }
+        };
+        // The first range is asked first: a source without all of it gets no
+        // other request (no bytes moved that could not be a prefix).
+        let first = open(ranges[0])?;
+        if first.2 < ranges[0].len() {
+            let (conn, lease, blocks) = first;
+            return self.receive_leased(
+                shared,
+                addr,
+                conn,
+                (lease, blocks as u32, block_bytes),
+                ns,
+                ranges[0],
+                block_bytes,
+            );
+        }
+        let parts: Vec<Result<Part<'_>, PeerError>> = std::thread::scope(|scope| {
+            let others: Vec<_> = ranges[1..]
+                .iter()
+                .map(|r| {
+                    std::thread::Builder::new()
+                        .name("orbitkv-peer-fill".into())
+                        .spawn_scoped(scope, || open(r).and_then(|o| receive(r, o)))
+                })
+                .collect();
+            let mut parts = vec![receive(ranges[0], first)];
+            for t in others {
+                parts.push(match t {
+                    Ok(t) => t
+                        .join()
+                        .unwrap_or_else(|_| Err(PeerError::Protocol("a fill thread panicked".into()))),
+                    Err(e) => Err(PeerError::Io(e)),
+                });
+            }
+            parts
+        });
+        if parts.iter().any(Result::is_err) {
+            let mut first = None;
+            for p in parts {
+                match p {
+                    // Closing ends its source lease; dropping its session aborts its save.
+                    Ok(p) => p.conn.close(),
+                    Err(e) => {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+            return Err(first.unwrap_or_else(|| PeerError::Protocol("a fill range failed".into())));
+        }
+        let mut stored = 0;
+        let mut leading = true;
+        for (range, p) in ranges.iter().zip(parts.into_iter().flatten()) {
+            let Part {
+                mut conn,
+                lease,
+                blocks,
+                save,
+            } = p;
+            let Some((mut fill, save)) = save else {
+                leading = false;
+                self.put_conn(addr, conn);
+                continue;
+            };
+            // Ranges after one the source held only in part are not a prefix: dropped.
+            let keep = leading;
+            if keep {
+                stored += fill.commit(save)?;
+            }
+            drop(fill);
+            leading &= blocks == range.len();
+            let done = PeerRequest::Done { lease, stored: keep };
+            write_frame(&mut conn, done.kind(), 0, &done.encode())?;
+            conn.flush()?;
+            self.put_conn(addr, conn);
+        }
+        Ok(stored)
+    }
+
     /// Read the blocks a `Leased` announced into our arena, report `Done`.
     #[allow(clippy::too_many_arguments)]
     fn receive_leased(
@@ -636,6 +794,7 @@ impl PeerTier {
             "advertise": self.settings.advertise,
             "tls": self.tls.is_some(),
             "hash_thread": self.settings.hash_thread,
+            "fill_streams": self.settings.fill_streams,
             "etcd": match &self.settings.etcd {
                 None => serde_json::Value::from("off"),
                 Some(_) => self.etcd_status.read().unwrap_or_else(|p| p.into_inner()).clone().into(),
@@ -869,6 +1028,21 @@ impl<'a> FillSession<'a> {
         block_bytes: u64,
         ahead: bool,
     ) -> Result<usize, PeerError> {
+        let save = self.receive_verified(conn, ns, hashes, block_bytes, ahead)?;
+        self.commit(save)
+    }
+
+    /// [`FillSession::receive`] up to the commit: the blocks are in and every
+    /// checksum matched the source's, but nothing is visible yet (dropping
+    /// this session aborts the save).
+    fn receive_verified(
+        &mut self,
+        conn: &mut Conn,
+        ns: NsId,
+        hashes: &[BlockHash],
+        block_bytes: u64,
+        ahead: bool,
+    ) -> Result<SaveId, PeerError> {
         let (save, items) = self
             .shared
             .cache()
@@ -878,7 +1052,7 @@ impl<'a> FillSession<'a> {
         let segments = &self.shared.segments[..];
         let sums = checksums_alongside(
             ahead,
-            |sink| read_blocks(conn, segments, &items, len, sink),
+            |sink| read_blocks(conn, segments, &items, len, !ahead, sink),
             || PeerError::Protocol("the checksum thread panicked".into()),
         )?;
         let (h, body) = read_frame(conn)?;
@@ -898,6 +1072,11 @@ impl<'a> FillSession<'a> {
                 "block checksums differ from the source's; nothing stored".into(),
             ));
         }
+        Ok(save)
+    }
+
+    /// Make a verified save's blocks visible; the blocks committed.
+    fn commit(&mut self, save: SaveId) -> Result<usize, PeerError> {
         let committed = self
             .shared
             .cache()
@@ -906,6 +1085,19 @@ impl<'a> FillSession<'a> {
         Ok(committed as usize)
     }
 }
+
+/// One connection's part of a split fetch, received and verified, not yet
+/// committed: its connection, the source lease, the blocks offered, and the
+/// save holding them (none for a miss).
+struct Part<'a> {
+    conn: Conn,
+    lease: u64,
+    blocks: usize,
+    save: Option<(FillSession<'a>, SaveId)>,
+}
+
+/// A split fetch gives each connection at least this many bytes.
+const SPLIT_MIN_BYTES: usize = 8 << 20;
 
 /// A transfer of at least this many bytes checksums each block on a helper
 /// thread while the next one moves, so the thread on the socket only moves
@@ -986,11 +1178,16 @@ fn read_blocks<'a>(
     segments: &'a [orbitkv_shm::Segment],
     items: &[SaveStatus],
     len: usize,
+    hash_inline: bool,
     sink: &mut dyn FnMut(Piece<'a>),
 ) -> Result<(), PeerError> {
     let mut scratch: Vec<u8> = Vec::new();
     for st in items {
         match st {
+            SaveStatus::Allocated(slot) if hash_inline => {
+                let (_, sum) = crate::tier::recv_into_save_slot_hashed(segments, *slot, len, conn)?;
+                sink(Piece::Sum(sum));
+            }
             SaveStatus::Allocated(slot) => {
                 sink(Piece::Bytes(crate::tier::recv_into_save_slot(
                     segments, *slot, len, conn,
