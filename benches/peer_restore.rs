@@ -251,34 +251,58 @@ impl Pair {
     }
 }
 
-/// Plain TCP copy of the same bytes: one connection, sender writes each
-/// block, receiver reads into its own buffers.
-fn tcp_copy(src: &[Vec<u8>]) -> f64 {
+/// Plain TCP copy of the same bytes over `streams` connections, each carrying
+/// a contiguous range of the blocks (as a split peer fetch does): senders write
+/// each block, receivers read into their own buffers, the clock runs from the
+/// first connect until every range arrived.
+fn tcp_copy(src: &[Vec<u8>], streams: usize) -> f64 {
     let total: usize = src.iter().map(Vec::len).sum();
-    {
+    let per = src.len().div_ceil(streams.max(1));
+    let mut receivers = Vec::new();
+    let mut senders = Vec::new();
+    for range in src.chunks(per) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
-        let data: Vec<Vec<u8>> = src.to_vec();
-        let sender = std::thread::spawn(move || {
+        let data: Vec<Vec<u8>> = range.to_vec();
+        senders.push(std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
             let _ = s.set_nodelay(true);
             for b in &data {
                 s.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
             }
-        });
+        }));
         // Touched before the clock starts (as the peer restore's buffers are).
-        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
-        let t0 = Instant::now();
-        let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
-        let _ = s.set_nodelay(true);
-        for d in dst.iter_mut() {
-            s.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
-        }
-        let g = gbps(total, t0.elapsed());
-        let _ = sender.join();
-        assert!(dst == src, "copied bytes differ");
-        g
+        let dst: Vec<Vec<u8>> = range.iter().map(|v| vec![1u8; v.len()]).collect();
+        receivers.push((addr, dst));
     }
+    let start = Arc::new(std::sync::Barrier::new(receivers.len() + 1));
+    let threads: Vec<_> = receivers
+        .into_iter()
+        .map(|(addr, mut dst)| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
+                let _ = s.set_nodelay(true);
+                for d in dst.iter_mut() {
+                    s.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
+                }
+                dst
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    start.wait();
+    let got: Vec<Vec<u8>> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap_or_else(|_| panic!("a receiver panicked")))
+        .collect();
+    let g = gbps(total, t0.elapsed());
+    for s in senders {
+        let _ = s.join();
+    }
+    assert!(got == src, "copied bytes differ");
+    g
 }
 
 /// The same over rustls (TLS 1.3, ring, mutual authentication), handshake included.
@@ -440,8 +464,14 @@ fn main() {
     });
     let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_fill, mut tls_fill) = (Vec::new(), Vec::new());
+    // With a split fetch, also a copy over as many connections: the like-for-like baseline.
+    let copy_streams = fill_streams.map_or(1, |k| k as usize).max(1);
+    let mut tcp_multi = Vec::new();
     for t in 0..trials {
-        tcp.push(tcp_copy(&src));
+        tcp.push(tcp_copy(&src, 1));
+        if copy_streams > 1 {
+            tcp_multi.push(tcp_copy(&src, copy_streams));
+        }
         let (r, f) = plain_pair.trial(t, &src);
         plain.push(r);
         plain_fill.push(f);
@@ -458,6 +488,7 @@ fn main() {
     }
     let (hash_crate, hash_manager) = hash_rates(&src, 3);
     let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
+    let tcp_multi = (copy_streams > 1).then(|| median(tcp_multi));
     let (tls, peer_tls, fill_tls, tls_note) = if have_tls {
         (
             Some(median(tls)),
@@ -495,6 +526,14 @@ fn main() {
         "    of which the fill     {fill_plain:>8.2}   {:.2}x (bytes into B's arena)",
         fill_plain / tcp
     );
+    if let Some(m) = tcp_multi {
+        println!("  plain TCP copy, {copy_streams} conns {m:>8.2}");
+        println!(
+            "  peer restore (plain)    {peer_plain:>8.2}   {:.2}x of the {copy_streams}-connection copy (fill {:.2}x)",
+            peer_plain / m,
+            fill_plain / m
+        );
+    }
     println!(
         "  xxh3-64 per block       {hash_manager:>8.2}   ({}; xxhash-rust's compile-time path {hash_crate:.2})",
         orbitkv_manager::checksum::long_path()
@@ -517,6 +556,10 @@ fn main() {
         "block_bytes": bs,
         "trials": trials,
         "tcp_copy_gbps": tcp,
+        "tcp_copy_streams": copy_streams,
+        "tcp_copy_multi_gbps": tcp_multi,
+        "peer_plain_vs_tcp_multi": tcp_multi.map(|m| peer_plain / m),
+        "peer_fill_plain_vs_tcp_multi": tcp_multi.map(|m| fill_plain / m),
         "peer_restore_plain_gbps": peer_plain,
         "peer_plain_vs_tcp": peer_plain / tcp,
         "peer_fill_plain_gbps": fill_plain,
