@@ -364,7 +364,7 @@ class LinkerCore:
         if q.session.broken:
             return  # the Manager dropped the session's leases with the connection
         try:
-            q.session.client.release_later(q.lease)  # no round trip, no message of its own on the scheduler thread
+            q.session.client.release(q.lease, wait=False)  # no round trip on the scheduler thread
         except Exception as exc:
             self._failed(q.session, "releasing a lease", exc)
 

@@ -168,7 +168,7 @@ class ManagerSession:
         if isinstance(lease, native().TpLease):
             client.release_tp(lease)  # parts no rank redeemed are released
         else:
-            client.release_later(lease)  # no round trip, no message of its own on the scheduler thread
+            client.release(lease, wait=False)  # no round trip on the scheduler thread
         return True
 
     def drop_if_broken(self, exc: BaseException) -> bool:
