@@ -2,10 +2,10 @@
 
 One real Manager (`python -m orbitkv serve`); N client processes, each with its own
 session, run one operation in a closed loop for a fixed time:
-  * `lookup`       - lookup of a 32-block chain that fully hits (a lease), then the
-                     release the schedulers' adapters make (`release_later`: no
-                     reply, written in front of the next lookup): 1 round trip;
-  * `lookup_quiet` - the same with the workers' release (`release(lease,
+  * `lookup`       - lookup of a 32-block chain that fully hits (a lease), then
+                     `release_later` (opt-in: no reply, written in front of the
+                     next lookup): 1 round trip;
+  * `lookup_quiet` - the same with the adapters' release (`release(lease,
                      wait=False)`: its own message, no reply): 1 round trip +
                      1 one-way message;
   * `lookup_acked` - the same with an acknowledged release: 2 round trips (the
