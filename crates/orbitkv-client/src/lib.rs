@@ -495,19 +495,28 @@ impl Client {
     /// means the request was not sent (the connection is gone, or too many
     /// leases: at most [`MAX_QUIET_RELEASES`]).
     pub fn release_quiet(&self, leases: &[u64]) -> Result<(), ClientError> {
-        if leases.is_empty() {
-            return Ok(());
+        if self.quiet_release_wanted(leases)? {
+            self.conn.send_releases(leases)?;
         }
+        Ok(())
+    }
+
+    /// The argument checks of a quiet release: `false` for no leases (nothing
+    /// to do), an error for too many or a closed client.
+    fn quiet_release_wanted(&self, leases: &[u64]) -> Result<bool, ClientError> {
         if leases.len() > MAX_QUIET_RELEASES {
             return Err(ClientError::Invalid(format!(
                 "a quiet release names at most {MAX_QUIET_RELEASES} leases, got {}",
                 leases.len()
             )));
         }
+        if leases.is_empty() {
+            return Ok(false);
+        }
         if self.closed.load(Ordering::Acquire) {
             return Err(ClientError::Closed);
         }
-        self.conn.send_releases(leases)
+        Ok(true)
     }
 
     /// [`Client::release_quiet`], deferred: the leases are written in front of
@@ -518,19 +527,10 @@ impl Client {
     /// request of this client; other sessions may see the leases held for up
     /// to the delay. An error means the connection is closing or closed.
     pub fn release_later(&self, leases: &[u64]) -> Result<(), ClientError> {
-        if leases.is_empty() {
-            return Ok(());
+        if self.quiet_release_wanted(leases)? {
+            self.conn.defer_releases(leases)?;
         }
-        if leases.len() > MAX_QUIET_RELEASES {
-            return Err(ClientError::Invalid(format!(
-                "a quiet release names at most {MAX_QUIET_RELEASES} leases, got {}",
-                leases.len()
-            )));
-        }
-        if self.closed.load(Ordering::Acquire) {
-            return Err(ClientError::Closed);
-        }
-        self.conn.defer_releases(leases)
+        Ok(())
     }
 
     /// Copy blocks `[start, start + dst.len())` of an acquired lease into `dst`

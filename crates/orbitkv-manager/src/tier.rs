@@ -165,19 +165,16 @@ pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
     staging.finish(&ok);
 }
 
-/// The peer tier's reads into DRAM: fill the first `len` bytes of `slot` from
-/// `r` and return them, for the caller to checksum (on this thread or a
-/// helper's).
-///
-/// The caller must hold `slot` as an allocated, uncommitted save slot of a
-/// Manager-internal session (`CacheState::begin_save` in `peer::fill`), and
-/// must commit or abort that save only after the returned slice is dropped.
-pub fn recv_into_save_slot<'a>(
-    segments: &'a [Segment],
+/// Let `fill` write the first `len` bytes of save slot `slot`, then return
+/// them read-only with what `fill` returned: the one place the peer tier's
+/// receives get at an arena slot (the callers' obligations are those of
+/// [`recv_into_save_slot`]).
+fn fill_save_slot<T>(
+    segments: &[Segment],
     slot: orbitkv_core::Slot,
     len: usize,
-    r: &mut impl std::io::Read,
-) -> std::io::Result<&'a [u8]> {
+    fill: impl FnOnce(&mut [u8]) -> std::io::Result<T>,
+) -> std::io::Result<(&[u8], T)> {
     let seg = segments
         .get(slot.segment as usize)
         .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
@@ -195,8 +192,24 @@ pub fn recv_into_save_slot<'a>(
     // content, which the trust model (same or allowed uid) already grants it,
     // and the bytes are checked against the source's checksum before commit.
     let buf = unsafe { seg.mapping().slice_mut(slot.offset, len) }.map_err(std::io::Error::other)?;
-    r.read_exact(buf)?;
-    Ok(buf)
+    let out = fill(buf)?;
+    Ok((buf, out))
+}
+
+/// The peer tier's reads into DRAM: fill the first `len` bytes of `slot` from
+/// `r` and return them, for the caller to checksum (on this thread or a
+/// helper's).
+///
+/// The caller must hold `slot` as an allocated, uncommitted save slot of a
+/// Manager-internal session (`CacheState::begin_save` in `peer::fill`), and
+/// must commit or abort that save only after the returned slice is dropped.
+pub fn recv_into_save_slot<'a>(
+    segments: &'a [Segment],
+    slot: orbitkv_core::Slot,
+    len: usize,
+    r: &mut impl std::io::Read,
+) -> std::io::Result<&'a [u8]> {
+    fill_save_slot(segments, slot, len, |buf| r.read_exact(buf)).map(|(bytes, ())| bytes)
 }
 
 /// [`recv_into_save_slot`] that also hashes (xxh3-64) the bytes as they land:
@@ -212,34 +225,28 @@ pub fn recv_into_save_slot_hashed<'a>(
     len: usize,
     r: &mut impl std::io::Read,
 ) -> std::io::Result<(&'a [u8], u64)> {
-    let seg = segments
-        .get(slot.segment as usize)
-        .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
-    if len as u64 > slot.len {
-        return Err(std::io::Error::other("block larger than its slot"));
-    }
-    // SAFETY: as in `recv_into_save_slot` (same caller obligations).
-    let buf = unsafe { seg.mapping().slice_mut(slot.offset, len) }.map_err(std::io::Error::other)?;
-    let mut sum = crate::checksum::Progressive::new(len);
-    let mut got = 0;
-    while got < len {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "peer closed mid-block",
-                ));
+    let (bytes, sum) = fill_save_slot(segments, slot, len, |buf| {
+        let mut sum = crate::checksum::Progressive::new(len);
+        let mut got = 0;
+        while got < len {
+            match r.read(&mut buf[got..]) {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "peer closed mid-block",
+                    ));
+                }
+                Ok(n) => {
+                    got += n;
+                    sum.update(&buf[..got]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-            Ok(n) => {
-                got += n;
-                sum.update(&buf[..got]);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
-    }
-    let buf: &'a [u8] = buf;
-    Ok((buf, sum.finish(buf)))
+        Ok(sum)
+    })?;
+    Ok((bytes, sum.finish(bytes)))
 }
 
 /// The peer tier's sends: write the first `len` bytes of `slot` to `w` and
