@@ -251,11 +251,15 @@ impl Pair {
     }
 }
 
-/// Plain TCP copy of the same bytes over `streams` connections, each carrying
-/// a contiguous range of the blocks (as a split peer fetch does): senders write
-/// each block, receivers read into their own buffers, the clock runs from the
-/// first connect until every range arrived.
-fn tcp_copy(src: &[Vec<u8>], streams: usize) -> f64 {
+/// Copy `src` over `streams` loopback connections, each carrying a contiguous
+/// range of the blocks (as a split peer fetch does): `send` writes a range on
+/// the accepted socket, `recv` reads it into the reader's own (pre-touched)
+/// buffers; the clock runs from the first connect until every range arrived.
+fn striped_copy<S, R>(src: &[Vec<u8>], streams: usize, send: S, recv: R) -> f64
+where
+    S: Fn(TcpStream, &[Vec<u8>]) + Send + Sync + Clone + 'static,
+    R: Fn(TcpStream, &mut [Vec<u8>]) + Send + Sync + Clone + 'static,
+{
     let total: usize = src.iter().map(Vec::len).sum();
     let per = src.len().div_ceil(streams.max(1));
     let mut receivers = Vec::new();
@@ -264,12 +268,11 @@ fn tcp_copy(src: &[Vec<u8>], streams: usize) -> f64 {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
         let data: Vec<Vec<u8>> = range.to_vec();
+        let send = send.clone();
         senders.push(std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+            let (s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
             let _ = s.set_nodelay(true);
-            for b in &data {
-                s.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
-            }
+            send(s, &data);
         }));
         // Touched before the clock starts (as the peer restore's buffers are).
         let dst: Vec<Vec<u8>> = range.iter().map(|v| vec![1u8; v.len()]).collect();
@@ -279,14 +282,12 @@ fn tcp_copy(src: &[Vec<u8>], streams: usize) -> f64 {
     let threads: Vec<_> = receivers
         .into_iter()
         .map(|(addr, mut dst)| {
-            let start = start.clone();
+            let (start, recv) = (start.clone(), recv.clone());
             std::thread::spawn(move || {
                 start.wait();
-                let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
+                let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
                 let _ = s.set_nodelay(true);
-                for d in dst.iter_mut() {
-                    s.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
-                }
+                recv(s, &mut dst);
                 dst
             })
         })
@@ -303,6 +304,24 @@ fn tcp_copy(src: &[Vec<u8>], streams: usize) -> f64 {
     }
     assert!(got == src, "copied bytes differ");
     g
+}
+
+/// Plain TCP copy of the same bytes over `streams` connections.
+fn tcp_copy(src: &[Vec<u8>], streams: usize) -> f64 {
+    striped_copy(
+        src,
+        streams,
+        |mut s, data| {
+            for b in data {
+                s.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
+            }
+        },
+        |mut s, dst| {
+            for d in dst.iter_mut() {
+                s.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
+            }
+        },
+    )
 }
 
 /// The same over rustls (TLS 1.3, ring, mutual authentication), handshake included.
@@ -344,42 +363,35 @@ fn tls_configs(pki: &Path) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConf
     (server, client)
 }
 
-fn tls_copy(cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>), src: &[Vec<u8>]) -> f64 {
-    let (server, client) = cfg;
-    let total: usize = src.iter().map(Vec::len).sum();
-    {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
-        let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
-        let data: Vec<Vec<u8>> = src.to_vec();
-        let sc = server.clone();
-        let sender = std::thread::spawn(move || {
-            let (s, _) = l.accept().unwrap_or_else(|e| panic!("accept: {e}"));
-            let _ = s.set_nodelay(true);
-            let conn = rustls::ServerConnection::new(sc).unwrap_or_else(|e| panic!("tls: {e}"));
+fn tls_copy(
+    cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>),
+    src: &[Vec<u8>],
+    streams: usize,
+) -> f64 {
+    let (server, client) = cfg.clone();
+    striped_copy(
+        src,
+        streams,
+        move |s, data| {
+            let conn = rustls::ServerConnection::new(server.clone()).unwrap_or_else(|e| panic!("tls: {e}"));
             let mut t = rustls::StreamOwned::new(conn, s);
-            for b in &data {
+            for b in data {
                 t.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
             }
             t.flush().unwrap_or_else(|e| panic!("flush: {e}"));
             t.conn.send_close_notify();
             let _ = t.conn.complete_io(&mut t.sock);
-        });
-        // Touched before the clock starts (as the peer restore's buffers are).
-        let mut dst: Vec<Vec<u8>> = src.iter().map(|v| vec![1u8; v.len()]).collect();
-        let t0 = Instant::now();
-        let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
-        let _ = s.set_nodelay(true);
-        let name = ServerName::try_from("127.0.0.1").unwrap_or_else(|e| panic!("name: {e}"));
-        let conn = rustls::ClientConnection::new(client.clone(), name).unwrap_or_else(|e| panic!("tls: {e}"));
-        let mut t = rustls::StreamOwned::new(conn, s);
-        for d in dst.iter_mut() {
-            t.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
-        }
-        let g = gbps(total, t0.elapsed());
-        let _ = sender.join();
-        assert!(dst == src, "copied bytes differ");
-        g
-    }
+        },
+        move |s, dst| {
+            let name = ServerName::try_from("127.0.0.1").unwrap_or_else(|e| panic!("name: {e}"));
+            let conn =
+                rustls::ClientConnection::new(client.clone(), name).unwrap_or_else(|e| panic!("tls: {e}"));
+            let mut t = rustls::StreamOwned::new(conn, s);
+            for d in dst.iter_mut() {
+                t.read_exact(d).unwrap_or_else(|e| panic!("read: {e}"));
+            }
+        },
+    )
 }
 
 /// XXH3-64 over every block, GB/s: the crate's compile-time path and the
@@ -466,7 +478,7 @@ fn main() {
     let (mut plain_fill, mut tls_fill) = (Vec::new(), Vec::new());
     // With a split fetch, also a copy over as many connections: the like-for-like baseline.
     let copy_streams = fill_streams.map_or(1, |k| k as usize).max(1);
-    let mut tcp_multi = Vec::new();
+    let (mut tcp_multi, mut tls_multi) = (Vec::new(), Vec::new());
     for t in 0..trials {
         tcp.push(tcp_copy(&src, 1));
         if copy_streams > 1 {
@@ -476,7 +488,10 @@ fn main() {
         plain.push(r);
         plain_fill.push(f);
         if let Some((cfg, p)) = &tls_setup {
-            tls.push(tls_copy(cfg, &src));
+            tls.push(tls_copy(cfg, &src, 1));
+            if copy_streams > 1 {
+                tls_multi.push(tls_copy(cfg, &src, copy_streams));
+            }
             let (r, f) = p.trial(t, &src);
             ptls.push(r);
             tls_fill.push(f);
@@ -489,6 +504,7 @@ fn main() {
     let (hash_crate, hash_manager) = hash_rates(&src, 3);
     let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
     let tcp_multi = (copy_streams > 1).then(|| median(tcp_multi));
+    let tls_multi = (copy_streams > 1 && have_tls).then(|| median(tls_multi));
     let (tls, peer_tls, fill_tls, tls_note) = if have_tls {
         (
             Some(median(tls)),
@@ -547,11 +563,19 @@ fn main() {
         if let Some(f) = fill_tls {
             println!("    of which the fill     {f:>8.2}   {:.2}x", f / t);
         }
+        if let Some(m) = tls_multi {
+            println!("  TLS copy, {copy_streams} conns      {m:>8.2}");
+            println!(
+                "  peer restore (mTLS)     {p:>8.2}   {:.2}x of the {copy_streams}-connection TLS copy (fill {:.2}x)",
+                p / m,
+                fill_tls.map_or(0.0, |f| f / m)
+            );
+        }
     }
     let doc = serde_json::json!({
         "bench": "peer_restore",
         "what": "restore through Manager B of blocks saved on Manager A: B's lookup fetches from A over the peer transport into B's arena (checksummed), then acquire + copy out + release as for a local hit; median of interleaved trials, fresh hashes per trial, both Managers in this process on loopback",
-        "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers",
+        "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers, over one connection and (with a split fill) over as many connections as B's fill uses",
         "bytes_per_trial": n * bs,
         "block_bytes": bs,
         "trials": trials,
@@ -569,6 +593,9 @@ fn main() {
         "tls_copy_gbps": tls,
         "peer_restore_tls_gbps": peer_tls,
         "peer_tls_vs_tls": tls.zip(peer_tls).map(|(t, p)| p / t),
+        "tls_copy_multi_gbps": tls_multi,
+        "peer_tls_vs_tls_multi": tls_multi.zip(peer_tls).map(|(m, p)| p / m),
+        "peer_fill_tls_vs_tls_multi": tls_multi.zip(fill_tls).map(|(m, f)| f / m),
         "tls_note": tls_note,
         "peer_hash_thread": hash_thread,
         "peer_hash_thread_on": hash_thread_on,
