@@ -32,14 +32,20 @@ fn quiet_releases_with_spinning_sessions() {
     quiet_releases(&["--session-spin-us", "200"]);
 }
 
-fn quiet_releases(flags: &[&str]) {
-    let m = ManagerProc::start(flags);
-    let c = m.client();
-    let ns = c.register_namespace([7; 32], BB as u64, 0, b"").expect("ns");
-    let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(7, i)).collect();
+/// A namespace of `c` (fingerprint `seed`) holding a saved chain of 4 blocks: (namespace, hashes).
+fn saved_chain(c: &Client, seed: u8) -> (orbitkv_client::Namespace, Vec<[u8; 32]>) {
+    let ns = c.register_namespace([seed; 32], BB as u64, 0, b"").expect("ns");
+    let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(seed, i)).collect();
     let data: Vec<Vec<u8>> = (0..4).map(|i| block(i, BB)).collect();
     let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
     assert_eq!(c.save(&ns, &hs, &refs).expect("save").stored, 4);
+    (ns, hs)
+}
+
+fn quiet_releases(flags: &[&str]) {
+    let m = ManagerProc::start(flags);
+    let c = m.client();
+    let (ns, hs) = saved_chain(&c, 7);
 
     let leases: Vec<u64> = (0..3)
         .map(|_| c.lookup(&ns, &hs).expect("lookup").lease)
@@ -168,8 +174,8 @@ fn a_quiet_release_ends_a_redeemed_tp_part() {
     );
 }
 
-/// Deferred releases (`Client::release_later`, what Python's
-/// `release(wait=False)` does): they ride in front of the session's next
+/// Deferred releases (`Client::release_later`, Python's `release_later`):
+/// they ride in front of the session's next
 /// request, in order, and the flusher sends them after the delay when no
 /// request comes, so another session sees them released soon either way.
 #[test]
@@ -177,11 +183,7 @@ fn deferred_releases_ride_the_next_request_or_are_flushed() {
     let m = ManagerProc::start(&[]);
     let c = m.client();
     let watcher = m.client();
-    let ns = c.register_namespace([9; 32], BB as u64, 0, b"").expect("ns");
-    let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(9, i)).collect();
-    let data: Vec<Vec<u8>> = (0..4).map(|i| block(i, BB)).collect();
-    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
-    assert_eq!(c.save(&ns, &hs, &refs).expect("save").stored, 4);
+    let (ns, hs) = saved_chain(&c, 9);
 
     // Carried by the next request: the stats call sees every one released.
     let leases: Vec<u64> = (0..5)

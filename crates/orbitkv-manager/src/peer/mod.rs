@@ -24,7 +24,7 @@
 //! each block straight into a fresh save slot of its own arena, folding each
 //! receive into the block's hash as it lands ([`crate::checksum::Progressive`]).
 //! A fetch of 16 MiB or more from one peer asked alone is split over up to
-//! `--peer-fill-streams` connections ([`PeerTier::fetch_streams`]): one range
+//! `--peer-fill-streams` connections ([`PeerTier::fetch_split`]): one range
 //! of blocks, source lease and save each, all committed only once every range
 //! arrived and matched. In a transfer of 4 MiB or more each side hashes on a helper thread
 //! (`orbitkv-peer-hash`, [`checksums_alongside`]), block `i` while block `i + 1`
@@ -288,7 +288,7 @@ impl PeerTier {
         }
         for addr in candidates {
             let t0 = Instant::now();
-            let got = self.fetch_streams(shared, &addr, ns, &req, hashes, block_bytes);
+            let got = self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes);
             let n = self.note_fetch(&addr, got, t0, block_bytes);
             if n > 0 {
                 return n;
@@ -530,7 +530,8 @@ impl PeerTier {
         check_leased(conn, leased, asked, block_bytes)
     }
 
-    /// One fetch from one peer.
+    /// One fetch from one peer: on one connection, or split over several
+    /// when large ([`PeerTier::fetch_split`]).
     fn fetch_from(
         &self,
         shared: &Shared,
@@ -540,6 +541,10 @@ impl PeerTier {
         hashes: &[BlockHash],
         block_bytes: u64,
     ) -> Result<usize, PeerError> {
+        let streams = self.streams_for(hashes.len(), block_bytes as usize);
+        if streams > 1 && matches!(req, PeerRequest::Fetch { .. }) {
+            return self.fetch_split(shared, addr, ns, req, hashes, block_bytes, streams);
+        }
         let (conn, leased) = self.open_leased(addr, req.kind(), &req.encode(), hashes.len(), block_bytes)?;
         self.receive_leased(shared, addr, conn, leased, ns, hashes, block_bytes)
     }
@@ -559,7 +564,8 @@ impl PeerTier {
     /// only in part. The other ranges are asked only once the source has
     /// leased all of the first. Any failure stores nothing and closes every
     /// connection (each source lease ends with it).
-    fn fetch_streams(
+    #[allow(clippy::too_many_arguments)]
+    fn fetch_split(
         &self,
         shared: &Shared,
         addr: &str,
@@ -567,31 +573,15 @@ impl PeerTier {
         req: &PeerRequest,
         hashes: &[BlockHash],
         block_bytes: u64,
+        streams: usize,
     ) -> Result<usize, PeerError> {
-        let streams = self.streams_for(hashes.len(), block_bytes as usize);
-        let PeerRequest::Fetch {
-            fingerprint,
-            shard,
-            salt,
-            generation,
-            ..
-        } = req
-        else {
-            return self.fetch_from(shared, addr, ns, req, hashes, block_bytes);
-        };
-        if streams <= 1 {
-            return self.fetch_from(shared, addr, ns, req, hashes, block_bytes);
-        }
         let ranges: Vec<&[BlockHash]> = hashes.chunks(hashes.len().div_ceil(streams)).collect();
         let open = |range: &[BlockHash]| -> Result<(Conn, u64, usize), PeerError> {
-            let req = PeerRequest::Fetch {
-                fingerprint: *fingerprint,
-                shard: *shard,
-                salt: *salt,
-                block_bytes,
-                generation: *generation,
-                hashes: range.to_vec(),
-            };
+            // `req` with only this range's hashes.
+            let mut req = req.clone();
+            if let PeerRequest::Fetch { hashes, .. } = &mut req {
+                *hashes = range.to_vec();
+            }
             let (conn, (lease, blocks, _)) =
                 self.open_leased(addr, req.kind(), &req.encode(), range.len(), block_bytes)?;
             Ok((conn, lease, blocks as usize))
