@@ -479,19 +479,26 @@ fn transfer(req: &PeerRequest, wrong: Option<usize>, bytes: fn(usize) -> Vec<u8>
     let PeerRequest::Fetch { hashes, .. } = req else {
         return Vec::new();
     };
+    let blocks: Vec<Vec<u8>> = (0..hashes.len()).map(bytes).collect();
+    sent_blocks(&blocks, BB, wrong)
+}
+
+/// A source's whole answer carrying `blocks` (announced as `block_bytes`
+/// each): `Leased`, the bytes, `Sent` with their checksums (block `wrong`'s
+/// off by one bit).
+fn sent_blocks(blocks: &[Vec<u8>], block_bytes: usize, wrong: Option<usize>) -> Vec<u8> {
     let mut out = Vec::new();
     let head = PeerResponse::Leased {
         lease: 1,
-        blocks: hashes.len() as u32,
-        block_bytes: BB as u64,
+        blocks: blocks.len() as u32,
+        block_bytes: block_bytes as u64,
     };
     write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
     let mut checksums = Vec::new();
-    for i in 0..hashes.len() {
-        let b = bytes(i);
-        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+    for (i, b) in blocks.iter().enumerate() {
+        let sum = xxhash_rust::xxh3::xxh3_64(b);
         checksums.push(if Some(i) == wrong { sum ^ 1 } else { sum });
-        out.extend_from_slice(&b);
+        out.extend_from_slice(b);
     }
     let tail = PeerResponse::Sent { checksums };
     write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
@@ -614,23 +621,8 @@ fn big_transfer_third_range_lies(req: &PeerRequest) -> Vec<u8> {
         return Vec::new();
     };
     let first = usize::from(hashes.first().map_or(0, |h| h[1]));
-    let mut out = Vec::new();
-    let head = PeerResponse::Leased {
-        lease: 1,
-        blocks: hashes.len() as u32,
-        block_bytes: BIG as u64,
-    };
-    write_frame(&mut out, head.kind(), 0, &head.encode()).expect("frame");
-    let mut checksums = Vec::new();
-    for (k, h) in hashes.iter().enumerate() {
-        let b = block(h[1], BIG);
-        let sum = xxhash_rust::xxh3::xxh3_64(&b);
-        checksums.push(if first == 18 && k == 0 { sum ^ 1 } else { sum });
-        out.extend_from_slice(&b);
-    }
-    let tail = PeerResponse::Sent { checksums };
-    write_frame(&mut out, tail.kind(), 0, &tail.encode()).expect("frame");
-    out
+    let blocks: Vec<Vec<u8>> = hashes.iter().map(|h| block(h[1], BIG)).collect();
+    sent_blocks(&blocks, BIG, (first == 18).then_some(0))
 }
 
 /// A large fetch from one peer is split over several connections
