@@ -63,14 +63,7 @@ fn save(m: &ManagerProc, chain: u8, data: &[Vec<u8>]) {
 
 /// Restore `n` blocks of `chain` through `m`: (blocks hit, their bytes).
 fn restore(m: &ManagerProc, chain: u8, n: usize) -> (usize, Vec<Vec<u8>>) {
-    let c = m.client();
-    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
-    let mut out = vec![vec![0u8; BB]; n];
-    let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
-    let hit = c.restore(&ns, &hashes(chain, n), &mut dst).expect("restore") as usize;
-    c.close().expect("close");
-    out.truncate(hit);
-    (hit, out)
+    restore_blocks(m, FP, BB, &hashes(chain, n))
 }
 
 fn peer_stat(m: &ManagerProc, field: &str) -> u64 {
@@ -647,16 +640,7 @@ fn a_split_fetch_is_exact_and_one_bad_range_stores_nothing() {
         );
         c.close().expect("close");
     }
-    let restore_big = |m: &ManagerProc, n: usize| -> (usize, Vec<Vec<u8>>) {
-        let c = m.client();
-        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
-        let mut out = vec![vec![0u8; BIG]; n];
-        let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
-        let hit = c.restore(&ns, &big_hashes(n), &mut dst).expect("restore") as usize;
-        c.close().expect("close");
-        out.truncate(hit);
-        (hit, out)
-    };
+    let restore_big = |m: &ManagerProc, n: usize| restore_blocks(m, BIG_FP, BIG, &big_hashes(n));
     let streams = ["--dram-size", "96MiB", "--peer-fill-streams", "4"];
     let b = manager(None, &[pa], &streams);
     assert_eq!(b.stats()["peers"]["fill_streams"], 4);

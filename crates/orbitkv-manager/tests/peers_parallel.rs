@@ -49,14 +49,7 @@ fn save(m: &ManagerProc, d: &[Vec<u8>]) {
 }
 
 fn restore(m: &ManagerProc, n: usize) -> (usize, Vec<Vec<u8>>) {
-    let c = m.client();
-    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
-    let mut out = vec![vec![0u8; BB]; n];
-    let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
-    let hit = c.restore(&ns, &hashes(n), &mut dst).expect("restore") as usize;
-    c.close().expect("close");
-    out.truncate(hit);
-    (hit, out)
+    restore_blocks(m, FP, BB, &hashes(n))
 }
 
 fn source(m: &ManagerProc, field: &str) -> u64 {

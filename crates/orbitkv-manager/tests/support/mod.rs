@@ -9,6 +9,24 @@ use std::time::{Duration, Instant};
 
 use orbitkv_client::Client;
 
+/// Restore the blocks `hashes` of namespace (`fp`, `block_bytes`) through a
+/// fresh client of `m`: (blocks hit, their bytes).
+pub fn restore_blocks(
+    m: &ManagerProc,
+    fp: [u8; 32],
+    block_bytes: usize,
+    hashes: &[[u8; 32]],
+) -> (usize, Vec<Vec<u8>>) {
+    let c = m.client();
+    let ns = c.register_namespace(fp, block_bytes as u64, 0, b"").expect("ns");
+    let mut out = vec![vec![0u8; block_bytes]; hashes.len()];
+    let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+    let hit = c.restore(&ns, hashes, &mut dst).expect("restore") as usize;
+    c.close().expect("close");
+    out.truncate(hit);
+    (hit, out)
+}
+
 /// A TCP port on loopback that was free a moment ago (for `--peer-listen`).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
