@@ -175,18 +175,23 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def voluntary_switches(pid: int) -> int:
-    """Voluntary context switches of all threads of `pid` so far (each is a
-    sleep, so each later costs a wake-up); threads that ended are not counted."""
-    total = 0
-    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+def switches_by_thread(pid: int) -> dict[str, list[int]]:
+    """Context switches of all threads of `pid` so far, by thread name:
+    [voluntary (each is a sleep, so each later costs a wake-up), involuntary
+    (preempted)]. Threads that ended are not counted."""
+    out: dict[str, list[int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            for line in status.read_text().splitlines():
+            name = (task / "comm").read_text().strip()
+            counts = out.setdefault(name, [0, 0])
+            for line in (task / "status").read_text().splitlines():
                 if line.startswith("voluntary_ctxt_switches:"):
-                    total += int(line.split()[1])
+                    counts[0] += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    counts[1] += int(line.split()[1])
         except OSError:  # the thread ended meanwhile
             pass
-    return total
+    return out
 
 
 def manager_counters(sock: str) -> tuple[int, int]:
@@ -202,10 +207,10 @@ def run_clients(sock: str, op: str, n: int, seconds: float, mgr_pid: int) -> dic
     for p in procs:
         p.start()
     time.sleep(0.5 + 0.05 * n)  # every client connected and mapped
-    mgr0, sw0 = proc_cpu_s(mgr_pid), voluntary_switches(mgr_pid)
+    mgr0, sw0 = proc_cpu_s(mgr_pid), switches_by_thread(mgr_pid)
     start.set()
     results = [out.get(timeout=seconds + 60) for _ in procs]
-    mgr1, sw1 = proc_cpu_s(mgr_pid), voluntary_switches(mgr_pid)
+    mgr1, sw1 = proc_cpu_s(mgr_pid), switches_by_thread(mgr_pid)
     measured.set()
     for p in procs:
         p.join()
@@ -213,8 +218,12 @@ def run_clients(sock: str, op: str, n: int, seconds: float, mgr_pid: int) -> dic
     ops = row["ops_per_s"] * seconds
     # Where the CPU goes per operation: the Manager's threads over the timed loop.
     row["manager_cpu_us_per_op"] = (mgr1 - mgr0) / ops * 1e6 if ops else 0.0
-    # How often the Manager's threads slept (and so had to be woken) per operation.
-    row["manager_sleeps_per_op"] = (sw1 - sw0) / ops if ops else 0.0
+    # How often the Manager's threads slept (and so had to be woken) per
+    # operation, in all and by thread name; and how often they were preempted.
+    per = {k: [v[0] - sw0.get(k, [0, 0])[0], v[1] - sw0.get(k, [0, 0])[1]] for k, v in sw1.items()}
+    row["manager_sleeps_per_op"] = sum(v[0] for v in per.values()) / ops if ops else 0.0
+    row["manager_preempted_per_op"] = sum(v[1] for v in per.values()) / ops if ops else 0.0
+    row["manager_sleeps_per_op_by_thread"] = {k: round(v[0] / ops, 3) for k, v in per.items() if ops and v[0]}
     return row
 
 
