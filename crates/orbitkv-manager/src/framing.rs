@@ -18,6 +18,7 @@
 
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -44,9 +45,9 @@ pub enum Stall {
 /// A connection's frame reader. Holds the budget charged for the body of the
 /// frame last read until [`PeerReader::next_frame`] is called again or the
 /// reader is dropped (by then the caller has dropped that body).
-pub struct PeerReader<'a> {
-    stream: &'a UnixStream,
-    shared: &'a Shared,
+pub struct PeerReader {
+    stream: Arc<UnixStream>,
+    shared: Arc<Shared>,
     /// `Some` while the Hello is awaited: its absolute deadline.
     hello_deadline: Option<Instant>,
     /// Deadline of the frame being read (set when its first byte arrives).
@@ -70,13 +71,14 @@ pub struct PeerReader<'a> {
 /// bodies are read straight into their own buffer once this one is drained.
 const RECV_BUFFER: usize = 8192;
 
-impl<'a> PeerReader<'a> {
+impl PeerReader {
     /// A reader for a fresh connection: the Hello deadline runs from now.
-    pub fn new(stream: &'a UnixStream, shared: &'a Shared) -> PeerReader<'a> {
+    pub fn new(stream: Arc<UnixStream>, shared: Arc<Shared>) -> PeerReader {
+        let hello_deadline = Some(Instant::now() + shared.config.hello_timeout);
         PeerReader {
             stream,
             shared,
-            hello_deadline: Some(Instant::now() + shared.config.hello_timeout),
+            hello_deadline,
             frame_deadline: None,
             held: 0,
             received: 0,
@@ -98,6 +100,11 @@ impl<'a> PeerReader<'a> {
         self.announced = None;
         self.request_id = 0;
         read_frame_guarded(self)
+    }
+
+    /// The connection this reader reads (replies are written to it).
+    pub fn stream(&self) -> &Arc<UnixStream> {
+        &self.stream
     }
 
     /// The Hello was read: later frames have no deadline until their first byte.
@@ -151,7 +158,7 @@ impl<'a> PeerReader<'a> {
     }
 }
 
-impl PeerReader<'_> {
+impl PeerReader {
     /// One receive from the socket into `buf`, waiting as the deadlines allow.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let Some((deadline, stall)) = self.deadline() else {
@@ -163,7 +170,7 @@ impl PeerReader<'_> {
             return self.wait_readable_then_recv(buf);
         };
         loop {
-            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
+            match rustix::net::recv(&*self.stream, &mut *buf, RecvFlags::DONTWAIT) {
                 Ok((n, _)) => return Ok(n),
                 Err(rustix::io::Errno::AGAIN) => {}
                 Err(rustix::io::Errno::INTR) => continue,
@@ -177,7 +184,7 @@ impl PeerReader<'_> {
                 tv_sec: 1,
                 tv_nsec: 0,
             });
-            let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
+            let mut fds = [PollFd::new(&*self.stream, PollFlags::IN)];
             match rustix::event::poll(&mut fds, Some(&timeout)) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
@@ -193,12 +200,12 @@ impl PeerReader<'_> {
     /// `POLLIN` filters those wake-ups out; measured in docs/performance.md.
     fn wait_readable_then_recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
+            let mut fds = [PollFd::new(&*self.stream, PollFlags::IN)];
             match rustix::event::poll(&mut fds, None) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
-            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
+            match rustix::net::recv(&*self.stream, &mut *buf, RecvFlags::DONTWAIT) {
                 Ok((n, _)) => return Ok(n),
                 Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
@@ -216,7 +223,7 @@ impl PeerReader<'_> {
         }
         let start = Instant::now();
         loop {
-            match rustix::net::recv(self.stream, &mut *buf, RecvFlags::DONTWAIT) {
+            match rustix::net::recv(&*self.stream, &mut *buf, RecvFlags::DONTWAIT) {
                 Ok((n, _)) => return Ok(Some(n)),
                 Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
@@ -229,7 +236,7 @@ impl PeerReader<'_> {
     }
 }
 
-impl Read for PeerReader<'_> {
+impl Read for PeerReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         if self.pos == self.end {
             if out.len() >= self.buf.len() {
@@ -250,7 +257,7 @@ impl Read for PeerReader<'_> {
     }
 }
 
-impl FrameGuard for PeerReader<'_> {
+impl FrameGuard for PeerReader {
     fn frame_started(&mut self) {
         self.frame_deadline = Some(Instant::now() + self.shared.config.frame_timeout);
     }
@@ -303,7 +310,7 @@ impl FrameGuard for PeerReader<'_> {
     }
 }
 
-impl Drop for PeerReader<'_> {
+impl Drop for PeerReader {
     fn drop(&mut self) {
         self.release();
     }

@@ -134,15 +134,6 @@ fn private_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// One of the `--max-connections` places, held by a session thread until it ends.
-struct ConnectionSlot(Arc<Shared>);
-
-impl Drop for ConnectionSlot {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
     while !shared.is_shutting_down() {
         let mut fds = [PollFd::new(&listener, PollFlags::IN)];
@@ -168,8 +159,9 @@ pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
                 let spawned = std::thread::Builder::new()
                     .name("orbitkv-session".into())
                     .spawn(move || {
-                        let _slot = ConnectionSlot(sh.clone()); // freed even if the session panics
-                        session::serve_connection(sh, stream);
+                        // The place is freed with the connection, even if its session panics.
+                        let slot = session::ConnectionSlot(sh.clone());
+                        session::serve_connection(sh, stream, slot);
                     });
                 if let Err(e) = spawned {
                     shared.connections.fetch_sub(1, Ordering::AcqRel);

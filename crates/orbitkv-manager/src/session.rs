@@ -12,8 +12,8 @@ use orbitkv_core::{
     SessionId,
 };
 use orbitkv_proto::{
-    ErrorCode, FrameError, HELLO_CONTROL_ONLY, Kind, Request, Response, SaveItem, SegmentInfo,
-    decode_request, write_frame,
+    DecodeError, ErrorCode, FrameError, HELLO_CONTROL_ONLY, Header, Kind, Request, Response, SaveItem,
+    SegmentInfo, decode_request, write_frame,
 };
 use orbitkv_shm::fdpass::send_with_fds;
 use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
@@ -25,7 +25,7 @@ use crate::stats;
 /// How long a last error reply before closing may block on a peer that does not read.
 const CLOSING_REPLY_TIMEOUT: Duration = Duration::from_millis(100);
 
-fn reply(stream: &UnixStream, id: u32, resp: &Response) -> Result<(), FrameError> {
+pub fn reply(stream: &UnixStream, id: u32, resp: &Response) -> Result<(), FrameError> {
     let mut w = stream;
     write_frame(&mut w, resp.kind() as u16, id, &resp.encode())?;
     w.flush()?;
@@ -34,7 +34,7 @@ fn reply(stream: &UnixStream, id: u32, resp: &Response) -> Result<(), FrameError
 
 /// A last error reply on a connection about to be closed: best effort, and it
 /// cannot hold the thread on a peer that stopped reading.
-fn reply_and_close(stream: &UnixStream, id: u32, code: ErrorCode, msg: impl Into<String>) {
+pub fn reply_and_close(stream: &UnixStream, id: u32, code: ErrorCode, msg: impl Into<String>) {
     let _ = stream.set_write_timeout(Some(CLOSING_REPLY_TIMEOUT));
     let _ = reply(stream, id, &Response::error(code, msg));
 }
@@ -75,7 +75,48 @@ fn authorize(shared: &Shared, cred: &PeerCred) -> Result<(), String> {
     }
 }
 
-pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
+/// The request handling of an authenticated session, shared by the worker
+/// pool and a session's own thread.
+#[derive(Clone, Copy)]
+pub struct SessionCtx {
+    pub session: SessionId,
+    pub control: bool,
+    pub pid: i32,
+    pub uid: u32,
+}
+
+/// One authenticated connection and everything it owns: its reader (and the
+/// frame budget it holds), the open cache session (ended exactly once, when
+/// this is dropped) and its `--max-connections` place. Whoever holds it serves
+/// it: the worker pool, or a thread while a request may block.
+pub struct Conn {
+    pub reader: PeerReader,
+    pub ctx: SessionCtx,
+    open: OpenSession,
+    _slot: ConnectionSlot,
+}
+
+impl Conn {
+    pub fn stream(&self) -> &UnixStream {
+        self.reader.stream()
+    }
+
+    /// End the session this way when this connection is dropped.
+    pub fn ended(&mut self, how: SessionEnd) {
+        self.open.how = Some(how);
+    }
+}
+
+/// One of the `--max-connections` places, held by the connection until it ends.
+pub struct ConnectionSlot(pub Arc<Shared>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: ConnectionSlot) {
     let cred = match peer_cred(&stream) {
         Ok(c) => c,
         Err(e) => {
@@ -87,8 +128,9 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         refuse(&stream, &shared, 0, ErrorCode::Auth, &msg);
         return;
     }
+    let stream = Arc::new(stream);
     // The Hello deadline is absolute, from here; only a small Hello frame is accepted.
-    let mut reader = PeerReader::new(&stream, &shared);
+    let mut reader = PeerReader::new(stream.clone(), shared.clone());
     let (hello_id, token, flags) = match reader.next_frame() {
         Ok((h, body)) => match decode_request(h.kind, &body) {
             Ok(Request::Hello { token, flags, .. }) => (h.request_id, token, flags),
@@ -149,8 +191,21 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         }
     }
     let process = ProcessHandle::open(cred.pid).ok();
-    let mut open = OpenSession::new(&shared, cred.pid, process);
+    let open = OpenSession::new(&shared, cred.pid, process);
     let session = open.id;
+    // A control-only session gets no arena: it can never copy (see `refused_for_control`).
+    let control = flags & HELLO_CONTROL_ONLY != 0;
+    let mut conn = Conn {
+        reader,
+        ctx: SessionCtx {
+            session,
+            control,
+            pid: cred.pid,
+            uid: cred.uid,
+        },
+        open,
+        _slot: slot,
+    };
     let hello = Response::HelloOk {
         presence_slots: shared.presence.as_ref().map_or(0, |p| p.slots()),
         session: session.0,
@@ -168,8 +223,6 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     if write_frame(&mut frame, hello.kind() as u16, hello_id, &hello.encode()).is_err() {
         return;
     }
-    // A control-only session gets no arena: it can never copy (see `refused_for_control`).
-    let control = flags & HELLO_CONTROL_ONLY != 0;
     let mut fds: Vec<_> = if control {
         Vec::new()
     } else {
@@ -182,7 +235,7 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     }
     if let Err(e) = send_with_fds(&stream, &frame, &fds) {
         log!(Warn, "session {}: sending arena fds failed: {e}", session.0);
-        return; // `open` ends the session as vanished
+        return; // `conn` ends the session as vanished
     }
     log!(
         Debug,
@@ -193,39 +246,32 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         if control { " (control-only)" } else { "" }
     );
 
-    // A peer that sends requests but never reads the replies must not hold this
+    // A peer that sends requests but never reads the replies must not hold a
     // thread for good: a reply that cannot be written within the frame deadline
     // ends the session (as a vanished connection).
     let _ = stream.set_write_timeout(Some(shared.config.frame_timeout));
-    open.how = Some(request_loop(
-        &shared,
-        &stream,
-        &mut reader,
-        session,
-        control,
-        cred.pid,
-        cred.uid,
-    ));
+    let how = request_loop(&shared, &mut conn);
+    conn.ended(how);
 }
 
 /// One open cache session, ended exactly once when this is dropped: as the
 /// request loop reported, or as `Vanished` on every other way out, including a
-/// panic unwinding the session thread (a panic proves nothing about drain, so
+/// panic unwinding the session's thread (a panic proves nothing about drain, so
 /// acquired leases and save slots go to quarantine like any vanished client's).
-struct OpenSession<'a> {
-    shared: &'a Shared,
+struct OpenSession {
+    shared: Arc<Shared>,
     id: SessionId,
     pid: i32,
     process: Option<ProcessHandle>,
     how: Option<SessionEnd>,
 }
 
-impl<'a> OpenSession<'a> {
-    fn new(shared: &'a Shared, pid: i32, process: Option<ProcessHandle>) -> OpenSession<'a> {
+impl OpenSession {
+    fn new(shared: &Arc<Shared>, pid: i32, process: Option<ProcessHandle>) -> OpenSession {
         let id = shared.cache().open_session();
         ServerCounters::inc(&shared.counters.sessions_opened);
         OpenSession {
-            shared,
+            shared: shared.clone(),
             id,
             pid,
             process,
@@ -234,7 +280,7 @@ impl<'a> OpenSession<'a> {
     }
 }
 
-impl Drop for OpenSession<'_> {
+impl Drop for OpenSession {
     fn drop(&mut self) {
         if self.how.is_none() && std::thread::panicking() {
             log!(
@@ -245,7 +291,7 @@ impl Drop for OpenSession<'_> {
             );
         }
         let how = self.how.unwrap_or(SessionEnd::Vanished);
-        end(self.shared, self.id, self.pid, self.process.take(), how);
+        end(&self.shared, self.id, self.pid, self.process.take(), how);
     }
 }
 
@@ -274,105 +320,148 @@ fn refused_for_control(req: &Request) -> Option<Response> {
     ))
 }
 
-fn request_loop(
-    shared: &Shared,
-    stream: &UnixStream,
-    reader: &mut PeerReader<'_>,
-    session: SessionId,
-    control: bool,
-    pid: i32,
-    uid: u32,
-) -> SessionEnd {
+/// What one request asks of its connection.
+pub enum Step {
+    /// Answer, and read on.
+    Reply(u32, Response),
+    /// Nothing to answer (a quiet release); read on.
+    Quiet,
+    /// Answer, then the session is over (a `Close`).
+    Last(u32, Response, SessionEnd),
+    /// Framing is lost: a last error reply, then the connection is closed and
+    /// the session ends as vanished.
+    Close(u32, ErrorCode, String),
+}
+
+/// A frame that could not be read: counted and logged; the last reply to
+/// send before closing, if any. The session then ends as vanished.
+pub fn frame_failed(shared: &Shared, conn: &Conn, e: FrameError) -> Option<(u32, ErrorCode, String)> {
+    let (session, pid) = (conn.ctx.session, conn.ctx.pid);
+    let reader = &conn.reader;
+    match e {
+        FrameError::Closed => None,
+        _ if reader.stalled() == Some(Stall::Frame) => {
+            let n = ServerCounters::inc(&shared.counters.frame_timeouts);
+            let t = shared.config.frame_timeout;
+            warn_sampled!(
+                n,
+                "session {} (pid {pid}): frame incomplete {t:?} after its first byte (got {}); closing",
+                session.0,
+                reader.progress()
+            );
+            Some((
+                reader.request_id(),
+                ErrorCode::BadFrame,
+                format!("frame incomplete {t:?} after its first byte (--frame-timeout-ms); closing"),
+            ))
+        }
+        FrameError::Io(e) => {
+            log!(Debug, "session {}: read failed: {e}", session.0);
+            None
+        }
+        e => {
+            // Framing is lost: answer once, then drop the connection.
+            let n = match e {
+                FrameError::Refused {
+                    code: ErrorCode::Busy,
+                    ..
+                } => ServerCounters::inc(&shared.counters.frame_buffer_refusals),
+                _ => ServerCounters::inc(&shared.counters.bad_frames),
+            };
+            warn_sampled!(n, "session {} (pid {pid}): {e}; closing", session.0);
+            Some((reader.request_id(), frame_code(&e), e.to_string()))
+        }
+    }
+}
+
+/// Serve one request (it may block: an SSD read, a peer fetch).
+pub fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, DecodeError>) -> Step {
+    let SessionCtx {
+        session,
+        control,
+        pid,
+        uid,
+    } = ctx;
+    match req {
+        // The one request with no reply: nothing is written, whatever happens.
+        Ok(Request::ReleaseQuiet { leases }) => {
+            release_quiet(shared, session, pid, &leases);
+            Step::Quiet
+        }
+        // A malformed one-way frame cannot be answered without breaking the
+        // client's reply order: framing is lost, as for a bad header.
+        Err(e) if h.kind == Kind::ReleaseQuiet as u16 => {
+            let n = ServerCounters::inc(&shared.counters.bad_frames);
+            warn_sampled!(
+                n,
+                "session {} (pid {pid}): bad ReleaseQuiet: {e}; closing",
+                session.0
+            );
+            Step::Close(
+                h.request_id,
+                ErrorCode::BadFrame,
+                format!("ReleaseQuiet: {e}; closing"),
+            )
+        }
+        Ok(Request::Close) => {
+            let r = shared.cache().end_session(session, SessionEnd::Clean);
+            ServerCounters::inc(&shared.counters.sessions_closed_clean);
+            Step::Last(h.request_id, map(r.map(|_| Response::Ok)), SessionEnd::Clean)
+        }
+        Ok(req) => Step::Reply(
+            h.request_id,
+            match control.then(|| refused_for_control(&req)).flatten() {
+                Some(refusal) => refusal,
+                None => match crate::tp::handle(shared, session, uid, control, &req, map) {
+                    Some(r) => r,
+                    None => handle(shared, session, req),
+                },
+            },
+        ),
+        Err(e) => {
+            ServerCounters::inc(&shared.counters.bad_frames);
+            Step::Reply(
+                h.request_id,
+                Response::error(ErrorCode::BadFrame, format!("kind {:#06x}: {e}", h.kind)),
+            )
+        }
+    }
+}
+
+/// Serve the session's requests in order until it ends.
+fn request_loop(shared: &Shared, conn: &mut Conn) -> SessionEnd {
     loop {
         // The previous frame's body was dropped at the end of the last
         // iteration; `next_frame` returns its budget first.
-        let (h, body) = match reader.next_frame() {
+        let (h, body) = match conn.reader.next_frame() {
             Ok(x) => x,
-            Err(FrameError::Closed) => return SessionEnd::Vanished,
-            Err(_) if reader.stalled() == Some(Stall::Frame) => {
-                let n = ServerCounters::inc(&shared.counters.frame_timeouts);
-                let t = shared.config.frame_timeout;
-                warn_sampled!(
-                    n,
-                    "session {} (pid {pid}): frame incomplete {t:?} after its first byte (got {}); closing",
-                    session.0,
-                    reader.progress()
-                );
-                reply_and_close(
-                    stream,
-                    reader.request_id(),
-                    ErrorCode::BadFrame,
-                    format!("frame incomplete {t:?} after its first byte (--frame-timeout-ms); closing"),
-                );
-                return SessionEnd::Vanished;
-            }
-            Err(FrameError::Io(e)) => {
-                log!(Debug, "session {}: read failed: {e}", session.0);
-                return SessionEnd::Vanished;
-            }
             Err(e) => {
-                // Framing is lost: answer once, then drop the connection.
-                let n = match e {
-                    FrameError::Refused {
-                        code: ErrorCode::Busy,
-                        ..
-                    } => ServerCounters::inc(&shared.counters.frame_buffer_refusals),
-                    _ => ServerCounters::inc(&shared.counters.bad_frames),
-                };
-                warn_sampled!(n, "session {} (pid {pid}): {e}; closing", session.0);
-                reply_and_close(stream, reader.request_id(), frame_code(&e), e.to_string());
+                if let Some((id, code, msg)) = frame_failed(shared, conn, e) {
+                    reply_and_close(conn.stream(), id, code, msg);
+                }
                 return SessionEnd::Vanished;
             }
         };
-        let (resp, done) = match decode_request(h.kind, &body) {
-            // The one request with no reply: nothing is written, whatever happens.
-            Ok(Request::ReleaseQuiet { leases }) => {
-                release_quiet(shared, session, pid, &leases);
-                continue;
-            }
-            // A malformed one-way frame cannot be answered without breaking the
-            // client's reply order: framing is lost, as for a bad header.
-            Err(e) if h.kind == Kind::ReleaseQuiet as u16 => {
-                let n = ServerCounters::inc(&shared.counters.bad_frames);
-                warn_sampled!(
-                    n,
-                    "session {} (pid {pid}): bad ReleaseQuiet: {e}; closing",
-                    session.0
-                );
-                reply_and_close(
-                    stream,
-                    h.request_id,
-                    ErrorCode::BadFrame,
-                    format!("ReleaseQuiet: {e}; closing"),
-                );
-                return SessionEnd::Vanished;
-            }
-            Ok(Request::Close) => {
-                let r = shared.cache().end_session(session, SessionEnd::Clean);
-                ServerCounters::inc(&shared.counters.sessions_closed_clean);
-                let _ = reply(stream, h.request_id, &map(r.map(|_| Response::Ok)));
-                return SessionEnd::Clean;
-            }
-            Ok(req) => match control.then(|| refused_for_control(&req)).flatten() {
-                Some(refusal) => (refusal, false),
-                None => match crate::tp::handle(shared, session, uid, control, &req, map) {
-                    Some(r) => (r, false),
-                    None => (handle(shared, session, req), false),
-                },
-            },
-            Err(e) => {
-                ServerCounters::inc(&shared.counters.bad_frames);
-                (
-                    Response::error(ErrorCode::BadFrame, format!("kind {:#06x}: {e}", h.kind)),
-                    false,
-                )
-            }
-        };
-        if reply(stream, h.request_id, &resp).is_err() {
-            return SessionEnd::Vanished;
+        let s = step(shared, conn.ctx, &h, decode_request(h.kind, &body));
+        if let Some(how) = finish(conn.stream(), s) {
+            return how;
         }
-        if done {
-            return SessionEnd::Clean;
+    }
+}
+
+/// Write what a step answers, waiting as the write timeout allows; `Some`
+/// when the session is over.
+pub fn finish(stream: &UnixStream, s: Step) -> Option<SessionEnd> {
+    match s {
+        Step::Quiet => None,
+        Step::Reply(id, resp) => reply(stream, id, &resp).err().map(|_| SessionEnd::Vanished),
+        Step::Last(id, resp, how) => {
+            let _ = reply(stream, id, &resp);
+            Some(how)
+        }
+        Step::Close(id, code, msg) => {
+            reply_and_close(stream, id, code, msg);
+            Some(SessionEnd::Vanished)
         }
     }
 }
@@ -475,18 +564,8 @@ fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             }))
         }
         Request::Acquire { lease } => {
-            // The common case (every block in DRAM, no fault armed) under the shared lock.
-            if shared.restore_faults.load(Ordering::Acquire) == 0 {
-                match shared.cache_shared().try_acquire_shared(s, LeaseId(lease)) {
-                    Ok(Some(slots)) => {
-                        ServerCounters::inc(&shared.counters.leases_acquired);
-                        return Response::Slots {
-                            slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
-                        };
-                    }
-                    Ok(None) => {}
-                    Err(e) => return map(Err(e)),
-                }
+            if let Some(resp) = acquire_from_dram(shared, s, lease) {
+                return resp;
             }
             let mut cache = shared.cache();
             let injected = shared
@@ -634,6 +713,25 @@ fn lookup(
     second
 }
 
+/// The common restore under the shared lock: every block in DRAM and no
+/// fault armed. `None` when the lease needs the exclusive path (`acquire`).
+fn acquire_from_dram(shared: &Shared, s: SessionId, lease: u64) -> Option<Response> {
+    if shared.restore_faults.load(Ordering::Acquire) != 0 {
+        return None;
+    }
+    let fast = shared.cache_shared().try_acquire_shared(s, LeaseId(lease));
+    match fast {
+        Ok(Some(slots)) => {
+            ServerCounters::inc(&shared.counters.leases_acquired);
+            Some(Response::Slots {
+                slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
+            })
+        }
+        Ok(None) => None,
+        Err(e) => Some(map(Err(e))),
+    }
+}
+
 /// Hand out a lease's source slots, staging SSD-only blocks into DRAM first.
 /// A block that fails its integrity checks is dropped (a miss from now on)
 /// and the restore fails, with the lease retired: no copy was handed out.
@@ -695,7 +793,7 @@ mod tests {
     /// thread panics: the session is ended and quarantined, not left open.
     #[test]
     fn a_panicking_session_thread_ends_its_session_as_vanished() {
-        let shared = shared();
+        let shared = Arc::new(shared());
         let pid = std::process::id() as i32;
         let caught = catch_unwind(AssertUnwindSafe(|| {
             let open = OpenSession::new(&shared, pid, None);
@@ -727,7 +825,7 @@ mod tests {
     /// session too; it holds nothing, so nothing is quarantined.
     #[test]
     fn a_session_left_before_its_loop_is_ended() {
-        let shared = shared();
+        let shared = Arc::new(shared());
         let id = OpenSession::new(&shared, std::process::id() as i32, None).id;
         assert!(shared.quarantine().is_empty());
         assert!(matches!(
