@@ -75,8 +75,7 @@ fn authorize(shared: &Shared, cred: &PeerCred) -> Result<(), String> {
     }
 }
 
-/// The request handling of an authenticated session, shared by the worker
-/// pool and a session's own thread.
+/// Who an authenticated session is, as its requests are served.
 #[derive(Clone, Copy)]
 pub struct SessionCtx {
     pub session: SessionId,
@@ -87,8 +86,8 @@ pub struct SessionCtx {
 
 /// One authenticated connection and everything it owns: its reader (and the
 /// frame budget it holds), the open cache session (ended exactly once, when
-/// this is dropped) and its `--max-connections` place. Whoever holds it serves
-/// it: the worker pool, or a thread while a request may block.
+/// this is dropped) and its `--max-connections` place. Its session thread
+/// holds it and serves it (`request_loop`).
 pub struct Conn {
     pub reader: PeerReader,
     pub ctx: SessionCtx,
