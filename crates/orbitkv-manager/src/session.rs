@@ -25,7 +25,7 @@ use crate::stats;
 /// How long a last error reply before closing may block on a peer that does not read.
 const CLOSING_REPLY_TIMEOUT: Duration = Duration::from_millis(100);
 
-pub fn reply(stream: &UnixStream, id: u32, resp: &Response) -> Result<(), FrameError> {
+fn reply(stream: &UnixStream, id: u32, resp: &Response) -> Result<(), FrameError> {
     let mut w = stream;
     write_frame(&mut w, resp.kind() as u16, id, &resp.encode())?;
     w.flush()?;
@@ -34,7 +34,7 @@ pub fn reply(stream: &UnixStream, id: u32, resp: &Response) -> Result<(), FrameE
 
 /// A last error reply on a connection about to be closed: best effort, and it
 /// cannot hold the thread on a peer that stopped reading.
-pub fn reply_and_close(stream: &UnixStream, id: u32, code: ErrorCode, msg: impl Into<String>) {
+fn reply_and_close(stream: &UnixStream, id: u32, code: ErrorCode, msg: impl Into<String>) {
     let _ = stream.set_write_timeout(Some(CLOSING_REPLY_TIMEOUT));
     let _ = reply(stream, id, &Response::error(code, msg));
 }
@@ -77,31 +77,31 @@ fn authorize(shared: &Shared, cred: &PeerCred) -> Result<(), String> {
 
 /// Who an authenticated session is, as its requests are served.
 #[derive(Clone, Copy)]
-pub struct SessionCtx {
-    pub session: SessionId,
-    pub control: bool,
-    pub pid: i32,
-    pub uid: u32,
+struct SessionCtx {
+    session: SessionId,
+    control: bool,
+    pid: i32,
+    uid: u32,
 }
 
 /// One authenticated connection and everything it owns: its reader (and the
 /// frame budget it holds), the open cache session (ended exactly once, when
 /// this is dropped) and its `--max-connections` place. Its session thread
 /// holds it and serves it (`request_loop`).
-pub struct Conn {
-    pub reader: PeerReader,
-    pub ctx: SessionCtx,
+struct Conn {
+    reader: PeerReader,
+    ctx: SessionCtx,
     open: OpenSession,
     _slot: ConnectionSlot,
 }
 
 impl Conn {
-    pub fn stream(&self) -> &UnixStream {
+    fn stream(&self) -> &UnixStream {
         self.reader.stream()
     }
 
     /// End the session this way when this connection is dropped.
-    pub fn ended(&mut self, how: SessionEnd) {
+    fn ended(&mut self, how: SessionEnd) {
         self.open.how = Some(how);
     }
 }
@@ -320,7 +320,7 @@ fn refused_for_control(req: &Request) -> Option<Response> {
 }
 
 /// What one request asks of its connection.
-pub enum Step {
+enum Step {
     /// Answer, and read on.
     Reply(u32, Response),
     /// Nothing to answer (a quiet release); read on.
@@ -334,7 +334,7 @@ pub enum Step {
 
 /// A frame that could not be read: counted and logged; the last reply to
 /// send before closing, if any. The session then ends as vanished.
-pub fn frame_failed(shared: &Shared, conn: &Conn, e: FrameError) -> Option<(u32, ErrorCode, String)> {
+fn frame_failed(shared: &Shared, conn: &Conn, e: FrameError) -> Option<(u32, ErrorCode, String)> {
     let (session, pid) = (conn.ctx.session, conn.ctx.pid);
     let reader = &conn.reader;
     match e {
@@ -374,7 +374,7 @@ pub fn frame_failed(shared: &Shared, conn: &Conn, e: FrameError) -> Option<(u32,
 }
 
 /// Serve one request (it may block: an SSD read, a peer fetch).
-pub fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, DecodeError>) -> Step {
+fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, DecodeError>) -> Step {
     let SessionCtx {
         session,
         control,
@@ -450,7 +450,7 @@ fn request_loop(shared: &Shared, conn: &mut Conn) -> SessionEnd {
 
 /// Write what a step answers, waiting as the write timeout allows; `Some`
 /// when the session is over.
-pub fn finish(stream: &UnixStream, s: Step) -> Option<SessionEnd> {
+fn finish(stream: &UnixStream, s: Step) -> Option<SessionEnd> {
     match s {
         Step::Quiet => None,
         Step::Reply(id, resp) => reply(stream, id, &resp).err().map(|_| SessionEnd::Vanished),
