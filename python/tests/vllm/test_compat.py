@@ -259,14 +259,15 @@ def test_hits_are_reported_by_tier_dram_then_ssd_then_mixed(
     client.release(lease)
     r = make_request(PROMPT)
     e.scheduler.add_request(r)
-    # Lookup (in the background), then allocation and load submitted; the lease is held
-    # while loading.
-    first = e.execute(e.schedule_admitting(r))
+    # Lookup (in the background), then allocation; the lease is held until the load
+    # drains. Asked before the step runs: a fast load may drain within its own step.
+    so = e.schedule_admitting(r)
     assert e.status(r.request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
     side = e.connector.scheduler_side
     # A shorter selection counts only its own blocks: of the first three, one is on SSD.
     assert side.hit_tiers(r, 3 * BLOCK) == (2 * BLOCK, BLOCK)
     assert e.connector.get_external_cache_hit_sources(r, 0) == {}
+    first = e.execute(so)
     steps = _run_checked(e, r, [first])
     assert _hits_by_source(steps) == {"host": 2 * BLOCK, "disk": (FULL_BLOCKS - 2) * BLOCK}
     assert side.hit_tiers(r, 3 * BLOCK) == (0, 0)  # no lease once the load drained
