@@ -6,6 +6,15 @@
 //! Both Managers run in this process; each trial uses fresh block hashes, so
 //! every restore crosses the wire.
 //!
+//! A restore ends with the copy out of B's arena that every local hit takes;
+//! a bare copy ends when the bytes land. So the end-to-end like-for-like
+//! baseline is also measured: the copy over as many connections as B's fill
+//! uses, then the landed bytes copied once more into the caller's buffers
+//! the way `Client::copy_out` does (on a GPU host both paths would end with
+//! the same host-to-HBM copy). Ratios are given of the medians and as the
+//! median of per-trial ratios (each trial against the baseline run just
+//! before it, so a shared host's drift cancels).
+//!
 //! Usage: peer_restore [OUT.json] [--total-mib N] [--block-kib N] [--trials N]
 //!        [--peer-hash-thread on|off|auto]   (passed to both Managers; default auto)
 //!        [--peer-fill-streams N]            (passed to B; default: B's own default)
@@ -251,11 +260,25 @@ impl Pair {
     }
 }
 
+/// GB/s of one baseline transfer: the copy alone, and the copy followed by
+/// the same copy-out a restore ends with.
+#[derive(Clone, Copy)]
+struct Copied {
+    copy: f64,
+    then_served: f64,
+}
+
 /// Copy `src` over `streams` loopback connections, each carrying a contiguous
 /// range of the blocks (as a split peer fetch does): `send` writes a range on
 /// the accepted socket, `recv` reads it into the reader's own (pre-touched)
-/// buffers; the clock runs from the first connect until every range arrived.
-fn striped_copy<S, R>(src: &[Vec<u8>], streams: usize, send: S, recv: R) -> f64
+/// landing buffers; the copy's clock runs from the first connect until every
+/// range arrived. Then the landed blocks are copied once more into other
+/// (pre-touched) buffers on as many threads as `Client::copy_out` uses for
+/// that many bytes: what the restore does after its fill (B's arena to the
+/// caller's buffers), so `then_served` is the restore's like-for-like
+/// end-to-end baseline (bytes received into host memory, then into the
+/// destination; on a GPU host both would be the host-to-HBM copy).
+fn striped_copy<S, R>(src: &[Vec<u8>], streams: usize, send: S, recv: R) -> Copied
 where
     S: Fn(TcpStream, &[Vec<u8>]) + Send + Sync + Clone + 'static,
     R: Fn(TcpStream, &mut [Vec<u8>]) + Send + Sync + Clone + 'static,
@@ -298,16 +321,46 @@ where
         .into_iter()
         .flat_map(|t| t.join().unwrap_or_else(|_| panic!("a receiver panicked")))
         .collect();
-    let g = gbps(total, t0.elapsed());
+    let copied = t0.elapsed();
     for s in senders {
         let _ = s.join();
     }
-    assert!(got == src, "copied bytes differ");
-    g
+    let mut dst: Vec<Vec<u8>> = got.iter().map(|v| vec![2u8; v.len()]).collect();
+    let served = copy_out_like_a_client(&got, &mut dst);
+    assert!(got == src && dst == src, "copied bytes differ");
+    Copied {
+        copy: gbps(total, copied),
+        then_served: gbps(total, copied + served),
+    }
+}
+
+/// Copy `from` into `to` block by block, split in contiguous runs over
+/// `orbitkv_client::copy_threads` threads, as `Client::copy_out` does; the time taken.
+fn copy_out_like_a_client(from: &[Vec<u8>], to: &mut [Vec<u8>]) -> Duration {
+    let total: usize = from.iter().map(Vec::len).sum();
+    let threads = orbitkv_client::copy_threads(total);
+    let t0 = Instant::now();
+    if threads == 1 {
+        for (f, t) in from.iter().zip(to.iter_mut()) {
+            t.copy_from_slice(f);
+        }
+        return t0.elapsed();
+    }
+    let per = from.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for (f, t) in from.chunks(per).zip(to.chunks_mut(per)) {
+            scope.spawn(move || {
+                for (f, t) in f.iter().zip(t.iter_mut()) {
+                    t.copy_from_slice(f);
+                }
+            });
+        }
+    });
+    t0.elapsed()
 }
 
 /// Plain TCP copy of the same bytes over `streams` connections.
-fn tcp_copy(src: &[Vec<u8>], streams: usize) -> f64 {
+fn tcp_copy(src: &[Vec<u8>], streams: usize) -> Copied {
     striped_copy(
         src,
         streams,
@@ -367,7 +420,7 @@ fn tls_copy(
     cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>),
     src: &[Vec<u8>],
     streams: usize,
-) -> f64 {
+) -> Copied {
     let (server, client) = cfg.clone();
     striped_copy(
         src,
@@ -479,19 +532,37 @@ fn main() {
     // With a split fetch, also a copy over as many connections: the like-for-like baseline.
     let copy_streams = fill_streams.map_or(1, |k| k as usize).max(1);
     let (mut tcp_multi, mut tls_multi) = (Vec::new(), Vec::new());
+    // The like-for-like end-to-end baselines: over as many connections, then copied out.
+    let (mut tcp_served, mut tls_served) = (Vec::new(), Vec::new());
+    // The copy over as many connections as the fill, per trial (for paired ratios).
+    let (mut tcp_like, mut tls_like) = (Vec::new(), Vec::new());
     for t in 0..trials {
-        tcp.push(tcp_copy(&src, 1));
-        if copy_streams > 1 {
-            tcp_multi.push(tcp_copy(&src, copy_streams));
-        }
+        let one = tcp_copy(&src, 1);
+        tcp.push(one.copy);
+        let like = if copy_streams > 1 {
+            let multi = tcp_copy(&src, copy_streams);
+            tcp_multi.push(multi.copy);
+            multi
+        } else {
+            one
+        };
+        tcp_like.push(like.copy);
+        tcp_served.push(like.then_served);
         let (r, f) = plain_pair.trial(t, &src);
         plain.push(r);
         plain_fill.push(f);
         if let Some((cfg, p)) = &tls_setup {
-            tls.push(tls_copy(cfg, &src, 1));
-            if copy_streams > 1 {
-                tls_multi.push(tls_copy(cfg, &src, copy_streams));
-            }
+            let one = tls_copy(cfg, &src, 1);
+            tls.push(one.copy);
+            let like = if copy_streams > 1 {
+                let multi = tls_copy(cfg, &src, copy_streams);
+                tls_multi.push(multi.copy);
+                multi
+            } else {
+                one
+            };
+            tls_like.push(like.copy);
+            tls_served.push(like.then_served);
             let (r, f) = p.trial(t, &src);
             ptls.push(r);
             tls_fill.push(f);
@@ -502,9 +573,31 @@ fn main() {
         p.stop();
     }
     let (hash_crate, hash_manager) = hash_rates(&src, 3);
+    // Per-trial ratios against the baseline run just before (slow drift of a
+    // shared host cancels out), then their median.
+    let paired =
+        |a: &[f64], b: &[f64]| (!a.is_empty()).then(|| median(a.iter().zip(b).map(|(x, y)| x / y).collect()));
+    let paired_plain_e2e = paired(&plain, &tcp_served);
+    let paired_fill_plain = paired(&plain_fill, &tcp_like);
+    let paired_tls_e2e = paired(&ptls, &tls_served);
+    let paired_fill_tls = paired(&tls_fill, &tls_like);
+    let (tcp_like_all, tcp_served_all, plain_all, plain_fill_all) = (
+        tcp_like.clone(),
+        tcp_served.clone(),
+        plain.clone(),
+        plain_fill.clone(),
+    );
+    let (tls_like_all, tls_served_all, ptls_all, tls_fill_all) = (
+        tls_like.clone(),
+        tls_served.clone(),
+        ptls.clone(),
+        tls_fill.clone(),
+    );
     let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
     let tcp_multi = (copy_streams > 1).then(|| median(tcp_multi));
     let tls_multi = (copy_streams > 1 && have_tls).then(|| median(tls_multi));
+    let tcp_served = median(tcp_served);
+    let tls_served = have_tls.then(|| median(tls_served));
     let (tls, peer_tls, fill_tls, tls_note) = if have_tls {
         (
             Some(median(tls)),
@@ -551,6 +644,18 @@ fn main() {
         );
     }
     println!(
+        "  plain TCP copy over {copy_streams} conn(s), then copied out as a restore does: {tcp_served:>6.2}"
+    );
+    println!(
+        "  peer restore (plain)    {peer_plain:>8.2}   {:.2}x of that (like for like, end to end)",
+        peer_plain / tcp_served
+    );
+    if let (Some(e), Some(f)) = (paired_plain_e2e, paired_fill_plain) {
+        println!(
+            "    per-trial ratios, median: restore {e:.2}x of the copy then copied out; fill {f:.2}x of the {copy_streams}-connection copy"
+        );
+    }
+    println!(
         "  xxh3-64 per block       {hash_manager:>8.2}   ({}; xxhash-rust's compile-time path {hash_crate:.2})",
         orbitkv_manager::checksum::long_path()
     );
@@ -562,6 +667,18 @@ fn main() {
         );
         if let Some(f) = fill_tls {
             println!("    of which the fill     {f:>8.2}   {:.2}x", f / t);
+        }
+        if let Some(st) = tls_served {
+            println!("  TLS copy over {copy_streams} conn(s), then copied out: {st:>6.2}");
+            println!(
+                "  peer restore (mTLS)     {p:>8.2}   {:.2}x of that (like for like, end to end)",
+                p / st
+            );
+            if let (Some(e), Some(f)) = (paired_tls_e2e, paired_fill_tls) {
+                println!(
+                    "    per-trial ratios, median: restore {e:.2}x of the TLS copy then copied out; fill {f:.2}x of the {copy_streams}-connection TLS copy"
+                );
+            }
         }
         if let Some(m) = tls_multi {
             println!("  TLS copy, {copy_streams} conns      {m:>8.2}");
@@ -575,7 +692,7 @@ fn main() {
     let doc = serde_json::json!({
         "bench": "peer_restore",
         "what": "restore through Manager B of blocks saved on Manager A: B's lookup fetches from A over the peer transport into B's arena (checksummed), then acquire + copy out + release as for a local hit; median of interleaved trials, fresh hashes per trial, both Managers in this process on loopback",
-        "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers, over one connection and (with a split fill) over as many connections as B's fill uses",
+        "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers, over one connection and (with a split fill) over as many connections as B's fill uses; and the copy over as many connections as the fill followed by the copy-out the restore ends with (`*_then_copy_out`: the end-to-end like-for-like baseline)",
         "bytes_per_trial": n * bs,
         "block_bytes": bs,
         "trials": trials,
@@ -596,6 +713,24 @@ fn main() {
         "tls_copy_multi_gbps": tls_multi,
         "peer_tls_vs_tls_multi": tls_multi.zip(peer_tls).map(|(m, p)| p / m),
         "peer_fill_tls_vs_tls_multi": tls_multi.zip(fill_tls).map(|(m, f)| f / m),
+        "tcp_copy_then_copy_out_gbps": tcp_served,
+        "peer_plain_vs_tcp_copy_then_copy_out": peer_plain / tcp_served,
+        "tls_copy_then_copy_out_gbps": tls_served,
+        "peer_tls_vs_tls_copy_then_copy_out": tls_served.zip(peer_tls).map(|(st, p)| p / st),
+        "paired_median_restore_plain_vs_tcp_copy_then_copy_out": paired_plain_e2e,
+        "paired_median_fill_plain_vs_tcp_copy_like": paired_fill_plain,
+        "paired_median_restore_tls_vs_tls_copy_then_copy_out": paired_tls_e2e,
+        "paired_median_fill_tls_vs_tls_copy_like": paired_fill_tls,
+        "per_trial_gbps": {
+            "tcp_copy_like": tcp_like_all,
+            "tcp_copy_then_copy_out": tcp_served_all,
+            "peer_restore_plain": plain_all,
+            "peer_fill_plain": plain_fill_all,
+            "tls_copy_like": tls_like_all,
+            "tls_copy_then_copy_out": tls_served_all,
+            "peer_restore_tls": ptls_all,
+            "peer_fill_tls": tls_fill_all,
+        },
         "tls_note": tls_note,
         "peer_hash_thread": hash_thread,
         "peer_hash_thread_on": hash_thread_on,
