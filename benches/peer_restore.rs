@@ -18,6 +18,7 @@
 //! Usage: peer_restore [OUT.json] [--total-mib N] [--block-kib N] [--trials N]
 //!        [--peer-hash-thread on|off|auto]   (passed to both Managers; default auto)
 //!        [--peer-fill-streams N]            (passed to B; default: B's own default)
+//!        [--decoy-peer]                     (B also asks an empty Manager C: the probe path)
 //! Needs the `openssl` command for the TLS rows (skipped with the reason in the JSON otherwise).
 
 use std::io::{Read, Write};
@@ -174,28 +175,32 @@ fn hash(t: u32, i: u32) -> [u8; 32] {
     h
 }
 
-/// Managers A (source) and B (reader) with a client each.
+/// Managers A (source) and B (reader) with a client each, and, with
+/// `--decoy-peer`, an empty Manager C that B also asks (so B probes both and
+/// fetches from the winner, A).
 struct Pair {
     a: Manager,
     b: Manager,
+    decoy: Option<Manager>,
     ca: Client,
     cb: Client,
     na: orbitkv_client::Namespace,
     nb: orbitkv_client::Namespace,
 }
 
-fn pair(
-    pki: Option<&Path>,
-    bs: usize,
-    total: usize,
-    root: &Path,
-    hash_thread: &str,
-    streams: Option<&str>,
-) -> Pair {
+/// What the bench passes to the Managers it starts.
+struct Opts<'a> {
+    hash_thread: &'a str,
+    streams: Option<&'a str>,
+    decoy: bool,
+}
+
+fn pair(pki: Option<&Path>, bs: usize, total: usize, root: &Path, opts: &Opts<'_>) -> Pair {
     let arena = (total * 3).next_multiple_of(1 << 20).max(64 << 20);
     let port = free_port();
     let mut tls = pki.map(tls_args).unwrap_or_default();
-    tls.extend(["--peer-hash-thread".to_string(), hash_thread.to_string()]);
+    tls.extend(["--peer-hash-thread".to_string(), opts.hash_thread.to_string()]);
+    let streams = opts.streams;
     let mut a_args = vec!["--peer-listen".to_string(), format!("127.0.0.1:{port}")];
     a_args.extend(tls.iter().cloned());
     let mut b_args = vec!["--peer".to_string(), format!("127.0.0.1:{port}")];
@@ -204,6 +209,13 @@ fn pair(
     }
     b_args.extend(tls.iter().cloned());
     let tag = if pki.is_some() { "tls" } else { "plain" };
+    let decoy = opts.decoy.then(|| {
+        let port = free_port();
+        let mut args = vec!["--peer-listen".to_string(), format!("127.0.0.1:{port}")];
+        args.extend(tls.iter().cloned());
+        b_args.extend(["--peer".to_string(), format!("127.0.0.1:{port}")]);
+        manager(root, &format!("c-{tag}"), 64 << 20, &args).0
+    });
     let (a, a_sock) = manager(root, &format!("a-{tag}"), arena, &a_args);
     let (b, b_sock) = manager(root, &format!("b-{tag}"), arena, &b_args);
     let ca = Client::connect(&a_sock, None, Duration::from_secs(30)).unwrap_or_else(|e| panic!("A: {e}"));
@@ -214,7 +226,15 @@ fn pair(
     let nb = cb
         .register_namespace([9; 32], bs as u64, 0, [0; 32])
         .unwrap_or_else(|e| panic!("ns: {e}"));
-    Pair { a, b, ca, cb, na, nb }
+    Pair {
+        a,
+        b,
+        decoy,
+        ca,
+        cb,
+        na,
+        nb,
+    }
 }
 
 impl Pair {
@@ -257,6 +277,9 @@ impl Pair {
         drop(self.cb);
         self.b.shutdown();
         self.a.shutdown();
+        if let Some(c) = self.decoy {
+            c.shutdown();
+        }
     }
 }
 
@@ -508,7 +531,12 @@ fn main() {
     let have_tls = make_pki(&pki);
 
     // Interleaved per trial, so drift on a shared machine hits every row alike.
-    let plain_pair = pair(None, bs, n * bs, &root, hash_thread, streams);
+    let opts = Opts {
+        hash_thread,
+        streams,
+        decoy: args.iter().any(|a| a == "--decoy-peer"),
+    };
+    let plain_pair = pair(None, bs, n * bs, &root, &opts);
     // What `auto` resolved to (or what was asked), from B's status.
     let b_status = plain_pair
         .cb
@@ -521,12 +549,7 @@ fn main() {
     let fill_streams = b_status
         .as_ref()
         .and_then(|v| v["peers"]["fill_streams"].as_u64());
-    let tls_setup = have_tls.then(|| {
-        (
-            tls_configs(&pki),
-            pair(Some(&pki), bs, n * bs, &root, hash_thread, streams),
-        )
-    });
+    let tls_setup = have_tls.then(|| (tls_configs(&pki), pair(Some(&pki), bs, n * bs, &root, &opts)));
     let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut plain_fill, mut tls_fill) = (Vec::new(), Vec::new());
     // With a split fetch, also a copy over as many connections: the like-for-like baseline.
@@ -735,6 +758,7 @@ fn main() {
         "peer_hash_thread": hash_thread,
         "peer_hash_thread_on": hash_thread_on,
         "peer_fill_streams": fill_streams,
+        "decoy_peer": opts.decoy,
         "available_parallelism": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "xxh3_gbps": hash_manager,
         "xxh3_path": orbitkv_manager::checksum::long_path(),

@@ -84,6 +84,69 @@ fn the_longest_hit_wins_and_the_other_hits_are_released() {
     }
 }
 
+/// A large winner of a probe is fetched split over several connections
+/// (`--peer-fill-streams`), its probed lease held until that fetch ends:
+/// byte-exact, one range per connection, the probe and every range's source
+/// lease ended; the shorter hit is released and sends nothing. A winner of
+/// less than two ranges' worth sends on its probe's connection as before.
+#[test]
+fn a_large_probed_winner_is_fetched_over_several_connections() {
+    const BIG: usize = 1 << 20;
+    const N: usize = 36; // four ranges of 9 MiB
+    let fp = [0x3d; 32];
+    let big_hashes = |n: usize| -> Vec<[u8; 32]> { (0..n).map(|i| hash(6, i as u8)).collect() };
+    let d: Vec<Vec<u8>> = (0..N).map(|i| block(40 + i as u8, BIG)).collect();
+    let save_big = |m: &ManagerProc, n: usize| {
+        let c = m.client();
+        let ns = c.register_namespace(fp, BIG as u64, 0, b"").expect("ns");
+        let src: Vec<&[u8]> = d[..n].iter().map(|v| v.as_slice()).collect();
+        assert_eq!(
+            c.save(&ns, &big_hashes(n), &src).expect("save").stored as usize,
+            n
+        );
+        c.close().expect("close");
+    };
+    let arena = ["--dram-size", "96MiB"];
+    let (pa, pc) = (free_port(), free_port());
+    let a = manager(Some(pa), &[], &arena);
+    let c = manager(Some(pc), &[], &arena);
+    save_big(&a, N);
+    save_big(&c, 5);
+    let b = manager(
+        None,
+        &[pa, pc],
+        &["--dram-size", "96MiB", "--peer-fill-streams", "4"],
+    );
+    let (hit, got) = restore_blocks(&b, fp, BIG, &big_hashes(N));
+    assert_eq!(hit, N, "every block through the longest hit");
+    assert!(got == d, "byte-exact");
+    // One probe and four ranges asked of A; the probe released by Done.
+    assert_eq!(source(&a, "probes"), 1);
+    assert_eq!(source(&a, "fetches"), 5, "the probe and four ranges");
+    assert_eq!(source(&a, "blocks_sent"), N as u64);
+    eventually("A's probe lease released after the split fetch", || {
+        source(&a, "probes_released") == 1
+    });
+    assert_eq!(source(&c, "blocks_sent"), 0, "the shorter hit sends nothing");
+    assert_eq!(source(&c, "probes_released"), 1);
+    for m in [&a, &c] {
+        eventually("every source lease ended", || {
+            m.stats()["live_leases"] == 0 && source(m, "leases_open") == 0
+        });
+    }
+    // Eight blocks (8 MiB): one range's worth, sent on the probe's connection.
+    let b = manager(
+        None,
+        &[pa, pc],
+        &["--dram-size", "96MiB", "--peer-fill-streams", "4"],
+    );
+    let (hit, got) = restore_blocks(&b, fp, BIG, &big_hashes(8));
+    assert_eq!(hit, 8);
+    assert!(got[..] == d[..8], "byte-exact");
+    assert_eq!(source(&a, "fetches"), 6, "one more probe, no split");
+    assert_eq!(source(&a, "blocks_sent"), N as u64 + 8);
+}
+
 #[test]
 fn a_dead_silent_or_garbled_peer_beside_a_good_one_costs_no_hit() {
     // 768 KiB: more than a socket buffer holds while a slow answer is awaited.

@@ -23,8 +23,9 @@
 //! arena slot to the socket and hashes it (xxh3-64) after; the reader receives
 //! each block straight into a fresh save slot of its own arena, folding each
 //! receive into the block's hash as it lands ([`crate::checksum::Progressive`]).
-//! A fetch of 16 MiB or more from one peer asked alone is split over up to
-//! `--peer-fill-streams` connections ([`PeerTier::fetch_split`]): one range
+//! A fetch of 16 MiB or more from one peer (asked alone, or a probe's winner,
+//! whose probed lease keeps the blocks pinned until the split fetch ends) is
+//! split over up to `--peer-fill-streams` connections ([`PeerTier::fetch_split`]): one range
 //! of blocks, source lease and save each, all committed only once every range
 //! arrived and matched. In a transfer of 4 MiB or more each side hashes on a helper thread
 //! (`orbitkv-peer-hash`, [`checksums_alongside`]), block `i` while block `i + 1`
@@ -284,7 +285,7 @@ impl PeerTier {
                 generation,
                 hashes: hashes.to_vec(),
             };
-            return self.fill_parallel(shared, ns, &probe, hashes, block_bytes, candidates);
+            return self.fill_parallel(shared, ns, (&probe, &req), hashes, block_bytes, candidates);
         }
         for addr in candidates {
             let t0 = Instant::now();
@@ -332,23 +333,40 @@ impl PeerTier {
 
     /// Probe every candidate at once (bounded), fetch from the longest hit,
     /// release the other hits. See the module comment.
+    /// `asks`: the `Probe` and the `Fetch` of the same blocks (a winner big
+    /// enough to split is fetched over several connections, [`Go::Split`]).
     fn fill_parallel(
         &self,
         shared: &Shared,
         ns: NsId,
-        probe: &PeerRequest,
+        asks: (&PeerRequest, &PeerRequest),
         hashes: &[BlockHash],
         block_bytes: u64,
         candidates: Vec<String>,
     ) -> usize {
+        let (probe, fetch) = asks;
         let t0 = Instant::now();
         let (kind, body) = (probe.kind(), probe.encode());
         let timeout = self.settings.timeout;
         let asked = hashes.len();
+        // How the winner of `blocks` blocks delivers: told to `Send` on its
+        // probe's connection, or, when large, fetched split over several.
+        let go = |conn: &mut Conn, lease: u64, blocks: u32| -> Go {
+            let streams = self.streams_for(blocks as usize, block_bytes as usize);
+            if streams > 1 {
+                return Go::Split {
+                    lease,
+                    blocks,
+                    streams,
+                };
+            }
+            let send = PeerRequest::Send { lease };
+            Go::Sent(send_request(conn, send.kind(), &send.encode(), timeout))
+        };
         // In flight at once without a thread each: write a wave's probes, then
         // read their answers (every peer works on its probe meanwhile).
         let mut answers = Vec::with_capacity(candidates.len());
-        let mut early: Option<(usize, Result<(), PeerError>)> = None;
+        let mut early: Option<(usize, Go)> = None;
         // Probes whose answers are read after the early winner's bytes.
         let mut pending: Vec<(String, Sent)> = Vec::new();
         for wave in candidates.chunks(self.settings.fill_parallel) {
@@ -390,9 +408,7 @@ impl PeerTier {
                     && let Ok((conn, (lease, blocks, _))) = &mut r
                     && *blocks as usize == asked
                 {
-                    let send = PeerRequest::Send { lease: *lease };
-                    let sent = send_request(conn, send.kind(), &send.encode(), timeout);
-                    early = Some((answers.len(), sent));
+                    early = Some((answers.len(), go(conn, *lease, *blocks)));
                 }
                 answers.push((addr.clone(), r));
                 if early.is_some() {
@@ -421,16 +437,13 @@ impl PeerTier {
         // Ask the winner to send first; release the others while it reads its slots.
         let mut winner = None;
         if let Some(i) = best
-            && let (addr, Ok((conn, (lease, _, _)))) = &mut answers[i]
+            && let (addr, Ok((conn, (lease, blocks, _)))) = &mut answers[i]
         {
-            let sent = match early.take() {
-                Some((_, sent)) => sent,
-                None => {
-                    let send = PeerRequest::Send { lease: *lease };
-                    send_request(conn, send.kind(), &send.encode(), self.settings.timeout)
-                }
+            let how = match early.take() {
+                Some((_, how)) => how,
+                None => go(conn, *lease, *blocks),
             };
-            winner = Some((addr.clone(), sent));
+            winner = Some((addr.clone(), how));
         }
         let mut winner_conn = None;
         for (i, (addr, r)) in answers.into_iter().enumerate() {
@@ -456,10 +469,36 @@ impl PeerTier {
             }
         }
         let stored = match (winner, winner_conn) {
-            (Some((addr, sent)), Some(mut conn)) => {
+            (Some((addr, Go::Sent(sent))), Some(mut conn)) => {
                 let got = sent.and_then(|()| read_leased(&mut conn)).and_then(|leased| {
                     self.receive_leased(shared, &addr, conn, leased, ns, hashes, block_bytes)
                 });
+                self.note_fetch(&addr, got, t0, block_bytes)
+            }
+            (
+                Some((
+                    addr,
+                    Go::Split {
+                        lease,
+                        blocks,
+                        streams,
+                    },
+                )),
+                Some(mut conn),
+            ) => {
+                // The probe's lease keeps the blocks pinned at the source while
+                // the split fetch leases them range by range; released after.
+                let n = blocks as usize;
+                let got = self.fetch_split(shared, &addr, ns, fetch, &hashes[..n], block_bytes, streams);
+                let done = PeerRequest::Done { lease, stored: false };
+                let released = write_frame(&mut conn, done.kind(), 0, &done.encode())
+                    .map_err(PeerError::from)
+                    .and_then(|()| conn.flush().map_err(PeerError::from));
+                match released {
+                    Ok(()) => self.put_conn(&addr, conn),
+                    // The source may have let it go already (its timeout); closing ends it anyway.
+                    Err(_) => conn.close(),
+                }
                 self.note_fetch(&addr, got, t0, block_bytes)
             }
             _ => 0,
@@ -1084,6 +1123,15 @@ struct Part<'a> {
     lease: u64,
     blocks: usize,
     save: Option<(FillSession<'a>, SaveId)>,
+}
+
+/// How the winner of a parallel probe delivers its blocks.
+enum Go {
+    /// Told to `Send` on its probe's connection (the outcome of that request).
+    Sent(Result<(), PeerError>),
+    /// Fetched split over `streams` connections ([`PeerTier::fetch_split`]),
+    /// its probed `lease` of `blocks` blocks held until that fetch ends.
+    Split { lease: u64, blocks: u32, streams: usize },
 }
 
 /// A split fetch gives each connection at least this many bytes.
