@@ -19,6 +19,7 @@
 //!        [--peer-hash-thread on|off|auto]   (passed to both Managers; default auto)
 //!        [--peer-fill-streams N]            (passed to B; default: B's own default)
 //!        [--decoy-peer]                     (B also asks an empty Manager C: the probe path)
+//!        [--land-in-shm]                    (the baseline copies land in shared memory, as the fill does)
 //! Needs the `openssl` command for the TLS rows (skipped with the reason in the JSON otherwise).
 
 use std::io::{Read, Write};
@@ -301,18 +302,18 @@ struct Copied {
 /// caller's buffers), so `then_served` is the restore's like-for-like
 /// end-to-end baseline (bytes received into host memory, then into the
 /// destination; on a GPU host both would be the host-to-HBM copy).
-fn striped_copy<S, R>(src: &[Vec<u8>], streams: usize, send: S, recv: R) -> Copied
+fn striped_copy<S, R>(src: &[Vec<u8>], streams: usize, landing: Landing, send: S, recv: R) -> Copied
 where
     S: Fn(TcpStream, &[Vec<u8>]) + Send + Sync + Clone + 'static,
-    R: Fn(TcpStream, &mut [Vec<u8>]) + Send + Sync + Clone + 'static,
+    R: Fn(TcpStream, &mut [&mut [u8]]) + Send + Sync + Clone,
 {
     let total: usize = src.iter().map(Vec::len).sum();
     let per = src.len().div_ceil(streams.max(1));
-    let mut receivers = Vec::new();
     let mut senders = Vec::new();
+    let mut addrs = Vec::new();
     for range in src.chunks(per) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
-        let addr = l.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+        addrs.push(l.local_addr().unwrap_or_else(|e| panic!("addr: {e}")));
         let data: Vec<Vec<u8>> = range.to_vec();
         let send = send.clone();
         senders.push(std::thread::spawn(move || {
@@ -320,47 +321,81 @@ where
             let _ = s.set_nodelay(true);
             send(s, &data);
         }));
-        // Touched before the clock starts (as the peer restore's buffers are).
-        let dst: Vec<Vec<u8>> = range.iter().map(|v| vec![1u8; v.len()]).collect();
-        receivers.push((addr, dst));
     }
-    let start = Arc::new(std::sync::Barrier::new(receivers.len() + 1));
-    let threads: Vec<_> = receivers
-        .into_iter()
-        .map(|(addr, mut dst)| {
-            let (start, recv) = (start.clone(), recv.clone());
-            std::thread::spawn(move || {
+    // Touched before the clock starts (as the peer restore's arena is).
+    let mut heap: Vec<Vec<u8>>;
+    let segment;
+    let mut landed: Vec<&mut [u8]> = match landing {
+        Landing::Heap => {
+            heap = src.iter().map(|v| vec![1u8; v.len()]).collect();
+            heap.iter_mut().map(Vec::as_mut_slice).collect()
+        }
+        Landing::Shm => {
+            let size = (total as u64).next_multiple_of(4096);
+            segment =
+                orbitkv_shm::Segment::create("orbitkv-bench-landing", size, orbitkv_shm::PageSize::Base)
+                    .unwrap_or_else(|e| panic!("landing segment: {e}"));
+            // SAFETY: the segment is this function's own, never shared with another
+            // process or mapped twice; this is the only slice over it and it ends
+            // before `segment` is dropped at the end of this function.
+            let all =
+                unsafe { segment.mapping().slice_mut(0, total) }.unwrap_or_else(|e| panic!("slice: {e}"));
+            all.fill(1);
+            let mut out = Vec::new();
+            let mut rest = all;
+            for v in src {
+                let (head, tail) = rest.split_at_mut(v.len());
+                out.push(head);
+                rest = tail;
+            }
+            out
+        }
+    };
+    let start = std::sync::Barrier::new(addrs.len() + 1);
+    let copied = std::thread::scope(|scope| {
+        for (addr, dst) in addrs.iter().zip(landed.chunks_mut(per)) {
+            let (start, recv) = (&start, recv.clone());
+            scope.spawn(move || {
                 start.wait();
                 let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect: {e}"));
                 let _ = s.set_nodelay(true);
-                recv(s, &mut dst);
-                dst
-            })
-        })
-        .collect();
-    let t0 = Instant::now();
-    start.wait();
-    let got: Vec<Vec<u8>> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap_or_else(|_| panic!("a receiver panicked")))
-        .collect();
-    let copied = t0.elapsed();
+                recv(s, dst);
+            });
+        }
+        let t0 = Instant::now();
+        start.wait();
+        t0
+    });
+    let copied = copied.elapsed();
     for s in senders {
         let _ = s.join();
     }
+    let got: Vec<&[u8]> = landed.iter().map(|d| &**d).collect();
     let mut dst: Vec<Vec<u8>> = got.iter().map(|v| vec![2u8; v.len()]).collect();
     let served = copy_out_like_a_client(&got, &mut dst);
-    assert!(got == src && dst == src, "copied bytes differ");
+    assert!(
+        got.iter().zip(src).all(|(g, s)| *g == s.as_slice()) && dst == src,
+        "copied bytes differ"
+    );
     Copied {
         copy: gbps(total, copied),
         then_served: gbps(total, copied + served),
     }
 }
 
+/// Where a baseline copy lands: the receiver's own heap buffers (default), or
+/// one shared-memory segment of base pages like the Manager's arena
+/// (`--land-in-shm`, a diagnostic: the fill lands in such memory).
+#[derive(Clone, Copy)]
+enum Landing {
+    Heap,
+    Shm,
+}
+
 /// Copy `from` into `to` block by block, split in contiguous runs over
 /// `orbitkv_client::copy_threads` threads, as `Client::copy_out` does; the time taken.
-fn copy_out_like_a_client(from: &[Vec<u8>], to: &mut [Vec<u8>]) -> Duration {
-    let total: usize = from.iter().map(Vec::len).sum();
+fn copy_out_like_a_client(from: &[&[u8]], to: &mut [Vec<u8>]) -> Duration {
+    let total: usize = from.iter().map(|b| b.len()).sum();
     let threads = orbitkv_client::copy_threads(total);
     let t0 = Instant::now();
     if threads == 1 {
@@ -383,10 +418,11 @@ fn copy_out_like_a_client(from: &[Vec<u8>], to: &mut [Vec<u8>]) -> Duration {
 }
 
 /// Plain TCP copy of the same bytes over `streams` connections.
-fn tcp_copy(src: &[Vec<u8>], streams: usize) -> Copied {
+fn tcp_copy(src: &[Vec<u8>], streams: usize, landing: Landing) -> Copied {
     striped_copy(
         src,
         streams,
+        landing,
         |mut s, data| {
             for b in data {
                 s.write_all(b).unwrap_or_else(|e| panic!("write: {e}"));
@@ -443,11 +479,13 @@ fn tls_copy(
     cfg: &(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>),
     src: &[Vec<u8>],
     streams: usize,
+    landing: Landing,
 ) -> Copied {
     let (server, client) = cfg.clone();
     striped_copy(
         src,
         streams,
+        landing,
         move |s, data| {
             let conn = rustls::ServerConnection::new(server.clone()).unwrap_or_else(|e| panic!("tls: {e}"));
             let mut t = rustls::StreamOwned::new(conn, s);
@@ -531,6 +569,11 @@ fn main() {
     let have_tls = make_pki(&pki);
 
     // Interleaved per trial, so drift on a shared machine hits every row alike.
+    let landing = if args.iter().any(|a| a == "--land-in-shm") {
+        Landing::Shm
+    } else {
+        Landing::Heap
+    };
     let opts = Opts {
         hash_thread,
         streams,
@@ -560,10 +603,10 @@ fn main() {
     // The copy over as many connections as the fill, per trial (for paired ratios).
     let (mut tcp_like, mut tls_like) = (Vec::new(), Vec::new());
     for t in 0..trials {
-        let one = tcp_copy(&src, 1);
+        let one = tcp_copy(&src, 1, landing);
         tcp.push(one.copy);
         let like = if copy_streams > 1 {
-            let multi = tcp_copy(&src, copy_streams);
+            let multi = tcp_copy(&src, copy_streams, landing);
             tcp_multi.push(multi.copy);
             multi
         } else {
@@ -575,10 +618,10 @@ fn main() {
         plain.push(r);
         plain_fill.push(f);
         if let Some((cfg, p)) = &tls_setup {
-            let one = tls_copy(cfg, &src, 1);
+            let one = tls_copy(cfg, &src, 1, landing);
             tls.push(one.copy);
             let like = if copy_streams > 1 {
-                let multi = tls_copy(cfg, &src, copy_streams);
+                let multi = tls_copy(cfg, &src, copy_streams, landing);
                 tls_multi.push(multi.copy);
                 multi
             } else {
@@ -712,7 +755,11 @@ fn main() {
             );
         }
     }
-    let doc = serde_json::json!({
+    let landing_name = match landing {
+        Landing::Heap => "heap buffers",
+        Landing::Shm => "a shared-memory segment of base pages (--land-in-shm)",
+    };
+    let mut doc = serde_json::json!({
         "bench": "peer_restore",
         "what": "restore through Manager B of blocks saved on Manager A: B's lookup fetches from A over the peer transport into B's arena (checksummed), then acquire + copy out + release as for a local hit; median of interleaved trials, fresh hashes per trial, both Managers in this process on loopback",
         "baselines": "plain TCP copy and TLS-only copy (rustls TLS 1.3, mutual auth, handshake included) of the same blocks, same run, into the reader's own buffers, over one connection and (with a split fill) over as many connections as B's fill uses; and the copy over as many connections as the fill followed by the copy-out the restore ends with (`*_then_copy_out`: the end-to-end like-for-like baseline)",
@@ -758,12 +805,13 @@ fn main() {
         "peer_hash_thread": hash_thread,
         "peer_hash_thread_on": hash_thread_on,
         "peer_fill_streams": fill_streams,
-        "decoy_peer": opts.decoy,
         "available_parallelism": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "xxh3_gbps": hash_manager,
         "xxh3_path": orbitkv_manager::checksum::long_path(),
         "xxh3_crate_compile_time_gbps": hash_crate,
     });
+    doc["decoy_peer"] = serde_json::json!(opts.decoy);
+    doc["baselines_land_in"] = serde_json::json!(landing_name);
     if let Some(parent) = Path::new(&out).parent() {
         let _ = std::fs::create_dir_all(parent);
     }
