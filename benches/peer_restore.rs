@@ -292,6 +292,50 @@ struct Copied {
     then_served: f64,
 }
 
+/// One transport's figures (plain TCP or TLS), GB/s per trial.
+#[derive(Default)]
+struct Rows {
+    /// The copy over one connection.
+    one: Vec<f64>,
+    /// The copy over as many connections as B's fill uses (when more than one).
+    multi: Vec<f64>,
+    /// The like-for-like copy: `multi` with a split fill, else `one`.
+    like: Vec<f64>,
+    /// That copy, then copied out as a restore does.
+    served: Vec<f64>,
+    /// The peer restore and its fill.
+    restore: Vec<f64>,
+    fill: Vec<f64>,
+}
+
+impl Rows {
+    /// One trial: `copy(k)` copies over `k` connections; once over one, once
+    /// over `streams` when more, then the peer restore through `pair`.
+    fn trial(
+        &mut self,
+        copy: impl Fn(usize) -> Copied,
+        streams: usize,
+        pair: &Pair,
+        t: u32,
+        src: &[Vec<u8>],
+    ) {
+        let one = copy(1);
+        self.one.push(one.copy);
+        let like = if streams > 1 {
+            let multi = copy(streams);
+            self.multi.push(multi.copy);
+            multi
+        } else {
+            one
+        };
+        self.like.push(like.copy);
+        self.served.push(like.then_served);
+        let (r, f) = pair.trial(t, src);
+        self.restore.push(r);
+        self.fill.push(f);
+    }
+}
+
 /// Copy `src` over `streams` loopback connections, each carrying a contiguous
 /// range of the blocks (as a split peer fetch does): `send` writes a range on
 /// the accepted socket, `recv` reads it into the reader's own (pre-touched)
@@ -593,47 +637,31 @@ fn main() {
         .as_ref()
         .and_then(|v| v["peers"]["fill_streams"].as_u64());
     let tls_setup = have_tls.then(|| (tls_configs(&pki), pair(Some(&pki), bs, n * bs, &root, &opts)));
-    let (mut tcp, mut plain, mut tls, mut ptls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut plain_fill, mut tls_fill) = (Vec::new(), Vec::new());
     // With a split fetch, also a copy over as many connections: the like-for-like baseline.
     let copy_streams = fill_streams.map_or(1, |k| k as usize).max(1);
-    let (mut tcp_multi, mut tls_multi) = (Vec::new(), Vec::new());
-    // The like-for-like end-to-end baselines: over as many connections, then copied out.
-    let (mut tcp_served, mut tls_served) = (Vec::new(), Vec::new());
-    // The copy over as many connections as the fill, per trial (for paired ratios).
-    let (mut tcp_like, mut tls_like) = (Vec::new(), Vec::new());
+    let (mut plain_rows, mut tls_rows) = (Rows::default(), Rows::default());
     for t in 0..trials {
-        let one = tcp_copy(&src, 1, landing);
-        tcp.push(one.copy);
-        let like = if copy_streams > 1 {
-            let multi = tcp_copy(&src, copy_streams, landing);
-            tcp_multi.push(multi.copy);
-            multi
-        } else {
-            one
-        };
-        tcp_like.push(like.copy);
-        tcp_served.push(like.then_served);
-        let (r, f) = plain_pair.trial(t, &src);
-        plain.push(r);
-        plain_fill.push(f);
+        plain_rows.trial(|k| tcp_copy(&src, k, landing), copy_streams, &plain_pair, t, &src);
         if let Some((cfg, p)) = &tls_setup {
-            let one = tls_copy(cfg, &src, 1, landing);
-            tls.push(one.copy);
-            let like = if copy_streams > 1 {
-                let multi = tls_copy(cfg, &src, copy_streams, landing);
-                tls_multi.push(multi.copy);
-                multi
-            } else {
-                one
-            };
-            tls_like.push(like.copy);
-            tls_served.push(like.then_served);
-            let (r, f) = p.trial(t, &src);
-            ptls.push(r);
-            tls_fill.push(f);
+            tls_rows.trial(|k| tls_copy(cfg, &src, k, landing), copy_streams, p, t, &src);
         }
     }
+    let Rows {
+        one: tcp,
+        multi: tcp_multi,
+        like: tcp_like,
+        served: tcp_served,
+        restore: plain,
+        fill: plain_fill,
+    } = plain_rows;
+    let Rows {
+        one: tls,
+        multi: tls_multi,
+        like: tls_like,
+        served: tls_served,
+        restore: ptls,
+        fill: tls_fill,
+    } = tls_rows;
     plain_pair.stop();
     if let Some((_, p)) = tls_setup {
         p.stop();
