@@ -646,47 +646,45 @@ fn main() {
             tls_rows.trial(|k| tls_copy(cfg, &src, k, landing), copy_streams, p, t, &src);
         }
     }
+    // Per-trial ratios against the baseline run just before (slow drift of a
+    // shared host cancels out), then their median.
+    let paired =
+        |a: &[f64], b: &[f64]| (!a.is_empty()).then(|| median(a.iter().zip(b).map(|(x, y)| x / y).collect()));
+    let paired_plain_e2e = paired(&plain_rows.restore, &plain_rows.served);
+    let paired_fill_plain = paired(&plain_rows.fill, &plain_rows.like);
+    let paired_tls_e2e = paired(&tls_rows.restore, &tls_rows.served);
+    let paired_fill_tls = paired(&tls_rows.fill, &tls_rows.like);
+    let per_trial = serde_json::json!({
+        "tcp_copy_like": &plain_rows.like,
+        "tcp_copy_then_copy_out": &plain_rows.served,
+        "peer_restore_plain": &plain_rows.restore,
+        "peer_fill_plain": &plain_rows.fill,
+        "tls_copy_like": &tls_rows.like,
+        "tls_copy_then_copy_out": &tls_rows.served,
+        "peer_restore_tls": &tls_rows.restore,
+        "peer_fill_tls": &tls_rows.fill,
+    });
     let Rows {
         one: tcp,
         multi: tcp_multi,
-        like: tcp_like,
         served: tcp_served,
         restore: plain,
         fill: plain_fill,
+        ..
     } = plain_rows;
     let Rows {
         one: tls,
         multi: tls_multi,
-        like: tls_like,
         served: tls_served,
         restore: ptls,
         fill: tls_fill,
+        ..
     } = tls_rows;
     plain_pair.stop();
     if let Some((_, p)) = tls_setup {
         p.stop();
     }
     let (hash_crate, hash_manager) = hash_rates(&src, 3);
-    // Per-trial ratios against the baseline run just before (slow drift of a
-    // shared host cancels out), then their median.
-    let paired =
-        |a: &[f64], b: &[f64]| (!a.is_empty()).then(|| median(a.iter().zip(b).map(|(x, y)| x / y).collect()));
-    let paired_plain_e2e = paired(&plain, &tcp_served);
-    let paired_fill_plain = paired(&plain_fill, &tcp_like);
-    let paired_tls_e2e = paired(&ptls, &tls_served);
-    let paired_fill_tls = paired(&tls_fill, &tls_like);
-    let (tcp_like_all, tcp_served_all, plain_all, plain_fill_all) = (
-        tcp_like.clone(),
-        tcp_served.clone(),
-        plain.clone(),
-        plain_fill.clone(),
-    );
-    let (tls_like_all, tls_served_all, ptls_all, tls_fill_all) = (
-        tls_like.clone(),
-        tls_served.clone(),
-        ptls.clone(),
-        tls_fill.clone(),
-    );
     let (tcp, peer_plain, fill_plain) = (median(tcp), median(plain), median(plain_fill));
     let tcp_multi = (copy_streams > 1).then(|| median(tcp_multi));
     let tls_multi = (copy_streams > 1 && have_tls).then(|| median(tls_multi));
@@ -819,16 +817,7 @@ fn main() {
         "paired_median_fill_plain_vs_tcp_copy_like": paired_fill_plain,
         "paired_median_restore_tls_vs_tls_copy_then_copy_out": paired_tls_e2e,
         "paired_median_fill_tls_vs_tls_copy_like": paired_fill_tls,
-        "per_trial_gbps": {
-            "tcp_copy_like": tcp_like_all,
-            "tcp_copy_then_copy_out": tcp_served_all,
-            "peer_restore_plain": plain_all,
-            "peer_fill_plain": plain_fill_all,
-            "tls_copy_like": tls_like_all,
-            "tls_copy_then_copy_out": tls_served_all,
-            "peer_restore_tls": ptls_all,
-            "peer_fill_tls": tls_fill_all,
-        },
+        "per_trial_gbps": per_trial,
         "tls_note": tls_note,
         "peer_hash_thread": hash_thread,
         "peer_hash_thread_on": hash_thread_on,

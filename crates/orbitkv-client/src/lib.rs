@@ -841,8 +841,9 @@ fn check_count(n: usize) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// Threads [`Client::copy_out`] uses for one copy of `bytes`: one below 8 MiB (spawning costs more than
-/// it saves), else `ORBITKV_COPY_THREADS` or min(4, available cores).
+/// Threads [`Client::copy_out`] uses for one copy of `bytes`: one below 8 MiB
+/// (spawning costs more than it saves), else `ORBITKV_COPY_THREADS` or
+/// min(4, available cores).
 pub fn copy_threads(bytes: usize) -> usize {
     if bytes < (8 << 20) {
         return 1;
