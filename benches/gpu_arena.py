@@ -40,9 +40,26 @@ extern "C" __global__ void copy_blocks(const unsigned long long* src, const unsi
 def start_manager(dram: str, hugepages: str) -> tuple[subprocess.Popen[bytes], str]:
     d = tempfile.mkdtemp(prefix="orbitkv-gpu-")
     sock = os.path.join(d, "m.sock")
-    p = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", dram,
-                          "--segment-size", "1GiB", "--metrics-addr", "off", "--log-level", "warn",
-                          "--hugepages", hugepages])
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orbitkv",
+            "serve",
+            "--socket",
+            sock,
+            "--dram-size",
+            dram,
+            "--segment-size",
+            "1GiB",
+            "--metrics-addr",
+            "off",
+            "--log-level",
+            "warn",
+            "--hugepages",
+            hugepages,
+        ]
+    )
     for _ in range(600):
         try:
             _native.Client(sock).close()
@@ -137,8 +154,11 @@ def main() -> int:
             # Contiguous pinned DMA of the same byte count (PCIe ceiling).
             pinned = cp.cuda.alloc_pinned_memory(nbytes)
             big = cp.empty(nbytes, dtype=cp.uint8)
-            t_dma = timed(lambda: cp.cuda.runtime.memcpyAsync(big.data.ptr, pinned.ptr, nbytes, 1,
-                                                              cp.cuda.get_current_stream().ptr))
+            t_dma = timed(
+                lambda: cp.cuda.runtime.memcpyAsync(
+                    big.data.ptr, pinned.ptr, nbytes, 1, cp.cuda.get_current_stream().ptr
+                )
+            )
 
             # Save path: scatter GPU pages → fresh arena slots → commit; verify from another client.
             hashes2 = [key(2, bb, i) for i in range(nblocks)]
@@ -159,12 +179,15 @@ def main() -> int:
             save_ok = bool(np.array_equal(out, data))
             engine.release(lease)
             row = {
-                "block_bytes": bb, "blocks": nblocks, "bytes": nbytes,
+                "block_bytes": bb,
+                "blocks": nblocks,
+                "bytes": nbytes,
                 "restore_kernel_gbps": nbytes / t_kernel / 1e9,
                 "restore_per_block_memcpy_gbps": nbytes / t_memcpy / 1e9,
                 "save_kernel_gbps": nbytes / t_save / 1e9,
                 "contiguous_pinned_h2d_gbps": nbytes / t_dma / 1e9,
-                "restore_bytes_exact": restore_ok, "save_bytes_exact": save_ok,
+                "restore_bytes_exact": restore_ok,
+                "save_bytes_exact": save_ok,
             }
             print(json.dumps(row), flush=True)
             results["sizes"].append(row)  # type: ignore[union-attr]

@@ -251,9 +251,12 @@ def main() -> int:
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "manager_scaling.json"))
-    ap.add_argument("--manager-args", default="", help="more `orbitkv serve` flags, e.g. \"--cache-policy lru\"")
-    ap.add_argument("--ops", default="lookup,lookup_quiet,lookup_acked,save,echo,echo_quiet",
-                    help="which operations and baselines to run (comma-separated)")
+    ap.add_argument("--manager-args", default="", help='more `orbitkv serve` flags, e.g. "--cache-policy lru"')
+    ap.add_argument(
+        "--ops",
+        default="lookup,lookup_quiet,lookup_acked,save,echo,echo_quiet",
+        help="which operations and baselines to run (comma-separated)",
+    )
     a = ap.parse_args()
     counts = [int(x) for x in a.clients.split(",")]
     ops = set(a.ops.split(","))
@@ -305,8 +308,12 @@ def main() -> int:
                 row[op]["vs_ideal_linear"] = row[op]["ops_per_s"] / ideal
         # The ratio (against two echo round trips), and against an echo of
         # exactly the messages each op exchanges.
-        for op, echo in (("lookup", "echo"), ("lookup_quiet", "echo"), ("lookup_quiet", "echo_quiet"),
-                         ("lookup_acked", "echo")):
+        for op, echo in (
+            ("lookup", "echo"),
+            ("lookup_quiet", "echo"),
+            ("lookup_quiet", "echo_quiet"),
+            ("lookup_acked", "echo"),
+        ):
             if op in row and echo in row:
                 row[f"{op}_vs_{echo}"] = row[op]["ops_per_s"] / row[echo]["ops_per_s"]
     doc = {

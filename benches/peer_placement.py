@@ -156,10 +156,25 @@ def main() -> int:
             cu, pu = f"http://127.0.0.1:{cp}", f"http://127.0.0.1:{pp}"
             procs.append(
                 subprocess.Popen(
-                    [etcd, "--name", "b", "--data-dir", f"{tmp}/etcd", "--listen-client-urls", cu,
-                     "--advertise-client-urls", cu, "--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
-                     "--initial-cluster", f"b={pu}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    [
+                        etcd,
+                        "--name",
+                        "b",
+                        "--data-dir",
+                        f"{tmp}/etcd",
+                        "--listen-client-urls",
+                        cu,
+                        "--advertise-client-urls",
+                        cu,
+                        "--listen-peer-urls",
+                        pu,
+                        "--initial-advertise-peer-urls",
+                        pu,
+                        "--initial-cluster",
+                        f"b={pu}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                 )
             )
             wait(lambda: socket.create_connection(("127.0.0.1", cp), timeout=1).close() is None, "etcd")

@@ -155,10 +155,18 @@ def timed_loop(n: int, op: Any) -> tuple[list[float], float]:
     return lat, time.perf_counter() - t0
 
 
-def point(size: int, n: int, put: tuple[list[float], float], get: tuple[list[float], float], wrong: int | None,
-          **extra: Any) -> dict[str, Any]:
-    return {"ops": n, "put_gbps": n * size / put[1] / 1e9, "get_gbps": n * size / get[1] / 1e9,
-            "put_lat_us": put[0], "get_lat_us": get[0], "wrong_bytes": wrong, **extra}
+def point(
+    size: int, n: int, put: tuple[list[float], float], get: tuple[list[float], float], wrong: int | None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "ops": n,
+        "put_gbps": n * size / put[1] / 1e9,
+        "get_gbps": n * size / get[1] / 1e9,
+        "put_lat_us": put[0],
+        "get_lat_us": get[0],
+        "wrong_bytes": wrong,
+        **extra,
+    }
 
 
 class Memcpy(System):
@@ -209,9 +217,26 @@ class RedisServer:
         log = os.path.join(d, "redis.log")
         with open(log, "wb") as f:
             self.proc = subprocess.Popen(
-                [exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-                 "--dir", d, "--protected-mode", "yes", "--loglevel", "warning"],
-                stdout=f, stderr=subprocess.STDOUT)
+                [
+                    exe,
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    d,
+                    "--protected-mode",
+                    "yes",
+                    "--loglevel",
+                    "warning",
+                ],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
 
         def up() -> bool:
             try:
@@ -242,13 +267,34 @@ class RedisC(System):
         self.exe = exe
         if REDIS.proc is None:
             REDIS.start(work)
-        return {"server": REDIS.version, "client": "redis-benchmark -c 1 -P 1 --csv",
-                "bytes_checked": False}
+        return {"server": REDIS.version, "client": "redis-benchmark -c 1 -P 1 --csv", "bytes_checked": False}
 
     def run(self, blocks: Blocks, size: int, n: int, tag: str) -> dict[str, Any]:
-        r = subprocess.run([self.exe, "-h", "127.0.0.1", "-p", str(REDIS.port), "-t", "set,get", "-d", str(size),
-                            "-n", str(n), "-c", "1", "-P", "1", "--csv", "--precision", "3"],
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [
+                self.exe,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(REDIS.port),
+                "-t",
+                "set,get",
+                "-d",
+                str(size),
+                "-n",
+                str(n),
+                "-c",
+                "1",
+                "-P",
+                "1",
+                "--csv",
+                "--precision",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"redis-benchmark failed ({r.returncode}): {r.stderr.strip()[-500:]}")
         rows = {row["test"]: row for row in csv.DictReader(io.StringIO(r.stdout))}
@@ -307,6 +353,7 @@ class Mooncake(System):
             from importlib.metadata import version
 
             from mooncake.store import MooncakeDistributedStore
+
             ver = version("mooncake-transfer-engine-non-cuda")
         except Exception as e:  # ImportError, or a missing shared library (OSError)
             raise Unavailable(f"import mooncake.store failed: {type(e).__name__}: {e}") from e
@@ -318,11 +365,23 @@ class Mooncake(System):
         self.procs: list[subprocess.Popen[bytes]] = []
         mlog = os.path.join(self.d, "master.log")
         with open(mlog, "wb") as f:
-            self.procs.append(subprocess.Popen(
-                [os.path.join(bindir, "mooncake_master"), "--rpc_address=127.0.0.1", f"--rpc_port={rpc}",
-                 "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-                 f"--http_metadata_server_port={meta}", "--metrics_host=127.0.0.1", f"--metrics_port={metrics}"],
-                stdout=f, stderr=subprocess.STDOUT, cwd=self.d))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        os.path.join(bindir, "mooncake_master"),
+                        "--rpc_address=127.0.0.1",
+                        f"--rpc_port={rpc}",
+                        "--enable_http_metadata_server=true",
+                        "--http_metadata_server_host=127.0.0.1",
+                        f"--http_metadata_server_port={meta}",
+                        "--metrics_host=127.0.0.1",
+                        f"--metrics_port={metrics}",
+                    ],
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.d,
+                )
+            )
 
         def listening(port: int) -> Any:
             def up() -> bool:
@@ -331,6 +390,7 @@ class Mooncake(System):
                     return True
                 except OSError:
                     return False
+
             return up
 
         wait_for(listening(rpc), "mooncake_master", self.procs[0], mlog)
@@ -341,22 +401,44 @@ class Mooncake(System):
             slog = os.path.join(self.d, "store.log")
             port = free_port()
             with open(slog, "wb") as f:
-                self.procs.append(subprocess.Popen(
-                    [os.path.join(bindir, "mooncake_client"), "--host=127.0.0.1", f"--port={port}",
-                     f"--global_segment_size={segment}", f"--master_server_address=127.0.0.1:{rpc}",
-                     f"--metadata_server={metadata}", "--protocol=tcp"],
-                    stdout=f, stderr=subprocess.STDOUT, cwd=self.d))
+                self.procs.append(
+                    subprocess.Popen(
+                        [
+                            os.path.join(bindir, "mooncake_client"),
+                            "--host=127.0.0.1",
+                            f"--port={port}",
+                            f"--global_segment_size={segment}",
+                            f"--master_server_address=127.0.0.1:{rpc}",
+                            f"--metadata_server={metadata}",
+                            "--protocol=tcp",
+                        ],
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        cwd=self.d,
+                    )
+                )
             wait_for(listening(port), "mooncake_client (store process)", self.procs[1], slog)
         self.store = MooncakeDistributedStore()
-        rc = self.store.setup("127.0.0.1", metadata, segment if self.local_segment else 0, 2 * max_size + 16 * MiB,
-                              "tcp", "", f"127.0.0.1:{rpc}")
+        rc = self.store.setup(
+            "127.0.0.1",
+            metadata,
+            segment if self.local_segment else 0,
+            2 * max_size + 16 * MiB,
+            "tcp",
+            "",
+            f"127.0.0.1:{rpc}",
+        )
         if rc != 0:
             raise Unavailable(f"MooncakeDistributedStore.setup returned {rc}")
         self.dst = np.zeros(max_size, dtype=np.uint8)
         self.registered = False
-        return {"package": f"mooncake-transfer-engine-non-cuda {ver}", "protocol": "tcp",
-                "segment": "mounted by this client" if self.local_segment else "in a separate mooncake_client process",
-                "api": "put_from / get_into on registered buffers", "bytes_checked": True}
+        return {
+            "package": f"mooncake-transfer-engine-non-cuda {ver}",
+            "protocol": "tcp",
+            "segment": "mounted by this client" if self.local_segment else "in a separate mooncake_client process",
+            "api": "put_from / get_into on registered buffers",
+            "bytes_checked": True,
+        }
 
     def run(self, blocks: Blocks, size: int, n: int, tag: str) -> dict[str, Any]:
         s = self.store
@@ -418,9 +500,25 @@ class OrbitKV(System):
         log = os.path.join(self.d, "manager.log")
         with open(log, "wb") as f:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", str(dram),
-                 "--segment-size", str(seg), "--metrics-addr", "off", "--log-level", "warn"],
-                stdout=f, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "orbitkv",
+                    "serve",
+                    "--socket",
+                    sock,
+                    "--dram-size",
+                    str(dram),
+                    "--segment-size",
+                    str(seg),
+                    "--metrics-addr",
+                    "off",
+                    "--log-level",
+                    "warn",
+                ],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
 
         def up() -> bool:
             try:
@@ -432,8 +530,13 @@ class OrbitKV(System):
         wait_for(up, "orbitkv serve", self.proc, log)
         self.c = _native.Client(sock, timeout_ms=60000)
         self.dst = np.zeros(max_size, dtype=np.uint8)
-        return {"version": _native.__version__, "dram_bytes": dram, "segment_bytes": seg,
-                "api": "save (put); lookup + restore + release (get)", "bytes_checked": True}
+        return {
+            "version": _native.__version__,
+            "dram_bytes": dram,
+            "segment_bytes": seg,
+            "api": "save (put); lookup + restore + release (get)",
+            "bytes_checked": True,
+        }
 
     def run(self, blocks: Blocks, size: int, n: int, tag: str) -> dict[str, Any]:
         from orbitkv.hashing import fingerprint
@@ -480,8 +583,16 @@ class OrbitKV(System):
         # Frees this point's blocks (the Manager frees a reset generation's blocks), so the
         # next point never evicts and the arena needs to hold one point only.
         c.reset_generation(ns)
-        return point(size, n, p, (lat, total), wrong, misses=misses, evictions=evictions,
-                     get_phase_p50_us={k: statistics.median(v) for k, v in phases.items()})
+        return point(
+            size,
+            n,
+            p,
+            (lat, total),
+            wrong,
+            misses=misses,
+            evictions=evictions,
+            get_phase_p50_us={k: statistics.median(v) for k, v in phases.items()},
+        )
 
     def stop(self) -> None:
         if hasattr(self, "c"):
@@ -501,8 +612,10 @@ class OrbitKVMapped(OrbitKV):
 
     def start(self, work: str, max_size: int, working_set: int) -> dict[str, Any]:
         info = super().start(work, max_size, working_set)
-        info["api"] = ("begin_save + memmove into the slot + commit_save (put); lookup + acquire + memmove "
-                       "out of the slot + release (get)")
+        info["api"] = (
+            "begin_save + memmove into the slot + commit_save (put); lookup + acquire + memmove "
+            "out of the slot + release (get)"
+        )
         return info
 
     def run(self, blocks: Blocks, size: int, n: int, tag: str) -> dict[str, Any]:
@@ -541,7 +654,7 @@ class OrbitKVMapped(OrbitKV):
             lease = c.lookup(ns, [hashes[i]])
             hit = lease.hit_blocks
             if hit:
-                (seg, off), = c.acquire(lease)
+                ((seg, off),) = c.acquire(lease)
                 ctypes.memmove(da, addr(seg) + off, size)
             c.release(lease)
             d = (time.perf_counter_ns() - t) / 1e3
@@ -558,7 +671,8 @@ class OrbitKVMapped(OrbitKV):
 
 
 CLASSES: dict[str, type[System]] = {
-    c.name: c for c in (Memcpy, RedisC, RedisPy, Mooncake, MooncakeLocal, OrbitKV, OrbitKVMapped)}
+    c.name: c for c in (Memcpy, RedisC, RedisPy, Mooncake, MooncakeLocal, OrbitKV, OrbitKVMapped)
+}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -574,8 +688,13 @@ def summarise(points: list[dict[str, Any]], size: int) -> dict[str, Any]:
         out[f"{op}_gbps"] = statistics.median(g)
         if f"{op}_lat_us" in points[0]:
             lat = [x for p in points for x in p[f"{op}_lat_us"]]
-            out[f"{op}_lat_us"] = {"p50": pct(lat, 0.5), "p90": pct(lat, 0.9), "p99": pct(lat, 0.99),
-                                   "min": min(lat), "max": max(lat)}
+            out[f"{op}_lat_us"] = {
+                "p50": pct(lat, 0.5),
+                "p90": pct(lat, 0.9),
+                "p99": pct(lat, 0.99),
+                "min": min(lat),
+                "max": max(lat),
+            }
         else:  # redis-benchmark: percentiles per rep, the median of each over reps
             keys = points[0][f"{op}_pct_us"].keys()
             out[f"{op}_lat_us"] = {k: statistics.median(p[f"{op}_pct_us"][k] for p in points) for k in keys}
@@ -587,8 +706,9 @@ def summarise(points: list[dict[str, Any]], size: int) -> dict[str, Any]:
         if k in points[0]:
             out[k] = sum(p[k] for p in points)
     if "get_phase_p50_us" in points[0]:  # median over reps of each rep's median
-        out["get_phase_p50_us"] = {k: statistics.median(p["get_phase_p50_us"][k] for p in points)
-                                   for k in points[0]["get_phase_p50_us"]}
+        out["get_phase_p50_us"] = {
+            k: statistics.median(p["get_phase_p50_us"][k] for p in points) for k in points[0]["get_phase_p50_us"]
+        }
     return out
 
 
@@ -599,18 +719,26 @@ def plot_gbps(doc: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    cells = [(axes[r][c], op, metric, ylabel) for r, (metric, ylabel) in enumerate(
-        (("gbps", "GB/s: bytes / time of all ops (median of reps)"),
-         ("gbps_at_p50", "GB/s: block / p50 latency")))
-        for c, op in enumerate(("put", "get"))]
+    cells = [
+        (axes[r][c], op, metric, ylabel)
+        for r, (metric, ylabel) in enumerate(
+            (("gbps", "GB/s: bytes / time of all ops (median of reps)"), ("gbps_at_p50", "GB/s: block / p50 latency"))
+        )
+        for c, op in enumerate(("put", "get"))
+    ]
     for ax, op, metric, ylabel in cells:
         title = f"{op} ({'save' if op == 'put' else 'restore'}), one client"
         for name, s in doc["systems"].items():
             if s["status"] != "ok":
                 continue
             sizes = [int(k) for k in s["points"]]
-            ax.plot(sizes, [s["points"][str(z)][f"{op}_{metric}"] for z in sizes], marker="o",
-                    linestyle="--" if name == "memcpy" else "-", label=name)
+            ax.plot(
+                sizes,
+                [s["points"][str(z)][f"{op}_{metric}"] for z in sizes],
+                marker="o",
+                linestyle="--" if name == "memcpy" else "-",
+                label=name,
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(doc["sizes"], [size_name(z) for z in doc["sizes"]])
@@ -644,8 +772,12 @@ def plot_latency(doc: dict[str, Any], path: str) -> None:
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
             else:  # redis-benchmark reports percentiles only
                 p = s["points"][key][f"{op}_lat_us"]
-                ax.plot([p["min"], p["p50"], p["p95"], p["p99"], p["max"]], [0, 0.5, 0.95, 0.99, 1.0], "s:",
-                        label=f"{name} (min/p50/p95/p99/max)")
+                ax.plot(
+                    [p["min"], p["p50"], p["p95"], p["p99"], p["max"]],
+                    [0, 0.5, 0.95, 0.99, 1.0],
+                    "s:",
+                    label=f"{name} (min/p50/p95/p99/max)",
+                )
         ax.set_xscale("log")
         ax.set_xlabel("latency per operation (µs)")
         ax.set_ylabel("fraction of operations")
@@ -662,8 +794,10 @@ def plot_latency(doc: dict[str, Any], path: str) -> None:
 def markdown(doc: dict[str, Any]) -> str:
     """The table for docs/performance.md: per system and size, GB/s (median of reps, total
     bytes / total time) and p50 / p99 latency, put then get."""
-    lines = ["| system | block | put GB/s | put p50 / p99 µs | get GB/s | get p50 / p99 µs |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| system | block | put GB/s | put p50 / p99 µs | get GB/s | get p50 / p99 µs |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, s in doc["systems"].items():
         if s["status"] != "ok":
             lines.append(f"| {name} | all | unavailable: {s['reason']} | | | |")
@@ -719,13 +853,20 @@ def main() -> int:
     work = a.workdir or ("/var/tmp" if os.path.isdir("/var/tmp") else tempfile.gettempdir())
     blocks = Blocks(max_size, a.seed)
     cpus = os.cpu_count() or 0
-    summary = (f"{platform.machine()}, {cpus} CPUs, {platform.system()} {platform.release()}, one client, "
-               f"median of {a.reps} interleaved reps")
-    doc: dict[str, Any] = {"bench": "peers", "machine": {"cpus": cpus, "summary": summary,
-                                                         "python": platform.python_version()},
-                           "sizes": sizes, "reps": a.reps, "warmup_reps": a.warmup,
-                           "ops": {str(z): ops[z] for z in sizes},
-                           "systems": {}, "latency_samples_us": {}}
+    summary = (
+        f"{platform.machine()}, {cpus} CPUs, {platform.system()} {platform.release()}, one client, "
+        f"median of {a.reps} interleaved reps"
+    )
+    doc: dict[str, Any] = {
+        "bench": "peers",
+        "machine": {"cpus": cpus, "summary": summary, "python": platform.python_version()},
+        "sizes": sizes,
+        "reps": a.reps,
+        "warmup_reps": a.warmup,
+        "ops": {str(z): ops[z] for z in sizes},
+        "systems": {},
+        "latency_samples_us": {},
+    }
     live: dict[str, System] = {}
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {}
     try:
@@ -749,8 +890,11 @@ def main() -> int:
                         raw[name][z].append(r)
                     elif r["wrong_bytes"]:
                         raise SystemExit(f"peers: {name} returned {r['wrong_bytes']} wrong bytes in the warm-up")
-                    print(f"rep {rep} {size_name(z):>7} {name:>15}: put {r['put_gbps']:7.3f} GB/s  "
-                          f"get {r['get_gbps']:7.3f} GB/s  wrong bytes {r['wrong_bytes']}", flush=True)
+                    print(
+                        f"rep {rep} {size_name(z):>7} {name:>15}: put {r['put_gbps']:7.3f} GB/s  "
+                        f"get {r['get_gbps']:7.3f} GB/s  wrong bytes {r['wrong_bytes']}",
+                        flush=True,
+                    )
     finally:
         for sysobj in live.values():
             sysobj.stop()
@@ -759,7 +903,8 @@ def main() -> int:
         doc["systems"][name]["points"] = {str(z): summarise(raw[name][z], z) for z in sizes}
         if LATENCY_SIZE in sizes and "put_lat_us" in raw[name][LATENCY_SIZE][0]:
             doc["latency_samples_us"][name] = {
-                op: [x for p in raw[name][LATENCY_SIZE] for x in p[f"{op}_lat_us"]] for op in ("put", "get")}
+                op: [x for p in raw[name][LATENCY_SIZE] for x in p[f"{op}_lat_us"]] for op in ("put", "get")
+            }
     key = str(LATENCY_SIZE)
 
     def g(name: str, metric: str) -> float | None:

@@ -107,6 +107,7 @@ def summary(times: Sequence[float], nbytes: int | None = None) -> dict[str, floa
 
 # ---- host information ----------------------------------------------------------------
 
+
 def cuda_driver_version() -> str | None:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
@@ -124,8 +125,13 @@ def nvidia_smi(index: int) -> dict[str, str] | str:
         return "nvidia-smi not on PATH"
     fields = "driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total,power.limit"
     try:
-        out = subprocess.run([exe, f"--id={index}", f"--query-gpu={fields}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        out = subprocess.run(
+            [exe, f"--id={index}", f"--query-gpu={fields}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as e:
         return f"nvidia-smi failed: {e}"
     return dict(zip(fields.split(","), (v.strip() for v in out.split(",")), strict=False))
@@ -150,16 +156,22 @@ def host_info(dev: Dev) -> dict[str, Any]:
     if dev.cuda:
         idx = dev.device.index if dev.device.index is not None else torch.cuda.current_device()
         p = torch.cuda.get_device_properties(idx)
-        info.update({
-            "device_name": p.name, "compute_capability": f"{p.major}.{p.minor}", "gpu_memory_bytes": p.total_memory,
-            "cuda_driver_api": cuda_driver_version(), "nvidia_smi": nvidia_smi(idx),
-        })
+        info.update(
+            {
+                "device_name": p.name,
+                "compute_capability": f"{p.major}.{p.minor}",
+                "gpu_memory_bytes": p.total_memory,
+                "cuda_driver_api": cuda_driver_version(),
+                "nvidia_smi": nvidia_smi(idx),
+            }
+        )
     else:
         info["device_name"] = platform.processor() or platform.machine()
     return info
 
 
 # ---- the Manager -----------------------------------------------------------------------
+
 
 def start_manager(dram: int, segment: int) -> tuple[subprocess.Popen[bytes], str, str]:
     d = tempfile.mkdtemp(prefix="orbitkv-qualify-")  # 0700: the Manager refuses a shared socket dir
@@ -215,20 +227,34 @@ def begin_save_all(client: Any, ns: Any, hashes: Sequence[bytes]) -> tuple[list[
         if bad:
             for q in pendings:
                 client.abort_save(q)
-            raise SystemExit(f"begin_save could not allocate {len(bad)} blocks ({bad[0]}): the arena is too small "
-                             "for this case (start the Manager with a larger --dram-size)")
+            raise SystemExit(
+                f"begin_save could not allocate {len(bad)} blocks ({bad[0]}): the arena is too small "
+                "for this case (start the Manager with a larger --dram-size)"
+            )
         slots += [s for s in p.slots if s is not None]
     return pendings, slots
 
 
 # ---- transfers ---------------------------------------------------------------------------
 
-def transfer_case(client: Any, arena: Any, host: dict[int, torch.Tensor], dev: Dev, size: int, total: int,
-                  per_block_max: int, reps: int, salt: bytes, kernel: str) -> dict[str, Any]:
+
+def transfer_case(
+    client: Any,
+    arena: Any,
+    host: dict[int, torch.Tensor],
+    dev: Dev,
+    size: int,
+    total: int,
+    per_block_max: int,
+    reps: int,
+    salt: bytes,
+    kernel: str,
+) -> dict[str, Any]:
     n = max(8, total // size)
     nbytes = n * size
-    ns = client.register_namespace(hashing.fingerprint(bench="qualify_gpu.transfers", block_bytes=size), size,
-                                   salt=salt)
+    ns = client.register_namespace(
+        hashing.fingerprint(bench="qualify_gpu.transfers", block_bytes=size), size, salt=salt
+    )
     hashes = [hashlib.sha256(b"%d/%d/%s" % (size, i, kernel.encode()) + salt).digest() for i in range(n)]
     pendings, slots = begin_save_all(client, ns, hashes)
     rng = random.Random(size)
@@ -236,8 +262,15 @@ def transfer_case(client: Any, arena: Any, host: dict[int, torch.Tensor], dev: D
     num_blocks = 2 * n
     backing = torch.empty(num_blocks * size, dtype=torch.uint8, device=dev.device)
     pages = backing.view(num_blocks, size)
-    layer = LayerPages(backing=backing, base=0, block_stride=size, shape=(1, 1, 1, size),
-                       strides=(size, size, size, 1), page_bytes=size, num_blocks=num_blocks)
+    layer = LayerPages(
+        backing=backing,
+        base=0,
+        block_stride=size,
+        shape=(1, 1, 1, size),
+        strides=(size, size, size, 1),
+        page_bytes=size,
+        num_blocks=num_blocks,
+    )
     engine = CopyEngine([layer], arena, kernel=kernel)
     gen = torch.Generator().manual_seed(size)
     ids_t = torch.randperm(num_blocks, generator=gen)[:n]
@@ -245,8 +278,13 @@ def transfer_case(client: Any, arena: Any, host: dict[int, torch.Tensor], dev: D
     ids_dev = ids_t.to(dev.device)
     dgen = torch.Generator(device=dev.device).manual_seed(size)  # random bytes made where the pages live
     torch.randint(0, 256, (backing.numel(),), dtype=torch.uint8, generator=dgen, device=dev.device, out=backing)
-    row: dict[str, Any] = {"block_bytes": size, "blocks": n, "bytes": nbytes, "kernel": engine.kernel,
-                           "slots": "int64 arrays, as Client.acquire_packed / PendingSave.packed_slots give them"}
+    row: dict[str, Any] = {
+        "block_bytes": size,
+        "blocks": n,
+        "bytes": nbytes,
+        "kernel": engine.kernel,
+        "slots": "int64 arrays, as Client.acquire_packed / PendingSave.packed_slots give them",
+    }
     slots_np = np.asarray(slots, dtype=np.int64).reshape(-1, 2)
     ids_np = ids_t.numpy()
 
@@ -263,8 +301,9 @@ def transfer_case(client: Any, arena: Any, host: dict[int, torch.Tensor], dev: D
     row["gather"] = summary(dev.timed(gather, reps), nbytes)
     mask = torch.ones(num_blocks, dtype=torch.bool)
     mask[ids_t] = False
-    row["gather"]["bytes_exact"] = bool(torch.equal(pages.index_select(0, ids_dev).cpu(), want)
-                                        and torch.all(pages[mask.to(dev.device)] == 0x5A).item())
+    row["gather"]["bytes_exact"] = bool(
+        torch.equal(pages.index_select(0, ids_dev).cpu(), want) and torch.all(pages[mask.to(dev.device)] == 0x5A).item()
+    )
 
     # baseline: contiguous pinned DMA of the same bytes (host memcpy on a CPU device)
     staging = torch.empty(nbytes, dtype=torch.uint8, pin_memory=dev.cuda)
@@ -297,6 +336,7 @@ def transfer_case(client: Any, arena: Any, host: dict[int, torch.Tensor], dev: D
 
 # ---- restore vs recompute -----------------------------------------------------------------
 
+
 def layer_kv(cache: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     layers = getattr(cache, "layers", None)
     if layers is not None:  # transformers >= 4.56
@@ -308,44 +348,67 @@ class PagedKV:
     """vLLM-style paged KV (the FlashAttention layout): one uint8 backing allocation and
     per layer a `[2, num_blocks, block_size, kv_heads, head_dim]` view (K, V)."""
 
-    def __init__(self, layers: int, num_blocks: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, layers: int, num_blocks: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         item = torch.empty((), dtype=dtype).element_size()
         self.num_blocks, self.kv_heads, self.head_dim, self.row = num_blocks, kv_heads, head_dim, head_dim * item
         self.half = BLOCK_SIZE * kv_heads * self.row
         self.layer_bytes = 2 * num_blocks * self.half
         self.backing = torch.empty(layers * self.layer_bytes, dtype=torch.uint8, device=device)
-        self.kv = [self.backing[i * self.layer_bytes : (i + 1) * self.layer_bytes].view(dtype)
-                   .view(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim) for i in range(layers)]
+        self.kv = [
+            self.backing[i * self.layer_bytes : (i + 1) * self.layer_bytes]
+            .view(dtype)
+            .view(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+            for i in range(layers)
+        ]
 
     def layer_pages(self) -> list[LayerPages]:
-        return [LayerPages(backing=self.backing, base=i * self.layer_bytes, block_stride=self.half,
-                           shape=(2, BLOCK_SIZE, self.kv_heads, self.row),
-                           strides=(self.num_blocks * self.half, self.kv_heads * self.row, self.row, 1),
-                           page_bytes=2 * self.half, num_blocks=self.num_blocks) for i in range(len(self.kv))]
+        return [
+            LayerPages(
+                backing=self.backing,
+                base=i * self.layer_bytes,
+                block_stride=self.half,
+                shape=(2, BLOCK_SIZE, self.kv_heads, self.row),
+                strides=(self.num_blocks * self.half, self.kv_heads * self.row, self.row, 1),
+                page_bytes=2 * self.half,
+                num_blocks=self.num_blocks,
+            )
+            for i in range(len(self.kv))
+        ]
 
     def write(self, cache: Any, block_ids: torch.Tensor) -> None:
         n = len(block_ids) * BLOCK_SIZE
         for i, kv in enumerate(self.kv):
             for j, t in enumerate(layer_kv(cache, i)):
-                kv[j].index_copy_(0, block_ids, t[0, :, :n].transpose(0, 1)
-                                  .reshape(len(block_ids), BLOCK_SIZE, self.kv_heads, self.head_dim))
+                kv[j].index_copy_(
+                    0,
+                    block_ids,
+                    t[0, :, :n].transpose(0, 1).reshape(len(block_ids), BLOCK_SIZE, self.kv_heads, self.head_dim),
+                )
 
 
 def build_model(shape: dict[str, int], dev: Dev, dtype: torch.dtype, max_tokens: int) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
-                      num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                      num_key_value_heads=shape["kv_heads"], vocab_size=shape["vocab"],
-                      max_position_embeddings=max(max_tokens + 1024, 8192), attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        vocab_size=shape["vocab"],
+        max_position_embeddings=max(max_tokens + 1024, 8192),
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     with torch.device(dev.device):
         return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
-def raw_gather(arena: Any, segments: Sequence[tuple[int, int]], row_bytes: int, rows: int, dev: Dev,
-               reps: int) -> dict[str, float]:
+def raw_gather(
+    arena: Any, segments: Sequence[tuple[int, int]], row_bytes: int, rows: int, dev: Dev, reps: int
+) -> dict[str, float]:
     """The ceiling: one index_select per arena segment of `rows` random `row_bytes` rows
     (the per-layer page size) into GPU memory, no Manager and no engine bookkeeping."""
     views, counts = [], []
@@ -371,9 +434,18 @@ def raw_gather(arena: Any, segments: Sequence[tuple[int, int]], row_bytes: int, 
     return summary(dev.timed(gather, reps), rows * row_bytes)
 
 
-def restore_vs_recompute(client: Any, arena: Any, dev: Dev, model: Any, shape: dict[str, int],
-                         dtype: torch.dtype, tokens: int, reps: int, salt: bytes,
-                         kernels: Sequence[str]) -> dict[str, Any]:
+def restore_vs_recompute(
+    client: Any,
+    arena: Any,
+    dev: Dev,
+    model: Any,
+    shape: dict[str, int],
+    dtype: torch.dtype,
+    tokens: int,
+    reps: int,
+    salt: bytes,
+    kernels: Sequence[str],
+) -> dict[str, Any]:
     cfg = model.config
     layers, kvh = cfg.num_hidden_layers, cfg.num_key_value_heads
     head_dim = cfg.hidden_size // cfg.num_attention_heads
@@ -401,8 +473,14 @@ def restore_vs_recompute(client: Any, arena: Any, dev: Dev, model: Any, shape: d
     engine = CopyEngine(paged.layer_pages(), arena)
     kv_bytes = nblk * engine.block_bytes
     row.update({"blocks": nblk, "block_bytes": engine.block_bytes, "kv_bytes": kv_bytes})
-    fp = hashing.fingerprint(bench="qualify_gpu.restore", layers=layers, kv_heads=kvh, head_dim=head_dim,
-                             dtype=str(dtype), block_size=BLOCK_SIZE)
+    fp = hashing.fingerprint(
+        bench="qualify_gpu.restore",
+        layers=layers,
+        kv_heads=kvh,
+        head_dim=head_dim,
+        dtype=str(dtype),
+        block_size=BLOCK_SIZE,
+    )
     ns = client.register_namespace(fp, engine.block_bytes, salt=salt)
     hashes = hashing.chain_hashes(prompt[0].tolist(), BLOCK_SIZE, hashing.chain_root(fp))
     src, dst = src_t.tolist(), dst_t.tolist()
@@ -459,6 +537,7 @@ def restore_vs_recompute(client: Any, arena: Any, dev: Dev, model: Any, shape: d
 
 # ---- main -------------------------------------------------------------------------------
 
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "qualify_gpu.json"))
@@ -473,8 +552,11 @@ def main() -> int:
     ap.add_argument("--socket", help="use this running Manager instead of starting one")
     ap.add_argument("--segment-size", default="1GiB")
     ap.add_argument("--skip-model", action="store_true", help="transfers only")
-    ap.add_argument("--kernels", help="copy kernels to measure, comma-separated (default: torch,triton on CUDA, "
-                    "torch on a CPU); the engine's default choice gives the top-level restore figures")
+    ap.add_argument(
+        "--kernels",
+        help="copy kernels to measure, comma-separated (default: torch,triton on CUDA, "
+        "torch on a CPU); the engine's default choice gives the top-level restore figures",
+    )
     a = ap.parse_args()
     dev = Dev(a.device)
     if dev.cuda:
@@ -500,8 +582,12 @@ def main() -> int:
     dram = -(-need // segment) * segment
     salt = os.urandom(16)  # reruns against a running Manager never hit an earlier run's blocks
 
-    results: dict[str, Any] = {"bench": "qualify_gpu", "host": host_info(dev), "quick": quick,
-                               "goals": {"transfer_vs_contiguous_dma": 0.9, "restore_fraction_of_ceiling": 0.9}}
+    results: dict[str, Any] = {
+        "bench": "qualify_gpu",
+        "host": host_info(dev),
+        "quick": quick,
+        "goals": {"transfer_vs_contiguous_dma": 0.9, "restore_fraction_of_ceiling": 0.9},
+    }
     proc = None
     tmp = None
     try:
@@ -512,37 +598,65 @@ def main() -> int:
         client = _native.Client(sock)
         arena_bytes = sum(n for _, n in client.segments())
         if arena_bytes < need:
-            raise SystemExit(f"the Manager's arena is {arena_bytes} bytes, this run needs {need}: start it with "
-                             f"--dram-size of at least {-(-need // GiB)}GiB")
-        results["manager"] = {"socket": "private (started by this bench)" if proc else sock,
-                              "arena_bytes": arena_bytes, "segments": len(client.segments())}
+            raise SystemExit(
+                f"the Manager's arena is {arena_bytes} bytes, this run needs {need}: start it with "
+                f"--dram-size of at least {-(-need // GiB)}GiB"
+            )
+        results["manager"] = {
+            "socket": "private (started by this bench)" if proc else sock,
+            "arena_bytes": arena_bytes,
+            "segments": len(client.segments()),
+        }
         progress: list[str] = []
         t0 = time.perf_counter()
         arena = ArenaView(client, dev.device, progress=progress.append)
-        results["arena_pin"] = {"seconds": time.perf_counter() - t0, "bytes": arena_bytes, "progress": progress,
-                                "note": "cudaHostRegister of every segment" if dev.cuda else "CPU: zero-copy views"}
+        results["arena_pin"] = {
+            "seconds": time.perf_counter() - t0,
+            "bytes": arena_bytes,
+            "progress": progress,
+            "note": "cudaHostRegister of every segment" if dev.cuda else "CPU: zero-copy views",
+        }
         print(json.dumps({"arena_pin": results["arena_pin"]["seconds"]}), flush=True)
         host = host_segments(client)
         results["transfers"] = []
         for kernel in kernels:
             for size in sizes:
                 row = transfer_case(client, arena, host, dev, size, total, per_block, a.reps, salt, kernel)
-                print(json.dumps({k: row[k] for k in ("kernel", "block_bytes", "gather_vs_dma", "scatter_vs_dma",
-                                                      "bytes_exact")}), flush=True)
+                print(
+                    json.dumps(
+                        {k: row[k] for k in ("kernel", "block_bytes", "gather_vs_dma", "scatter_vs_dma", "bytes_exact")}
+                    ),
+                    flush=True,
+                )
                 results["transfers"].append(row)
         if not a.skip_model:
             t0 = time.perf_counter()
             model = build_model(shape, dev, dtype, max(tokens))
-            results["model"] = {"shape": shape, "dtype": str(dtype), "attn": model.config._attn_implementation,
-                                "init_s": time.perf_counter() - t0, "tiny": quick}
+            results["model"] = {
+                "shape": shape,
+                "dtype": str(dtype),
+                "attn": model.config._attn_implementation,
+                "init_s": time.perf_counter() - t0,
+                "tiny": quick,
+            }
             results["restore_vs_recompute"] = []
             for n in tokens:
-                row = restore_vs_recompute(client, arena, dev, model, shape, dtype, n, max(2, a.reps // 2), salt,
-                                           kernels)
-                print(json.dumps({"tokens": row["tokens"], "ceiling_ratio": row["ceiling_ratio"],
-                                  "fraction_of_ceiling": {k: r["fraction_of_ceiling"]
-                                                          for k, r in row["restore_by_kernel"].items()},
-                                  "restore_bytes_exact": row["restore_bytes_exact"]}), flush=True)
+                row = restore_vs_recompute(
+                    client, arena, dev, model, shape, dtype, n, max(2, a.reps // 2), salt, kernels
+                )
+                print(
+                    json.dumps(
+                        {
+                            "tokens": row["tokens"],
+                            "ceiling_ratio": row["ceiling_ratio"],
+                            "fraction_of_ceiling": {
+                                k: r["fraction_of_ceiling"] for k, r in row["restore_by_kernel"].items()
+                            },
+                            "restore_bytes_exact": row["restore_bytes_exact"],
+                        }
+                    ),
+                    flush=True,
+                )
                 results["restore_vs_recompute"].append(row)
         arena.close()
         client.close()

@@ -27,26 +27,66 @@ def main() -> int:
     rows = []
     try:
         out = os.path.join(base, "demo-dram-only.json")
-        r = subprocess.run([sys.executable, "-m", "orbitkv", "demo", "--quiet", "--clients", "2",
-                            "--dram-size", a.dram_size, "--json", out], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orbitkv",
+                "demo",
+                "--quiet",
+                "--clients",
+                "2",
+                "--dram-size",
+                a.dram_size,
+                "--json",
+                out,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             print(r.stdout, r.stderr, file=sys.stderr)
             return 1
         with open(out) as f:
             res = json.load(f)
-        rows.append({"write_policy": "no SSD tier", "admit_hits": None, "hit_rate": res["hit_rate"],
-                     "ssd_bytes_written": 0, "mismatched_blocks": res["mismatched_blocks"]})
+        rows.append(
+            {
+                "write_policy": "no SSD tier",
+                "admit_hits": None,
+                "hit_rate": res["hit_rate"],
+                "ssd_bytes_written": 0,
+                "mismatched_blocks": res["mismatched_blocks"],
+            }
+        )
         print(json.dumps(rows[-1]))
         for policy, hits in (("evict", 0), ("evict", 1), ("eager", 0), ("eager", 1)):
             ssd = os.path.join(base, f"ssd-{policy}-{hits}")
             shutil.rmtree(ssd, ignore_errors=True)
             out = os.path.join(base, f"demo-{policy}-{hits}.json")
             r = subprocess.run(
-                [sys.executable, "-m", "orbitkv", "demo", "--quiet", "--clients", "2",
-                 "--dram-size", a.dram_size,
-                 "--ssd-dir", ssd, "--ssd-admit-hits", str(hits), "--ssd-write-policy", policy,
-                 "--ssd-capacity", "2GiB", "--json", out],
-                capture_output=True, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "orbitkv",
+                    "demo",
+                    "--quiet",
+                    "--clients",
+                    "2",
+                    "--dram-size",
+                    a.dram_size,
+                    "--ssd-dir",
+                    ssd,
+                    "--ssd-admit-hits",
+                    str(hits),
+                    "--ssd-write-policy",
+                    policy,
+                    "--ssd-capacity",
+                    "2GiB",
+                    "--json",
+                    out,
+                ],
+                capture_output=True,
+                text=True,
             )
             if r.returncode != 0:
                 print(r.stdout, r.stderr, file=sys.stderr)

@@ -174,8 +174,16 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start:
     from orbitkv import _native
     from orbitkv.hashing import fingerprint
 
-    st: dict[str, Any] = {"asked": 0, "served": 0, "mismatches": 0, "refused": 0, "requests": 0,
-                          "restore_failed": 0, "max_late_s": 0.0, "errors": []}
+    st: dict[str, Any] = {
+        "asked": 0,
+        "served": 0,
+        "mismatches": 0,
+        "refused": 0,
+        "requests": 0,
+        "restore_failed": 0,
+        "max_late_s": 0.0,
+        "errors": [],
+    }
     try:
         c = _native.Client(socket, timeout_ms=60000)
         ns = c.register_namespace(fingerprint(bench="trace_replay", block_bytes=block), block)
@@ -221,14 +229,30 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start:
     q.put(("done", st))
 
 
-def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int, seed: int | None,
-                   extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+def _start_manager(
+    tmp: str, dram: int, policy: str, ssd: int, block: int, seed: int | None, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
     from orbitkv import _native
 
     sock = os.path.join(tmp, "manager.sock")
-    args = [sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", str(dram),
-            "--segment-size", str(min(dram, 256 << 20)), "--metrics-addr", "off", "--log-level", "warn",
-            "--cache-policy", policy]
+    args = [
+        sys.executable,
+        "-m",
+        "orbitkv",
+        "serve",
+        "--socket",
+        sock,
+        "--dram-size",
+        str(dram),
+        "--segment-size",
+        str(min(dram, 256 << 20)),
+        "--metrics-addr",
+        "off",
+        "--log-level",
+        "warn",
+        "--cache-policy",
+        policy,
+    ]
     if seed is not None:
         args += ["--cache-policy-seed", str(seed)]
     if ssd:
@@ -250,9 +274,19 @@ def _start_manager(tmp: str, dram: int, policy: str, ssd: int, block: int, seed:
     raise SystemExit("trace_replay: the Manager did not come up within 30 s")
 
 
-def replay(trace: list[list[int]], capacity: int, ssd_blocks: int, policy: str, clients: int, block: int,
-           workdir: str, quiet: bool, extra: list[str], seed: int | None = None,
-           due: list[float] | None = None) -> dict[str, Any]:
+def replay(
+    trace: list[list[int]],
+    capacity: int,
+    ssd_blocks: int,
+    policy: str,
+    clients: int,
+    block: int,
+    workdir: str,
+    quiet: bool,
+    extra: list[str],
+    seed: int | None = None,
+    due: list[float] | None = None,
+) -> dict[str, Any]:
     """One fresh Manager, the trace replayed once. `due`: per request, seconds after
     the start before which it is not issued (`--pace`); None: back to back."""
     from orbitkv import _native
@@ -269,8 +303,7 @@ def replay(trace: list[list[int]], capacity: int, ssd_blocks: int, policy: str, 
         tasks.cancel_join_thread()  # a run that fails early must not wait for its backlog to drain
         longest = max(len(r) for r in trace)
         start = time.time() + 3.0  # paced runs: time for the clients to start
-        procs = [ctx.Process(target=_client, args=(sock, tasks, longest, block, q, start))
-                 for _ in range(clients)]
+        procs = [ctx.Process(target=_client, args=(sock, tasks, longest, block, q, start)) for _ in range(clients)]
         t0 = time.perf_counter()
         for p in procs:
             p.start()
@@ -364,20 +397,27 @@ def main() -> int:
     ap.add_argument("--ssd-blocks", type=int, default=0, help="add an SSD tier of this many blocks")
     ap.add_argument("--policies", default="duel,lru", help="Manager --cache-policy values")
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--manager-args", default="", help="more `orbitkv serve` flags, e.g. \"--ssd-admit-hits 1\"")
+    ap.add_argument("--manager-args", default="", help='more `orbitkv serve` flags, e.g. "--ssd-admit-hits 1"')
     ap.add_argument("--block-bytes", type=int, default=64 * KiB)
     ap.add_argument("--workdir", default=None, help="where Managers keep sockets and SSD files (default: /var/tmp)")
     ap.add_argument("--out", default="bench-results/trace_replay.json")
     ap.add_argument("--png", default=None, help="write a plot of hit rate vs capacity here")
-    ap.add_argument("--policy-seed", type=int, default=None,
-                    help="start every Manager with --cache-policy-seed (default: each draws its own)")
+    ap.add_argument(
+        "--policy-seed",
+        type=int,
+        default=None,
+        help="start every Manager with --cache-policy-seed (default: each draws its own)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="replay every point this many times (policies alternate)")
-    ap.add_argument("--pace", type=float, default=0.0,
-                    help="issue each request at its trace timestamp / PACE (1: the trace's rate; 0: back to back)")
+    ap.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="issue each request at its trace timestamp / PACE (1: the trace's rate; 0: back to back)",
+    )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
-    traces: list[tuple[str, list[list[int]], list[float] | None]] = [
-        (Path(p).stem, *load_trace(p)) for p in a.trace]
+    traces: list[tuple[str, list[list[int]], list[float] | None]] = [(Path(p).stem, *load_trace(p)) for p in a.trace]
     if a.generate:
         traces.append((f"generated-{a.generate}-seed{a.seed}", generate(a.generate, a.seed), None))
     if a.pace < 0 or a.repeat < 1:
@@ -400,11 +440,20 @@ def main() -> int:
             t0 = time.perf_counter()
             lru = hit_rate_lru(trace, cap + a.ssd_blocks)
             opt = hit_rate_optimum(trace, cap + a.ssd_blocks)
-            row: dict[str, Any] = {"trace": name, "requests": len(trace), "capacity_blocks": cap,
-                                   "manager_args": a.manager_args,
-                                   "ssd_blocks": a.ssd_blocks, "block_bytes": a.block_bytes, "clients": a.clients,
-                                   "lru": lru, "optimum": opt, "reference_seconds": time.perf_counter() - t0,
-                                   "pace": a.pace, "policies": {}}
+            row: dict[str, Any] = {
+                "trace": name,
+                "requests": len(trace),
+                "capacity_blocks": cap,
+                "manager_args": a.manager_args,
+                "ssd_blocks": a.ssd_blocks,
+                "block_bytes": a.block_bytes,
+                "clients": a.clients,
+                "lru": lru,
+                "optimum": opt,
+                "reference_seconds": time.perf_counter() - t0,
+                "pace": a.pace,
+                "policies": {},
+            }
             runs: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
             for i in range(a.repeat):
                 seed = None if a.policy_seed is None else a.policy_seed + i
@@ -412,16 +461,30 @@ def main() -> int:
                 if a.repeat > 1:
                     line += f"  run {i + 1}/{a.repeat}"
                 for pol in policies:
-                    r = replay(trace, cap, a.ssd_blocks, pol, a.clients, a.block_bytes, workdir, a.quiet,
-                               a.manager_args.split(), seed, due)
+                    r = replay(
+                        trace,
+                        cap,
+                        a.ssd_blocks,
+                        pol,
+                        a.clients,
+                        a.block_bytes,
+                        workdir,
+                        a.quiet,
+                        a.manager_args.split(),
+                        seed,
+                        due,
+                    )
                     r["vs_optimum"] = r["hit_rate"] / opt if opt else None
                     r["vs_lru"] = r["hit_rate"] / lru if lru else None
                     runs[pol].append(r)
-                    line += (f"  {pol} {r['hit_rate']:.3f} (dram {r['hit_rate_dram']:.3f}"
-                             f" ssd {r['hit_rate_ssd']:.3f}; {r['mismatched_blocks']} wrong")
+                    line += (
+                        f"  {pol} {r['hit_rate']:.3f} (dram {r['hit_rate_dram']:.3f}"
+                        f" ssd {r['hit_rate_ssd']:.3f}; {r['mismatched_blocks']} wrong"
+                    )
                     if a.ssd_blocks:
-                        line += (f"; {r['ssd_spilled_blocks']} spilled,"
-                                 f" {r['ssd_evicted_unspilled_blocks']} lost unspilled")
+                        line += (
+                            f"; {r['ssd_spilled_blocks']} spilled, {r['ssd_evicted_unspilled_blocks']} lost unspilled"
+                        )
                     if due is not None:
                         line += f"; {r['max_late_seconds']:.1f} s late at most"
                     line += ")"
@@ -432,10 +495,14 @@ def main() -> int:
                     continue
                 rates = [r["hit_rate"] for r in rs]
                 row["policies"][pol] = {
-                    "hit_rate": sum(rates) / len(rates), "hit_rate_min": min(rates), "hit_rate_max": max(rates),
+                    "hit_rate": sum(rates) / len(rates),
+                    "hit_rate_min": min(rates),
+                    "hit_rate_max": max(rates),
                     "hit_rate_dram": sum(r["hit_rate_dram"] for r in rs) / len(rs),
                     "hit_rate_ssd": sum(r["hit_rate_ssd"] for r in rs) / len(rs),
-                    "mismatched_blocks": sum(r["mismatched_blocks"] for r in rs), "runs": rs}
+                    "mismatched_blocks": sum(r["mismatched_blocks"] for r in rs),
+                    "runs": rs,
+                }
             rows.append(row)
     wrong = sum(r["mismatched_blocks"] for row in rows for r in row["policies"].values())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ORBITKV_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-TOOLS=(maturin==1.16.0 pytest numpy ruff mypy)
+TOOLS=(maturin==1.16.0 pytest numpy ruff==0.17.6 mypy)
 
 ensure_venv() {
     if [[ ! -x "$PY" ]]; then

@@ -60,6 +60,7 @@ echo "== installed $(basename "$whl")"
 
 echo "== ruff"
 "$VENV/bin/ruff" check python benches
+"$VENV/bin/ruff" format --check python benches
 echo "== the .pyi stub matches the native module (mypy stubtest)"
 "$PY" -m mypy.stubtest orbitkv._native
 echo "== pytest (source-only + real Manager processes)"

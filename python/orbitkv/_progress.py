@@ -23,9 +23,7 @@ class Progress:
         self._last = now
         frac = min(self.done / self.total, 1.0)
         bar = "#" * int(frac * 30)
-        sys.stderr.write(
-            f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {now - self.start:5.1f}s {note}\x1b[K"
-        )
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {now - self.start:5.1f}s {note}\x1b[K")
         sys.stderr.flush()
 
     def close(self) -> None:

@@ -138,8 +138,21 @@ def _start_manager(
     tmp = tempfile.TemporaryDirectory(prefix="orbitkv-demo-")
     sock = os.path.join(tmp.name, "manager.sock")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", dram,
-         "--metrics-addr", "127.0.0.1:0", "--log-level", "warn", *extra],
+        [
+            sys.executable,
+            "-m",
+            "orbitkv",
+            "serve",
+            "--socket",
+            sock,
+            "--dram-size",
+            dram,
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-level",
+            "warn",
+            *extra,
+        ],
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -155,7 +168,11 @@ def _start_manager(
 
 
 def run(
-    socket: str | None, clients: int, wl: Workload, dram: str, quiet: bool = False,
+    socket: str | None,
+    clients: int,
+    wl: Workload,
+    dram: str,
+    quiet: bool = False,
     manager_args: list[str] | None = None,
 ) -> dict[str, Any]:
     from orbitkv import _native
@@ -213,16 +230,28 @@ def run(
         "mean_lookup_ms": 1e3 * tot["lookup_seconds"] / max(tot["lookups"], 1),
         "mismatched_blocks": tot["mismatches"],
         "errors": errors,
-        "manager": {k: mstats[k] for k in ("evictions_total", "blocks_committed_total", "live_leases",
-                                            "live_saves", "dram_visible_bytes", "dram_capacity_bytes",
-                                            "ssd_spilled_blocks_total", "ssd_bytes_written_total",
-                                            "ssd_staged_blocks_total", "ssd_demotions_total")},
+        "manager": {
+            k: mstats[k]
+            for k in (
+                "evictions_total",
+                "blocks_committed_total",
+                "live_leases",
+                "live_saves",
+                "dram_visible_bytes",
+                "dram_capacity_bytes",
+                "ssd_spilled_blocks_total",
+                "ssd_bytes_written_total",
+                "ssd_staged_blocks_total",
+                "ssd_demotions_total",
+            )
+        },
     }
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="orbitkv demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="orbitkv demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--socket", help="use this running Manager instead of starting one")
     p.add_argument("--clients", type=int, default=4, help="client processes (default 4)")
     p.add_argument("--conversations", type=int, default=Workload.conversations)
@@ -232,27 +261,42 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dram-size", default="1GiB", help="arena of the Manager the demo starts (default 1GiB)")
     p.add_argument("--ssd-dir", help="give the Manager the demo starts an SSD tier in this directory")
     p.add_argument("--ssd-admit-hits", type=int, default=0, help="with --ssd-dir: hits before a block is spilled")
-    p.add_argument("--ssd-write-policy", default="evict", choices=["evict", "eager"],
-                   help="with --ssd-dir: spill blocks about to be evicted (default) or every admitted block")
+    p.add_argument(
+        "--ssd-write-policy",
+        default="evict",
+        choices=["evict", "eager"],
+        help="with --ssd-dir: spill blocks about to be evicted (default) or every admitted block",
+    )
     p.add_argument("--ssd-capacity", default="4GiB", help="with --ssd-dir: SSD tier capacity (default 4GiB)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     if a.clients < 1 or a.conversations < 1 or a.turns < 1 or a.block_kib < 1:
         p.error("--clients, --conversations, --turns and --block-kib must be positive")
-    wl = Workload(conversations=a.conversations, turns=a.turns, system_tokens=a.system_tokens,
-                  block_bytes=a.block_kib * 1024)
+    wl = Workload(
+        conversations=a.conversations, turns=a.turns, system_tokens=a.system_tokens, block_bytes=a.block_kib * 1024
+    )
     manager_args: list[str] = []
     if a.ssd_dir:
         if a.socket:
             p.error("--ssd-dir configures the Manager the demo starts; it cannot be used with --socket")
-        manager_args = ["--ssd-dir", a.ssd_dir, "--ssd-capacity", a.ssd_capacity,
-                        "--ssd-admit-hits", str(a.ssd_admit_hits), "--ssd-write-policy", a.ssd_write_policy]
+        manager_args = [
+            "--ssd-dir",
+            a.ssd_dir,
+            "--ssd-capacity",
+            a.ssd_capacity,
+            "--ssd-admit-hits",
+            str(a.ssd_admit_hits),
+            "--ssd-write-policy",
+            a.ssd_write_policy,
+        ]
     res = run(a.socket, a.clients, wl, a.dram_size, quiet=a.quiet, manager_args=manager_args)
     res["host_memcpy_gbps"] = _memcpy_gbps()
     gib = 1 << 30
-    print(f"OrbitKV demo: {res['clients']} client processes, {wl.conversations} conversations x {wl.turns} turns, "
-          f"{wl.block_bytes // 1024} KiB blocks")
+    print(
+        f"OrbitKV demo: {res['clients']} client processes, {wl.conversations} conversations x {wl.turns} turns, "
+        f"{wl.block_bytes // 1024} KiB blocks"
+    )
     print(f"  hit rate          {100 * res['hit_rate']:.1f} %  ({res['blocks_hit']}/{res['blocks_asked']} blocks)")
     moved = f"{res['bytes_restored'] / gib:.2f} GiB restored, {res['bytes_saved'] / gib:.2f} GiB saved"
     print(f"  bytes moved       {moved}")
@@ -264,9 +308,11 @@ def main(argv: list[str]) -> int:
     print(f"  evictions         {res['manager']['evictions_total']}; refused saves {res['blocks_refused']}")
     if a.ssd_dir:
         mg = res["manager"]
-        print(f"  SSD tier          {mg['ssd_spilled_blocks_total']} blocks spilled "
-              f"({mg['ssd_bytes_written_total'] / gib:.2f} GiB), {mg['ssd_staged_blocks_total']} staged back, "
-              f"{mg['ssd_demotions_total']} demoted")
+        print(
+            f"  SSD tier          {mg['ssd_spilled_blocks_total']} blocks spilled "
+            f"({mg['ssd_bytes_written_total'] / gib:.2f} GiB), {mg['ssd_staged_blocks_total']} staged back, "
+            f"{mg['ssd_demotions_total']} demoted"
+        )
     print(f"  verification      {res['mismatched_blocks']} mismatched blocks")
     if a.json:
         with open(a.json, "w") as f:

@@ -44,9 +44,7 @@ def chain_root(fingerprint: bytes) -> bytes:
     return h.digest()
 
 
-def chain_hashes(
-    tokens: Sequence[int], block_size: int, root: bytes, extra_keys: bytes = b""
-) -> list[bytes]:
+def chain_hashes(tokens: Sequence[int], block_size: int, root: bytes, extra_keys: bytes = b"") -> list[bytes]:
     """One 32-byte hash per *complete* block of `tokens`; block i depends on
     every token of blocks 0..i, so equal hashes mean equal prefixes."""
     if block_size <= 0:
@@ -62,4 +60,3 @@ def chain_hashes(
         parent = h.digest()
         out.append(parent)
     return out
-

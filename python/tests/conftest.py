@@ -37,8 +37,19 @@ class ManagerProcess:
 def start_manager(tmp: Path, *args: str) -> ManagerProcess:
     sock = tmp / "manager.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orbitkv", "serve", "--socket", str(sock), "--metrics-addr", "off",
-         "--log-level", "warn", *args],
+        [
+            sys.executable,
+            "-m",
+            "orbitkv",
+            "serve",
+            "--socket",
+            str(sock),
+            "--metrics-addr",
+            "off",
+            "--log-level",
+            "warn",
+            *args,
+        ],
     )
     deadline = time.monotonic() + 20
     try:

@@ -166,9 +166,7 @@ class BatchChecks:
         unknown = np.flatnonzero(seg_size < 0)
         if unknown.size:
             i = int(unknown[0])
-            raise ValueError(
-                f"slot {start + i}: unknown arena segment {int(segs[i])}; expected one of {sorted(sizes)}"
-            )
+            raise ValueError(f"slot {start + i}: unknown arena segment {int(segs[i])}; expected one of {sorted(sizes)}")
         outside = np.flatnonzero((offs < 0) | (offs + self.block_bytes > seg_size))
         if outside.size:
             i = int(outside[0])

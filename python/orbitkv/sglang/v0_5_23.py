@@ -230,7 +230,6 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
         return self._offload(transfers)
 
 
-
 def match_prefix_hook(original: Any, cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on `UnifiedRadixCache.match_prefix` (0.5.23), registered by the plugin.
 

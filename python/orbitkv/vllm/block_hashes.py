@@ -48,8 +48,7 @@ def check_hash_algo(algo: str) -> None:
     if algo in ("xxhash", "xxhash_cbor"):
         seeded = os.environ.get("PYTHONHASHSEED") is not None
         why = (
-            "its 128-bit digests are not collision resistant and do not fit the Manager's "
-            "32-byte block keys"
+            "its 128-bit digests are not collision resistant and do not fit the Manager's 32-byte block keys"
             if seeded
             else "without PYTHONHASHSEED vLLM seeds it with random bytes in every process, so "
             "no two engines (nor one engine after a restart) compute the same block hashes"

@@ -119,9 +119,7 @@ class OrbitKVPromMetrics(KVConnectorPromMetrics):
         self.counters: dict[str, dict[int, Any]] = {}
         for key, doc in KEYS.items():
             counter = self._counter_cls(name=f"vllm:orbitkv_{key}", documentation=doc, labelnames=labelnames)
-            self.counters[key] = {
-                idx: counter.labels(*values) for idx, values in self.per_engine_labelvalues.items()
-            }
+            self.counters[key] = {idx: counter.labels(*values) for idx, values in self.per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, value in transfer_stats_data.items():

@@ -27,5 +27,7 @@ pytestmark = pytest.mark.native
 def test_model_kv_restored_bit_identical_on_cuda(manager_factory: Callable[..., object], tmp_path: Path) -> None:
     m = manager_factory("--dram-size", "64MiB", "--segment-size", "16MiB")
     result = check_g4(m.socket, tmp_path, "cuda")  # type: ignore[attr-defined]
-    print(f"G4 on {torch.cuda.get_device_name()}: {result['blocks']} blocks of {result['block_bytes']} bytes, "
-          f"decoded {result['tokens']}")
+    print(
+        f"G4 on {torch.cuda.get_device_name()}: {result['blocks']} blocks of {result['block_bytes']} bytes, "
+        f"decoded {result['tokens']}"
+    )

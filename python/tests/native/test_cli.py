@@ -21,7 +21,7 @@ def orbitkv(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 def test_serve_rejects_bad_settings_clearly(tmp_path) -> None:  # type: ignore[no-untyped-def]
     sock = str(tmp_path / "s.sock")
     r = orbitkv("serve", "--socket", sock, "--dram-size", "lots")
-    assert r.returncode == 2 and "invalid size \"lots\"" in r.stderr
+    assert r.returncode == 2 and 'invalid size "lots"' in r.stderr
     r = orbitkv("serve", "--socket", sock, "--metrics-addr", "0.0.0.0:9999")
     assert r.returncode == 2 and "not loopback" in r.stderr
     cfg = tmp_path / "m.toml"
@@ -60,8 +60,24 @@ def test_serve_status_and_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-
 def test_demo_runs_verifies_and_reports(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "demo.json"
     t0 = time.monotonic()
-    r = orbitkv("demo", "--clients", "2", "--conversations", "4", "--turns", "3", "--system-tokens", "512",
-                "--block-kib", "64", "--dram-size", "64MiB", "--json", str(out), "--quiet")
+    r = orbitkv(
+        "demo",
+        "--clients",
+        "2",
+        "--conversations",
+        "4",
+        "--turns",
+        "3",
+        "--system-tokens",
+        "512",
+        "--block-kib",
+        "64",
+        "--dram-size",
+        "64MiB",
+        "--json",
+        str(out),
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     assert "hit rate" in r.stdout and "GB/s" in r.stdout and "0 mismatched blocks" in r.stdout
     res = json.loads(out.read_text())

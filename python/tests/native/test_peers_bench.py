@@ -22,7 +22,9 @@ def run_bench(tmp_path: Path, systems: str) -> dict[str, Any]:
     out = tmp_path / "peers.json"
     r = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--systems", systems, "--workdir", str(tmp_path), "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     doc: dict[str, Any] = json.loads(out.read_text())

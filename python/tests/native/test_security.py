@@ -26,6 +26,7 @@ TOKEN = "a-very-secret-token-0123"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
 
+
 def _fork_as(uid: int, body: Callable[[], None]) -> int:
     """Run `body` in a forked child that runs as `uid` (no exec: the
     interpreter may live where `uid` cannot read). Returns the child's pid."""

@@ -29,10 +29,29 @@ def content(h: bytes) -> bytes:
     return h * (BB // 32)
 
 
-def ssd_manager(factory, ssd: Path, *extra: str, dram: str = "4MiB", segment: str = "1MiB",  # type: ignore[no-untyped-def]
-                policy: str = "eager"):
-    return factory("--dram-size", dram, "--segment-size", segment, "--ssd-dir", str(ssd),
-                   "--ssd-capacity", "64MiB", "--ssd-admit-hits", "0", "--ssd-write-policy", policy, *extra)
+def ssd_manager(
+    factory,
+    ssd: Path,
+    *extra: str,
+    dram: str = "4MiB",
+    segment: str = "1MiB",  # type: ignore[no-untyped-def]
+    policy: str = "eager",
+):
+    return factory(
+        "--dram-size",
+        dram,
+        "--segment-size",
+        segment,
+        "--ssd-dir",
+        str(ssd),
+        "--ssd-capacity",
+        "64MiB",
+        "--ssd-admit-hits",
+        "0",
+        "--ssd-write-policy",
+        policy,
+        *extra,
+    )
 
 
 def fill_and_spill(m, c, ns, tag: int, n: int) -> list[bytes]:  # type: ignore[no-untyped-def]
@@ -236,13 +255,45 @@ def test_tmpfs_with_direct_mode_is_a_clear_error(tmp_path) -> None:  # type: ign
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm tmpfs on this machine")
     d = Path("/dev/shm") / f"orbitkv-test-{os.getpid()}"
-    r = subprocess.run([sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"),
-                        "--dram-size", "4MiB", "--ssd-dir", str(d), "--ssd-capacity", "16MiB",
-                        "--metrics-addr", "off"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orbitkv",
+            "serve",
+            "--socket",
+            str(tmp_path / "s.sock"),
+            "--dram-size",
+            "4MiB",
+            "--ssd-dir",
+            str(d),
+            "--ssd-capacity",
+            "16MiB",
+            "--metrics-addr",
+            "off",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     assert str(d) in r.stderr and "kernel" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"),
-                        "--ssd-dir", str(tmp_path), "--ssd-mode", "sideways"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orbitkv",
+            "serve",
+            "--socket",
+            str(tmp_path / "s.sock"),
+            "--ssd-dir",
+            str(tmp_path),
+            "--ssd-mode",
+            "sideways",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "direct or kernel" in r.stderr
 
 

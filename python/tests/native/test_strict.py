@@ -119,10 +119,7 @@ def test_one_salt_encoding_for_every_caller(manager) -> None:  # type: ignore[no
     assert _wire_namespace(manager.socket, FP, bytes(32)) == c.register_namespace(FP, BB).id
     assert manager.client().register_namespace(FP, BB, salt=salt).id == a.id
     # Any length is accepted, and salts that a length tag would confuse stay apart.
-    ids = {
-        c.register_namespace(FP, BB, salt=s).id
-        for s in (b"", b"a", b"a\0", b"x" * 33, b"x" * 1000, bytes(32))
-    }
+    ids = {c.register_namespace(FP, BB, salt=s).id for s in (b"", b"a", b"a\0", b"x" * 33, b"x" * 1000, bytes(32))}
     assert len(ids) == 6 and a.id not in ids
 
 

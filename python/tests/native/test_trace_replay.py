@@ -21,9 +21,23 @@ BENCH = Path(__file__).resolve().parents[3] / "benches" / "trace_replay.py"
 def replay(tmp_path: Path, *args: str) -> dict:  # type: ignore[type-arg]
     out = tmp_path / "r.json"
     r = subprocess.run(
-        [sys.executable, str(BENCH), "--generate", "1500", "--block-bytes", "4096", "--quiet",
-         "--workdir", str(tmp_path), "--out", str(out), *args],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(BENCH),
+            "--generate",
+            "1500",
+            "--block-bytes",
+            "4096",
+            "--quiet",
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text())
@@ -42,8 +56,9 @@ def test_one_client_in_trace_order_reproduces_the_reference_lru(tmp_path: Path) 
 
 
 def test_several_clients_and_an_ssd_tier_serve_exact_bytes_from_both_tiers(tmp_path: Path) -> None:
-    doc = replay(tmp_path, "--capacity", "128", "--ssd-blocks", "1024", "--clients", "3",
-                 "--policies", "s3fifo-adaptive")
+    doc = replay(
+        tmp_path, "--capacity", "128", "--ssd-blocks", "1024", "--clients", "3", "--policies", "s3fifo-adaptive"
+    )
     assert doc["mismatched_blocks"] == 0
     p = doc["rows"][0]["policies"]["s3fifo-adaptive"]
     assert p["served_from_ssd"] > 0 and p["served_from_dram"] > 0, p
@@ -66,13 +81,35 @@ def test_the_same_policy_seed_gives_the_same_duel_figures_in_fresh_managers(tmp_
 def test_pace_issues_requests_no_earlier_than_their_timestamps(tmp_path: Path) -> None:
     trace = tmp_path / "timed.jsonl"
     # 40 requests 50 ms apart (2 s of trace); at --pace 2 they take at least 1 s.
-    trace.write_text("".join(json.dumps({"timestamp": 50 * i, "hash_ids": [0, i % 7 + 1, 100 + i]}) + "\n"
-                             for i in range(40)))
+    trace.write_text(
+        "".join(json.dumps({"timestamp": 50 * i, "hash_ids": [0, i % 7 + 1, 100 + i]}) + "\n" for i in range(40))
+    )
     out = tmp_path / "p.json"
     r = subprocess.run(
-        [sys.executable, str(BENCH), "--trace", str(trace), "--block-bytes", "4096", "--quiet", "--capacity", "64",
-         "--clients", "2", "--policies", "lru", "--pace", "2", "--workdir", str(tmp_path), "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(BENCH),
+            "--trace",
+            str(trace),
+            "--block-bytes",
+            "4096",
+            "--quiet",
+            "--capacity",
+            "64",
+            "--clients",
+            "2",
+            "--policies",
+            "lru",
+            "--pace",
+            "2",
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     p = json.loads(out.read_text())["rows"][0]["policies"]["lru"]
@@ -80,18 +117,50 @@ def test_pace_issues_requests_no_earlier_than_their_timestamps(tmp_path: Path) -
     assert p["issue_span_seconds"] >= 39 * 0.050 / 2, p
     # A generated trace has no timestamps: pacing it is refused.
     r = subprocess.run(
-        [sys.executable, str(BENCH), "--generate", "20", "--capacity", "64", "--pace", "1", "--quiet",
-         "--workdir", str(tmp_path), "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(BENCH),
+            "--generate",
+            "20",
+            "--capacity",
+            "64",
+            "--pace",
+            "1",
+            "--quiet",
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode != 0 and "--pace needs a `timestamp`" in r.stderr, r.stderr
 
 
 def test_an_unknown_policy_is_refused_by_the_manager(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, str(BENCH), "--generate", "50", "--block-bytes", "4096", "--quiet", "--capacity", "64",
-         "--policies", "mru", "--workdir", str(tmp_path), "--out", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(BENCH),
+            "--generate",
+            "50",
+            "--block-bytes",
+            "4096",
+            "--quiet",
+            "--capacity",
+            "64",
+            "--policies",
+            "mru",
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode != 0
-    assert "unknown cache policy \"mru\"" in r.stderr and "s3fifo-adaptive" in r.stderr, r.stderr
+    assert 'unknown cache policy "mru"' in r.stderr and "s3fifo-adaptive" in r.stderr, r.stderr

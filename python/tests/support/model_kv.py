@@ -56,10 +56,20 @@ class Shape:
 
 
 SHAPES = {
-    "cuda": Shape(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1024, vocab=32000, prompt=512, decode=32,
-                  dtype="bfloat16"),
-    "cpu": Shape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=1000, prompt=64, decode=8,
-                 dtype="float32"),
+    "cuda": Shape(
+        layers=4,
+        hidden=512,
+        heads=8,
+        kv_heads=2,
+        intermediate=1024,
+        vocab=32000,
+        prompt=512,
+        decode=32,
+        dtype="bfloat16",
+    ),
+    "cpu": Shape(
+        layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=1000, prompt=64, decode=8, dtype="float32"
+    ),
 }
 
 
@@ -174,8 +184,12 @@ class PagedKV:
         n = len(block_ids) * BLOCK_SIZE
         for i in range(self.layers):
             k, v = (
-                self.kv[i][j].index_select(0, block_ids).reshape(n, self.kv_heads, self.head_dim)
-                .transpose(0, 1).unsqueeze(0).contiguous()
+                self.kv[i][j]
+                .index_select(0, block_ids)
+                .reshape(n, self.kv_heads, self.head_dim)
+                .transpose(0, 1)
+                .unsqueeze(0)
+                .contiguous()
                 for j in (0, 1)
             )
             cache.update(k, v, i)
@@ -250,8 +264,16 @@ def role_save(a: argparse.Namespace, shape: Shape) -> None:
     engine.drain()
     arena.close()
     client.close()
-    torch.save({"first": first, "prefill_logits": last, "blocks": pages.block_bytes(ids), "committed": committed,
-                "block_ids": ids.cpu()}, Path(a.workdir) / "save.pt")
+    torch.save(
+        {
+            "first": first,
+            "prefill_logits": last,
+            "blocks": pages.block_bytes(ids),
+            "committed": committed,
+            "block_ids": ids.cpu(),
+        },
+        Path(a.workdir) / "save.pt",
+    )
 
 
 def role_restore(a: argparse.Namespace, shape: Shape) -> None:
@@ -290,8 +312,10 @@ def role_restore(a: argparse.Namespace, shape: Shape) -> None:
     engine.drain()
     arena.close()
     client.close()
-    torch.save({"blocks": restored, "sentinel_ok": sentinel_ok, "tokens": tokens, "logits": logits},
-               Path(a.workdir) / "restore.pt")
+    torch.save(
+        {"blocks": restored, "sentinel_ok": sentinel_ok, "tokens": tokens, "logits": logits},
+        Path(a.workdir) / "restore.pt",
+    )
 
 
 def role_recompute(a: argparse.Namespace, shape: Shape) -> None:
@@ -301,8 +325,9 @@ def role_recompute(a: argparse.Namespace, shape: Shape) -> None:
     prompt = _prompt(shape)
     cache, last, first = _prefill(model, prompt, a.device)
     tokens, logits = _decode(model, cache, first, shape.decode, a.device)
-    torch.save({"first": first, "prefill_logits": last, "tokens": tokens, "logits": logits},
-               Path(a.workdir) / "recompute.pt")
+    torch.save(
+        {"first": first, "prefill_logits": last, "tokens": tokens, "logits": logits}, Path(a.workdir) / "recompute.pt"
+    )
 
 
 ROLES = {"save": role_save, "restore": role_restore, "recompute": role_recompute}

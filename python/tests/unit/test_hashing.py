@@ -60,7 +60,9 @@ def test_hashes_do_not_depend_on_pythonhashseed() -> None:
         subprocess.run(
             [sys.executable, "-c", code],
             env={**os.environ, "PYTHONHASHSEED": seed},
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         for seed in ("0", "1", "12345")
     }

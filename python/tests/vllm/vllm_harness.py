@@ -64,8 +64,6 @@ EOS = 2
 init_none_hash(sha256_cbor)
 
 
-
-
 def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
     """What the V1 runner reports after a step, in the release's call order:
     transfer results, load errors, connector stats, worker metadata, then unbind."""
@@ -81,9 +79,8 @@ def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
     w.clear_connector_metadata()
     return out
 
-def runner_output(
-    req_ids: list[str], sampled: list[list[int]], kv_connector_output: Any = None
-) -> ModelRunnerOutput:
+
+def runner_output(req_ids: list[str], sampled: list[list[int]], kv_connector_output: Any = None) -> ModelRunnerOutput:
     """The `ModelRunnerOutput` a model runner would return for one step."""
     return ModelRunnerOutput(
         req_ids=req_ids,
@@ -94,6 +91,7 @@ def runner_output(
         pooler_output=None,
         kv_connector_output=kv_connector_output,
     )
+
 
 def write_tiny_model(path: Path) -> Path:
     """A local model directory holding only a tiny Llama `config.json` (no weights)."""

@@ -326,11 +326,23 @@ def test_triton_warm_up_launch_moves_nothing() -> None:
     assert runs is not None
     index = torch.zeros(1, dtype=torch.int64)
     for to_pages in (True, False):
-        triton_copy.copy_runs(arena, pages, index, index, layer_off=0, page_base=0, block_stride=2048, runs=runs,
-                              elem=8, to_pages=to_pages, warm_up=True)
+        triton_copy.copy_runs(
+            arena,
+            pages,
+            index,
+            index,
+            layer_off=0,
+            page_base=0,
+            block_stride=2048,
+            runs=runs,
+            elem=8,
+            to_pages=to_pages,
+            warm_up=True,
+        )
     assert torch.equal(arena, before_a) and torch.equal(pages, before_p)
-    triton_copy.copy_runs(arena, pages, index, index, layer_off=0, page_base=0, block_stride=2048, runs=runs,
-                          elem=8, to_pages=True)  # the same call without warm_up copies block 0:
+    triton_copy.copy_runs(
+        arena, pages, index, index, layer_off=0, page_base=0, block_stride=2048, runs=runs, elem=8, to_pages=True
+    )  # the same call without warm_up copies block 0:
     # its page is two runs of 128 elements (K and V planes 256 elements apart)
     assert torch.equal(pages[:128], arena[:128]) and torch.equal(pages[256:384], arena[128:256])
     assert torch.equal(pages[128:256], before_p[128:256]) and torch.equal(pages[384:], before_p[384:])
