@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -25,6 +24,7 @@ import cupy as cp
 import numpy as np
 
 from orbitkv import _native
+from orbitkv.launch import ManagerStartError, start_serve
 
 KERNEL = r"""
 extern "C" __global__ void copy_blocks(const unsigned long long* src, const unsigned long long* dst,
@@ -40,33 +40,11 @@ extern "C" __global__ void copy_blocks(const unsigned long long* src, const unsi
 def start_manager(dram: str, hugepages: str) -> tuple[subprocess.Popen[bytes], str]:
     d = tempfile.mkdtemp(prefix="orbitkv-gpu-")
     sock = os.path.join(d, "m.sock")
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orbitkv",
-            "serve",
-            "--socket",
-            sock,
-            "--dram-size",
-            dram,
-            "--segment-size",
-            "1GiB",
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-            "--hugepages",
-            hugepages,
-        ]
-    )
-    for _ in range(600):
-        try:
-            _native.Client(sock).close()
-            return p, sock
-        except _native.ManagerUnavailable:
-            time.sleep(0.05)
-    raise SystemExit("manager did not start")
+    try:
+        p = start_serve(sock, "--dram-size", dram, "--segment-size", "1GiB", "--hugepages", hugepages)
+    except ManagerStartError as e:
+        raise SystemExit(f"gpu_arena: {e}") from None
+    return p, sock
 
 
 def timed(fn, reps: int = 5) -> float:  # type: ignore[no-untyped-def]

@@ -11,8 +11,6 @@ one-pass Triton kernel (arena row -> page, no staging), checked for exact bytes.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -20,6 +18,7 @@ import torch
 
 from orbitkv import _native
 from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages
+from orbitkv.launch import start_serve
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--out", default=os.path.join("bench-results", "gpu_gather_variants.json"))
@@ -28,30 +27,7 @@ if not torch.cuda.is_available():
     raise SystemExit("gpu_gather_variants: needs a CUDA GPU (torch.cuda.is_available() is False)")
 tmp = tempfile.mkdtemp()
 sock = os.path.join(tmp, "m.sock")
-mgr = subprocess.Popen(
-    [
-        sys.executable,
-        "-m",
-        "orbitkv",
-        "serve",
-        "--socket",
-        sock,
-        "--dram-size",
-        "3GiB",
-        "--segment-size",
-        "1GiB",
-        "--metrics-addr",
-        "off",
-        "--log-level",
-        "warn",
-    ]
-)
-for _ in range(400):
-    try:
-        _native.Client(sock).close()
-        break
-    except Exception:
-        time.sleep(0.05)
+mgr = start_serve(sock, "--dram-size", "3GiB", "--segment-size", "1GiB", timeout_s=20)
 c = _native.Client(sock)
 dev = torch.device("cuda", 0)
 arena = ArenaView(c, dev)

@@ -38,8 +38,6 @@ import os
 import platform
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from orbitkv import _native
+from orbitkv.launch import start_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 FP = b"\x5a" * 32
@@ -264,16 +263,9 @@ def main() -> int:
         raise SystemExit(f"unknown --ops: {sorted(unknown)}")
     d = tempfile.mkdtemp(prefix="okv-scale-")
     sock = os.path.join(d, "m.sock")
-    mgr = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", "1GiB",
-                            "--metrics-addr", "off", "--log-level", "warn", *a.manager_args.split()])  # fmt: skip
+    mgr = start_serve(sock, "--dram-size", "1GiB", *a.manager_args.split(), timeout_s=10)
     rows = []
     try:
-        for _ in range(200):
-            try:
-                _native.Client(sock).close()
-                break
-            except _native.ManagerUnavailable:
-                time.sleep(0.05)
         for n in counts:
             # (Re)store the chains the lookups hit: an earlier save phase may have evicted them.
             with _native.Client(sock) as c:

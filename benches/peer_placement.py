@@ -32,6 +32,7 @@ import time
 
 from orbitkv import _native
 from orbitkv.hashing import fingerprint
+from orbitkv.launch import serve_command
 
 BB = 64 * 1024
 
@@ -55,8 +56,7 @@ def wait(pred: object, what: str) -> None:
 
 
 def serve(sock: str, *args: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "orbitkv", "serve", "--socket", sock, "--dram-size", "16MiB"]
-    return subprocess.Popen([*cmd, "--metrics-addr", "off", "--log-level", "warn", *args])
+    return subprocess.Popen(serve_command(sock, "--dram-size", "16MiB", *args))
 
 
 def miss_us(sock: str, n: int) -> list[float]:

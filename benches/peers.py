@@ -491,6 +491,7 @@ class OrbitKV(System):
 
     def start(self, work: str, max_size: int, working_set: int) -> dict[str, Any]:
         from orbitkv import _native
+        from orbitkv.launch import serve_command
 
         self.nat = _native
         self.d = tempfile.mkdtemp(prefix="orbitkv-", dir=work)
@@ -500,22 +501,7 @@ class OrbitKV(System):
         log = os.path.join(self.d, "manager.log")
         with open(log, "wb") as f:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "orbitkv",
-                    "serve",
-                    "--socket",
-                    sock,
-                    "--dram-size",
-                    str(dram),
-                    "--segment-size",
-                    str(seg),
-                    "--metrics-addr",
-                    "off",
-                    "--log-level",
-                    "warn",
-                ],
+                serve_command(sock, "--dram-size", str(dram), "--segment-size", str(seg)),
                 stdout=f,
                 stderr=subprocess.STDOUT,
             )

@@ -41,7 +41,6 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ import torch
 
 from orbitkv import _native, hashing
 from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, slots_array
+from orbitkv.launch import ManagerStartError, start_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -176,20 +176,11 @@ def host_info(dev: Dev) -> dict[str, Any]:
 def start_manager(dram: int, segment: int) -> tuple[subprocess.Popen[bytes], str, str]:
     d = tempfile.mkdtemp(prefix="orbitkv-qualify-")  # 0700: the Manager refuses a shared socket dir
     sock = os.path.join(d, "manager.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "orbitkv", "serve", "--socket", sock,
-                             "--dram-size", f"{dram // MiB}MiB", "--segment-size", f"{segment // MiB}MiB",
-                             "--metrics-addr", "off", "--log-level", "warn"])  # fmt: skip
-    deadline = time.monotonic() + 600  # the arena is populated at start: large ones take a while
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"orbitkv serve exited with {proc.returncode} (see its log above)")
-        try:
-            _native.Client(sock, map_arena=False).close()
-            return proc, sock, d
-        except _native.ManagerUnavailable:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("orbitkv serve did not accept connections within 600 s")
+    flags = ("--dram-size", f"{dram // MiB}MiB", "--segment-size", f"{segment // MiB}MiB")
+    try:  # the arena is populated at start: large ones take a while
+        return start_serve(sock, *flags, timeout_s=600), sock, d
+    except ManagerStartError as e:
+        raise SystemExit(f"qualify_gpu: {e} (see its log above)") from None
 
 
 def host_segments(client: Any) -> dict[int, torch.Tensor]:

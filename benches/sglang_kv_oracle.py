@@ -45,40 +45,15 @@ PAGES = 48
 
 
 def _manager(sock: Path, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orbitkv",
-            "serve",
-            "--socket",
-            str(sock),
-            "--dram-size",
-            "64MiB",
-            "--segment-size",
-            "16MiB",
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-        ],
-        stdout=open(log, "wb"),
-        stderr=subprocess.STDOUT,
-    )
-    from orbitkv import _native
+    from orbitkv.launch import ManagerStartError, start_serve
 
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if sock.exists():
-            try:
-                with _native.Client(str(sock), timeout_ms=2000) as c:
-                    c.stats()
-                return proc
-            except Exception:
-                pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"Manager did not start: {log.read_text()[-2000:]}")
+    try:
+        return start_serve(
+            sock, "--dram-size", "64MiB", "--segment-size", "16MiB", timeout_s=20,
+            stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    except ManagerStartError as e:
+        raise RuntimeError(f"Manager did not start ({e}): {log.read_text()[-2000:]}") from None
 
 
 def _pool(kind: str) -> Any:

@@ -232,27 +232,10 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start:
 def _start_manager(
     tmp: str, dram: int, policy: str, ssd: int, block: int, seed: int | None, extra: list[str]
 ) -> tuple[subprocess.Popen[bytes], str]:
-    from orbitkv import _native
+    from orbitkv.launch import ManagerStartError, start_serve
 
     sock = os.path.join(tmp, "manager.sock")
-    args = [
-        sys.executable,
-        "-m",
-        "orbitkv",
-        "serve",
-        "--socket",
-        sock,
-        "--dram-size",
-        str(dram),
-        "--segment-size",
-        str(min(dram, 256 << 20)),
-        "--metrics-addr",
-        "off",
-        "--log-level",
-        "warn",
-        "--cache-policy",
-        policy,
-    ]
+    args = ["--dram-size", str(dram), "--segment-size", str(min(dram, 256 << 20)), "--cache-policy", policy]
     if seed is not None:
         args += ["--cache-policy-seed", str(seed)]
     if ssd:
@@ -260,18 +243,10 @@ def _start_manager(
         per = -(-(block + 4 * KiB) // (4 * KiB)) * 4 * KiB
         args += ["--ssd-dir", os.path.join(tmp, "ssd"), "--ssd-capacity", str(ssd * per), "--ssd-mode", "kernel"]
     args += extra
-    proc = subprocess.Popen(args)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"trace_replay: the Manager exited with code {proc.returncode} ({' '.join(args)})")
-        try:
-            _native.Client(sock).close()
-            return proc, sock
-        except _native.ManagerUnavailable:
-            time.sleep(0.05)
-    proc.terminate()
-    raise SystemExit("trace_replay: the Manager did not come up within 30 s")
+    try:
+        return start_serve(sock, *args, timeout_s=30), sock
+    except ManagerStartError as e:
+        raise SystemExit(f"trace_replay: {e} (orbitkv serve {' '.join(args)})") from None
 
 
 def replay(

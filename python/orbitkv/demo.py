@@ -23,6 +23,7 @@ from typing import Any
 
 from orbitkv._progress import Progress
 from orbitkv.hashing import chain_hashes, chain_root, fingerprint
+from orbitkv.launch import ManagerStartError, start_serve
 
 
 @dataclass
@@ -133,38 +134,13 @@ def _memcpy_gbps(nbytes: int = 256 << 20) -> float:
 def _start_manager(
     dram: str, extra: list[str]
 ) -> tuple[subprocess.Popen[bytes], str, tempfile.TemporaryDirectory[str]]:
-    from orbitkv import _native
-
     tmp = tempfile.TemporaryDirectory(prefix="orbitkv-demo-")
     sock = os.path.join(tmp.name, "manager.sock")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orbitkv",
-            "serve",
-            "--socket",
-            sock,
-            "--dram-size",
-            dram,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--log-level",
-            "warn",
-            *extra,
-        ],
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"orbitkv demo: the Manager exited with code {proc.returncode}")
-        try:
-            _native.Client(sock).close()
-            return proc, sock, tmp
-        except _native.ManagerUnavailable:
-            time.sleep(0.05)
-    proc.terminate()
-    raise SystemExit("orbitkv demo: the Manager did not come up within 20 s")
+    try:
+        proc = start_serve(sock, "--dram-size", dram, *extra, timeout_s=20, metrics="127.0.0.1:0")
+    except ManagerStartError as e:
+        raise SystemExit(f"orbitkv demo: {e}") from None
+    return proc, sock, tmp
 
 
 def run(

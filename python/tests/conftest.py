@@ -6,12 +6,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from orbitkv.launch import serve_command
 
 
 class ManagerProcess:
@@ -36,21 +37,7 @@ class ManagerProcess:
 
 def start_manager(tmp: Path, *args: str) -> ManagerProcess:
     sock = tmp / "manager.sock"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orbitkv",
-            "serve",
-            "--socket",
-            str(sock),
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-            *args,
-        ],
-    )
+    proc = subprocess.Popen(serve_command(sock, *args))
     deadline = time.monotonic() + 20
     try:
         while time.monotonic() < deadline:

@@ -18,27 +18,19 @@ pytestmark = pytest.mark.native
 BENCH = Path(__file__).resolve().parents[3] / "benches" / "trace_replay.py"
 
 
-def replay(tmp_path: Path, *args: str) -> dict:  # type: ignore[type-arg]
-    out = tmp_path / "r.json"
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--generate",
-            "1500",
-            "--block-bytes",
-            "4096",
-            "--quiet",
-            "--workdir",
-            str(tmp_path),
-            "--out",
-            str(out),
-            *args,
-        ],
+def run_bench(tmp_path: Path, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The bench, quiet, working in `tmp_path` and writing `out`, with `args`."""
+    return subprocess.run(
+        [sys.executable, str(BENCH), "--quiet", "--workdir", str(tmp_path), "--out", str(out), *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
+
+
+def replay(tmp_path: Path, *args: str) -> dict:  # type: ignore[type-arg]
+    out = tmp_path / "r.json"
+    r = run_bench(tmp_path, out, "--generate", "1500", "--block-bytes", "4096", *args, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text())
 
@@ -85,82 +77,23 @@ def test_pace_issues_requests_no_earlier_than_their_timestamps(tmp_path: Path) -
         "".join(json.dumps({"timestamp": 50 * i, "hash_ids": [0, i % 7 + 1, 100 + i]}) + "\n" for i in range(40))
     )
     out = tmp_path / "p.json"
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--trace",
-            str(trace),
-            "--block-bytes",
-            "4096",
-            "--quiet",
-            "--capacity",
-            "64",
-            "--clients",
-            "2",
-            "--policies",
-            "lru",
-            "--pace",
-            "2",
-            "--workdir",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_bench(
+        tmp_path, out, "--trace", str(trace), "--block-bytes", "4096", "--capacity", "64", "--clients", "2",
+        "--policies", "lru", "--pace", "2",
+    )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     p = json.loads(out.read_text())["rows"][0]["policies"]["lru"]
     assert p["paced"] and p["mismatched_blocks"] == 0 and p["blocks_served"] > 0, p
     assert p["issue_span_seconds"] >= 39 * 0.050 / 2, p
     # A generated trace has no timestamps: pacing it is refused.
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--generate",
-            "20",
-            "--capacity",
-            "64",
-            "--pace",
-            "1",
-            "--quiet",
-            "--workdir",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_bench(tmp_path, out, "--generate", "20", "--capacity", "64", "--pace", "1")
     assert r.returncode != 0 and "--pace needs a `timestamp`" in r.stderr, r.stderr
 
 
 def test_an_unknown_policy_is_refused_by_the_manager(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--generate",
-            "50",
-            "--block-bytes",
-            "4096",
-            "--quiet",
-            "--capacity",
-            "64",
-            "--policies",
-            "mru",
-            "--workdir",
-            str(tmp_path),
-            "--out",
-            str(tmp_path / "r.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_bench(
+        tmp_path, tmp_path / "r.json", "--generate", "50", "--block-bytes", "4096", "--capacity", "64",
+        "--policies", "mru",
+    )  # fmt: skip
     assert r.returncode != 0
     assert 'unknown cache policy "mru"' in r.stderr and "s3fifo-adaptive" in r.stderr, r.stderr

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from orbitkv.launch import serve_command
 
 
 class ManagerProcess:
@@ -24,22 +25,7 @@ class ManagerProcess:
     ) -> None:
         self.socket_path = socket_path
         self.log_path = log_path
-        args = [
-            sys.executable,
-            "-m",
-            "orbitkv",
-            "serve",
-            "--socket",
-            str(socket_path),
-            "--dram-size",
-            dram_size,
-            "--segment-size",
-            "16MiB",
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-        ]
+        args = serve_command(socket_path, "--dram-size", dram_size, "--segment-size", "16MiB")
         if fault_injection:
             args.append("--enable-fault-injection")
         args.extend(extra_args)
