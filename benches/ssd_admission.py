@@ -15,6 +15,24 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Any
+
+
+def demo(out: str, dram_size: str, *flags: str) -> dict[str, Any] | None:
+    """One `orbitkv demo` run (2 clients, quiet) with `flags`: its JSON, or
+    `None` after printing its output when it failed."""
+    r = subprocess.run(
+        [sys.executable, "-m", "orbitkv", "demo", "--quiet", "--clients", "2", "--dram-size", dram_size, *flags,
+         "--json", out],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        print(r.stdout, r.stderr, file=sys.stderr)
+        return None
+    with open(out) as f:
+        res: dict[str, Any] = json.load(f)
+    return res
 
 
 def main() -> int:
@@ -26,29 +44,9 @@ def main() -> int:
     base = a.dir or tempfile.mkdtemp(prefix="orbitkv-admission-", dir="/var/tmp")
     rows = []
     try:
-        out = os.path.join(base, "demo-dram-only.json")
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "orbitkv",
-                "demo",
-                "--quiet",
-                "--clients",
-                "2",
-                "--dram-size",
-                a.dram_size,
-                "--json",
-                out,
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode != 0:
-            print(r.stdout, r.stderr, file=sys.stderr)
+        res = demo(os.path.join(base, "demo-dram-only.json"), a.dram_size)
+        if res is None:
             return 1
-        with open(out) as f:
-            res = json.load(f)
         rows.append(
             {
                 "write_policy": "no SSD tier",
@@ -63,36 +61,10 @@ def main() -> int:
             ssd = os.path.join(base, f"ssd-{policy}-{hits}")
             shutil.rmtree(ssd, ignore_errors=True)
             out = os.path.join(base, f"demo-{policy}-{hits}.json")
-            r = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "orbitkv",
-                    "demo",
-                    "--quiet",
-                    "--clients",
-                    "2",
-                    "--dram-size",
-                    a.dram_size,
-                    "--ssd-dir",
-                    ssd,
-                    "--ssd-admit-hits",
-                    str(hits),
-                    "--ssd-write-policy",
-                    policy,
-                    "--ssd-capacity",
-                    "2GiB",
-                    "--json",
-                    out,
-                ],
-                capture_output=True,
-                text=True,
-            )
-            if r.returncode != 0:
-                print(r.stdout, r.stderr, file=sys.stderr)
+            res = demo(out, a.dram_size, "--ssd-dir", ssd, "--ssd-admit-hits", str(hits),
+                       "--ssd-write-policy", policy, "--ssd-capacity", "2GiB")  # fmt: skip
+            if res is None:
                 return 1
-            with open(out) as f:
-                res = json.load(f)
             m = res["manager"]
             row = {
                 "write_policy": policy,
@@ -104,6 +76,7 @@ def main() -> int:
                 "dram_evictions_dropped": m["evictions_total"],
                 "blocks_committed": m["blocks_committed_total"],
                 "mismatched_blocks": res["mismatched_blocks"],
+                "restores_failed": res["restores_failed"],
             }
             rows.append(row)
             print(json.dumps(row))

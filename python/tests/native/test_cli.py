@@ -87,3 +87,23 @@ def test_demo_runs_verifies_and_reports(tmp_path) -> None:  # type: ignore[no-un
     assert res["bytes_restored"] == res["blocks_hit"] * 64 * 1024
     assert res["manager"]["live_leases"] == 0 and res["manager"]["live_saves"] == 0
     assert time.monotonic() - t0 < 120
+
+
+def test_demo_with_an_ssd_tier_recomputes_hits_the_manager_cannot_serve(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The SSD admission bench's shape: a 192 MiB arena with an SSD tier and two
+    clients. A hit whose SSD blocks find no unpinned DRAM to stage into fails with
+    RestoreFailed (the lease released); the demo recomputes it as an engine does,
+    counts it apart and never as a hit, and the run still ends verified."""
+    out = tmp_path / "demo.json"
+    r = orbitkv(
+        "demo", "--clients", "2", "--dram-size", "192MiB", "--ssd-dir", str(tmp_path / "ssd"),
+        "--ssd-capacity", "2GiB", "--json", str(out), "--quiet", timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["mismatched_blocks"] == 0 and not res["errors"], res["errors"]
+    assert res["bytes_restored"] == res["blocks_hit"] * 256 * 1024
+    assert res["manager"]["ssd_staged_blocks_total"] > 0
+    assert res["manager"]["live_leases"] == 0 and res["manager"]["live_saves"] == 0
+    if res["restores_failed"]:
+        assert "restores failed" in r.stdout
