@@ -1,9 +1,9 @@
 //! Set dueling among several policies (Qureshi et al., "Adaptive Insertion
 //! Policies", ISCA'07, applied to whole policies): S3-FIFO with a small queue of
-//! 5, 10, 20 or 40 % of the capacity, and LRU. Two real policies track every
-//! resident entry (one S3-FIFO whose small-queue share follows the leader, and
-//! one LRU); the leader decides each eviction and the other is told of the
-//! removal.
+//! 5, 10, 20 or 40 % of the capacity, and LRU. One S3-FIFO whose small-queue
+//! share follows the leader tracks every resident entry and also keeps their
+//! recency, so either S3-FIFO or LRU decides each eviction over the same set,
+//! with one map lookup per hit ([`S3Fifo::with_recency`]).
 //!
 //! The leader is found by *shadows*: one small independent cache per candidate,
 //! 1/`SAMPLE` of the capacity, fed only the keys whose hash falls in a 1/`SAMPLE`
@@ -16,8 +16,9 @@
 //! share or LRU in large caches (first returns after long gaps). Every S3-FIFO
 //! here keeps a ghost history of 4× the capacity.
 //!
-//! Cost: every operation is done by both real policies, and 1 in `SAMPLE` keys
-//! also by the five shadows.
+//! Cost: a hit is one map lookup, a frequency bump and a push to the recency
+//! order; whether a key is in the sample is decided once, at its insert, and
+//! kept with the entry. 1 in `SAMPLE` keys is also an access to the five shadows.
 
 use std::hash::{BuildHasher, Hash};
 
@@ -32,8 +33,8 @@ const LRU: usize = SMALL_PCTS.len();
 
 #[derive(Debug, Clone)]
 pub struct Duel<K> {
+    /// The real policy: S3-FIFO with a recency order (LRU over the same entries).
     s3: S3Fifo<K>,
-    lru: Lru<K>,
     shadows: Vec<S3Fifo<K>>,
     shadow_lru: Lru<K>,
     shadow_capacity: u64,
@@ -61,8 +62,8 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
                 capacity_bytes,
                 SMALL_PCTS[leader],
                 capacity_bytes.saturating_mul(GHOST_X),
-            ),
-            lru: Lru::new(),
+            )
+            .with_recency(),
             shadows: SMALL_PCTS
                 .iter()
                 .map(|&pct| S3Fifo::tuned(shadow_capacity, pct, shadow_capacity.saturating_mul(GHOST_X)))
@@ -93,12 +94,12 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
 
     /// The weight `key` is tracked with.
     pub fn weight(&self, key: &K) -> Option<u64> {
-        self.lru.weight(key)
+        self.s3.weight(key)
     }
 
     /// The tracked entries' weight.
     pub fn bytes(&self) -> u64 {
-        self.lru.bytes()
+        self.s3.bytes()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -109,11 +110,12 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         self.s3.contains(key)
     }
 
+    fn sampled(&self, key: &K) -> bool {
+        self.hasher.hash_one(key).is_multiple_of(SAMPLE)
+    }
+
     /// One access of a sampled key to every shadow.
     fn shadow_access(&mut self, key: K, weight: u64) {
-        if !self.hasher.hash_one(key).is_multiple_of(SAMPLE) {
-            return;
-        }
         let cap = self.shadow_capacity;
         for (i, sh) in self.shadows.iter_mut().enumerate() {
             if sh.contains(&key) {
@@ -153,56 +155,52 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         if self.s3.contains(&key) {
             return false;
         }
-        self.shadow_access(key, weight);
-        self.lru.insert(key, weight);
-        self.s3.insert(key, weight)
+        let sampled = self.sampled(&key);
+        if sampled {
+            self.shadow_access(key, weight);
+        }
+        self.s3.insert_marked(key, weight, sampled)
     }
 
     /// Record a hit.
     pub fn touch(&mut self, key: &K) -> bool {
-        let Some(weight) = self.lru.touch(key) else {
+        let Some((weight, sampled)) = self.s3.touch_marked(key) else {
             return false;
         };
-        self.s3.touch(key);
-        self.shadow_access(*key, weight);
+        if sampled {
+            self.shadow_access(*key, weight);
+        }
         true
     }
 
     /// Forget an entry (explicit removal, not eviction).
     pub fn remove(&mut self, key: &K) {
         self.s3.remove(key);
-        self.lru.remove(key);
     }
 
     /// Choose and forget one victim that `pinned` does not protect.
     pub fn evict_one(&mut self, pinned: impl FnMut(&K) -> bool) -> Option<K> {
-        let victim = if self.leader == LRU {
-            let v = self.lru.evict_one(pinned)?;
-            // S3-FIFO forgets it without a ghost: it was not its choice.
-            self.s3.remove(&v);
-            v
+        if self.leader == LRU {
+            self.s3.evict_least_recent(pinned)
         } else {
-            let v = self.s3.evict_one(pinned)?;
-            self.lru.remove(&v);
-            v
-        };
-        Some(victim)
+            self.s3.evict_one(pinned)
+        }
     }
 
     /// The entries the leader would evict first (see the policies), then those
-    /// the other real policy would: the leader changes with the shadows' hits,
+    /// the other order would: the leader changes with the shadows' hits,
     /// and a spill-ahead that listed only the current leader's cold end would
     /// miss what the next leader evicts.
     pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         let (mut first, second) = if self.leader == LRU {
             (
-                self.lru.coldest(limit_bytes, &mut wanted),
+                self.s3.coldest_by_recency(limit_bytes, &mut wanted),
                 self.s3.coldest(limit_bytes, &mut wanted),
             )
         } else {
             (
                 self.s3.coldest(limit_bytes, &mut wanted),
-                self.lru.coldest(limit_bytes, &mut wanted),
+                self.s3.coldest_by_recency(limit_bytes, &mut wanted),
             )
         };
         let listed: std::collections::HashSet<K> = first.iter().copied().collect();
@@ -216,7 +214,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn both_policies_track_the_same_entries_whoever_evicts() {
+    fn either_leader_evicts_unpinned_entries_and_forgets_them() {
         let mut p = Duel::new(10 * 160);
         for round in 0..50u32 {
             for k in 0..12u32 {
@@ -224,19 +222,23 @@ mod tests {
                 p.insert(key, 10);
                 p.touch(&(key / 2));
             }
-            // Alternate the leader so that both real policies evict.
+            // Alternate the leader so that both orders evict.
             p.leader = (round as usize) % (LRU + 1);
-            while p.lru.bytes() > 10 * 160 {
-                p.evict_one(|k| k % 5 == 0).expect("a victim");
+            while p.bytes() > 10 * 160 {
+                let v = p.evict_one(|k| k % 5 == 0).expect("a victim");
+                assert!(v % 5 != 0 && !p.contains(&v), "{v}");
             }
-            assert_eq!(p.s3.len(), p.lru.len());
-            assert_eq!(p.s3.bytes(), p.lru.bytes());
+            assert_eq!(p.bytes(), 10 * p.len() as u64);
         }
-        let pinned = |k: &u32| *k != 1000;
-        p.insert(1000, 10);
-        assert_eq!(p.evict_one(pinned), Some(1000));
-        assert!(!p.s3.contains(&1000) && !p.lru.contains(&1000));
-        assert_eq!(p.evict_one(|_| true), None);
+        for leader in [0, LRU] {
+            p.leader = leader;
+            let pinned = |k: &u32| *k != 1000;
+            p.insert(1000, 10);
+            assert_eq!(p.evict_one(pinned), Some(1000));
+            assert!(!p.contains(&1000));
+        }
+        while p.evict_one(|k| k % 5 == 0).is_some() {}
+        assert!(!p.is_empty() && p.evict_one(|_| true).is_none());
     }
 
     /// Drive a duel as the cache does: hit → touch, miss → insert and evict to capacity.
@@ -245,7 +247,7 @@ mod tests {
             p.touch(&k);
         } else {
             p.insert(k, 100);
-            while p.lru.bytes() > capacity {
+            while p.bytes() > capacity {
                 p.evict_one(|_| false);
             }
         }
@@ -289,7 +291,7 @@ mod tests {
         );
     }
 
-    /// The spill-ahead list: the leader's cold end, then the other policy's,
+    /// The spill-ahead list: the leader's cold end, then the other order's,
     /// each key once.
     #[test]
     fn coldest_lists_the_leaders_cold_end_then_the_others() {
@@ -300,21 +302,28 @@ mod tests {
         for k in (0..40u32).step_by(3) {
             p.touch(&k);
         }
-        // S3-FIFO keeps these in its small queue's front; LRU makes them newest.
-        p.lru.touch(&1);
-        p.lru.touch(&2);
+        // S3-FIFO lists only unhit entries; the recency order lists the hit
+        // ones too, after the rest.
         for leader in [1, LRU] {
             p.leader = leader;
             let (first, second) = if leader == LRU {
-                (p.lru.coldest(200, |_| true), p.s3.coldest(200, |_| true))
+                (
+                    p.s3.coldest_by_recency(u64::MAX, |_| true),
+                    p.s3.coldest(u64::MAX, |_| true),
+                )
             } else {
-                (p.s3.coldest(200, |_| true), p.lru.coldest(200, |_| true))
+                (
+                    p.s3.coldest(u64::MAX, |_| true),
+                    p.s3.coldest_by_recency(u64::MAX, |_| true),
+                )
             };
-            let listed = p.coldest(200, |_| true);
+            assert_ne!(first, second);
+            let listed = p.coldest(u64::MAX, |_| true);
             assert_eq!(&listed[..first.len()], &first[..]);
             let mut expected = first.clone();
             expected.extend(second.iter().filter(|k| !first.contains(k)));
             assert_eq!(listed, expected);
+            assert_eq!(listed.len(), 100);
         }
     }
 }

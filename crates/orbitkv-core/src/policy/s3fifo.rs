@@ -4,8 +4,14 @@
 //! Three queues: a small FIFO (~10 % of the byte capacity) for new entries, a
 //! main FIFO for entries that were hit while in the small queue, and a ghost
 //! FIFO of recently evicted keys; a key found in the ghost is admitted straight
-//! to main. Queues hold `(key, seq)` and are cleaned lazily: an element is live
-//! only while the entry's current `seq` matches.
+//! to main. Entries live in a slab; the small and main queues hold
+//! `(slot, seq)` and are cleaned lazily: an element is live only while the
+//! slot's current `seq` matches (a freed slot's is 0), so walking them hashes
+//! no key.
+//!
+//! Optionally ([`S3Fifo::with_recency`]) the same entries are also threaded on
+//! a recency list, so they can leave in LRU order instead: `Duel` runs S3-FIFO
+//! and LRU over one set of blocks with one map lookup per hit.
 
 use std::collections::VecDeque;
 use std::hash::Hash;
@@ -13,6 +19,7 @@ use std::hash::Hash;
 use crate::map::Map;
 
 const MAX_FREQ: u8 = 3;
+const NIL: usize = usize::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Queue {
@@ -20,12 +27,21 @@ enum Queue {
     Main,
 }
 
+/// One tracked entry.
 #[derive(Debug, Clone)]
-struct Meta {
+struct Slot<K> {
+    key: K,
     weight: u64,
+    /// The entry's queue element's seq; 0 while the slot is free.
+    seq: u64,
     freq: u8,
     queue: Queue,
-    seq: u64,
+    /// A flag the owner keeps with the entry (`Duel`: the key is in its sample).
+    mark: bool,
+    /// Neighbours on the recency list (less and more recent); `NIL` at its
+    /// ends and without one.
+    prev: usize,
+    next: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -39,11 +55,18 @@ pub struct S3Fifo<K> {
     /// small queue that comes back grows it, one evicted from main that comes
     /// back shrinks it. Main evictions are then remembered in the ghost too.
     adaptive: bool,
-    small: VecDeque<(K, u64)>,
-    main: VecDeque<(K, u64)>,
+    small: VecDeque<(usize, u64)>,
+    main: VecDeque<(usize, u64)>,
     ghost: VecDeque<(K, u64, u64)>,
     ghost_index: Map<K, (u64, Queue)>, // key -> (ghost seq, queue it was evicted from)
-    entries: Map<K, Meta>,
+    entries: Map<K, usize>,
+    slots: Vec<Slot<K>>,
+    free: Vec<usize>,
+    /// Keep the recency list ([`S3Fifo::with_recency`]).
+    recency: bool,
+    /// The recency list's least and most recently inserted or hit slots.
+    oldest: usize,
+    newest: usize,
     small_bytes: u64,
     main_bytes: u64,
     ghost_bytes: u64,
@@ -82,11 +105,23 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             ghost: VecDeque::new(),
             ghost_index: Map::default(),
             entries: Map::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            recency: false,
+            oldest: NIL,
+            newest: NIL,
             small_bytes: 0,
             main_bytes: 0,
             ghost_bytes: 0,
             next_seq: 0,
         }
+    }
+
+    /// Also keep the entries' recency, for [`S3Fifo::evict_least_recent`] and
+    /// [`S3Fifo::coldest_by_recency`]: a list move per insert and hit.
+    pub fn with_recency(mut self) -> Self {
+        self.recency = true;
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -101,7 +136,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// The weight `key` is tracked with.
     pub fn weight(&self, key: &K) -> Option<u64> {
-        self.entries.get(key).map(|m| m.weight)
+        self.entries.get(key).map(|&i| self.slots[i].weight)
     }
 
     /// The tracked entries' weight.
@@ -121,6 +156,12 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// Returns `true` when the key came back from the ghost queue: it was
     /// evicted recently and is being inserted again (evidence of reuse).
     pub fn insert(&mut self, key: K, weight: u64) -> bool {
+        self.insert_marked(key, weight, false)
+    }
+
+    /// [`S3Fifo::insert`], keeping `mark` with the entry ([`S3Fifo::touch_marked`]
+    /// returns it).
+    pub fn insert_marked(&mut self, key: K, weight: u64, mark: bool) -> bool {
         if self.entries.contains_key(&key) {
             return false;
         }
@@ -138,44 +179,65 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             }
         }
         let queue = if readmitted { Queue::Main } else { Queue::Small };
-        self.entries.insert(
+        let slot = Slot {
             key,
-            Meta {
-                weight,
-                freq: 0,
-                queue,
-                seq,
-            },
-        );
+            weight,
+            seq,
+            freq: 0,
+            queue,
+            mark,
+            prev: NIL,
+            next: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                self.slots.len() - 1
+            }
+        };
+        self.entries.insert(key, i);
         match queue {
             Queue::Small => {
-                self.small.push_back((key, seq));
+                self.small.push_back((i, seq));
                 self.small_bytes += weight;
             }
             Queue::Main => {
-                self.main.push_back((key, seq));
+                self.main.push_back((i, seq));
                 self.main_bytes += weight;
             }
+        }
+        if self.recency {
+            self.link_newest(i);
         }
         readmitted
     }
 
     /// Record a hit; `false` when `key` is not tracked.
     pub fn touch(&mut self, key: &K) -> bool {
-        let Some(m) = self.entries.get_mut(key) else {
-            return false;
-        };
-        m.freq = (m.freq + 1).min(MAX_FREQ);
-        true
+        self.touch_marked(key).is_some()
+    }
+
+    /// Record a hit; the entry's weight and mark, `None` when it is not tracked.
+    pub fn touch_marked(&mut self, key: &K) -> Option<(u64, bool)> {
+        let &i = self.entries.get(key)?;
+        let s = &mut self.slots[i];
+        s.freq = (s.freq + 1).min(MAX_FREQ);
+        let found = (s.weight, s.mark);
+        if self.recency && self.newest != i {
+            self.unlink(i);
+            self.link_newest(i);
+        }
+        Some(found)
     }
 
     /// Forget an entry (explicit removal, not eviction: no ghost).
     pub fn remove(&mut self, key: &K) {
-        if let Some(m) = self.entries.remove(key) {
-            match m.queue {
-                Queue::Small => self.small_bytes -= m.weight,
-                Queue::Main => self.main_bytes -= m.weight,
-            }
+        if let Some(i) = self.entries.remove(key) {
+            self.forget_slot(i);
         }
         self.compact_if_sparse();
     }
@@ -190,55 +252,90 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             budget -= 1;
             let from_small =
                 !self.small.is_empty() && (self.small_bytes >= self.small_target || self.main.is_empty());
-            let (key, seq) = if from_small {
+            let (i, seq) = if from_small {
                 self.small.pop_front()?
             } else {
                 self.main.pop_front()?
             };
-            let Some(meta) = self.entries.get_mut(&key) else {
-                continue; // stale
-            };
-            if meta.seq != seq {
+            let s = &mut self.slots[i];
+            if s.seq != seq {
                 continue; // stale
             }
+            let key = s.key;
             if pinned(&key) {
                 if from_small {
-                    self.small.push_back((key, seq));
+                    self.small.push_back((i, seq));
                 } else {
-                    self.main.push_back((key, seq));
+                    self.main.push_back((i, seq));
                 }
                 continue;
             }
             if from_small {
-                if meta.freq > 0 {
-                    meta.freq = 0;
-                    meta.queue = Queue::Main;
-                    let w = meta.weight;
+                if s.freq > 0 {
+                    s.freq = 0;
+                    s.queue = Queue::Main;
+                    let w = s.weight;
                     self.small_bytes -= w;
                     self.main_bytes += w;
-                    self.main.push_back((key, seq));
+                    self.main.push_back((i, seq));
                     continue;
                 }
-                let w = meta.weight;
+                let w = s.weight;
                 self.entries.remove(&key);
-                self.small_bytes -= w;
+                self.forget_slot(i);
                 self.add_ghost(key, w, Queue::Small);
                 return Some(key);
             }
-            if meta.freq > 0 {
-                meta.freq -= 1;
-                self.main.push_back((key, seq));
+            if s.freq > 0 {
+                s.freq -= 1;
+                self.main.push_back((i, seq));
                 continue;
             }
-            let w = meta.weight;
+            let w = s.weight;
             self.entries.remove(&key);
-            self.main_bytes -= w;
+            self.forget_slot(i);
             if self.adaptive {
                 self.add_ghost(key, w, Queue::Main);
             }
             return Some(key);
         }
         None
+    }
+
+    /// With a recency list: the least recently inserted or hit entry that
+    /// `pinned` does not protect, forgotten without a ghost (S3-FIFO did not
+    /// choose it). `None` without a recency list or when every entry is pinned.
+    pub fn evict_least_recent(&mut self, mut pinned: impl FnMut(&K) -> bool) -> Option<K> {
+        let mut i = self.oldest;
+        while i != NIL && pinned(&self.slots[i].key) {
+            i = self.slots[i].next;
+        }
+        if i == NIL {
+            return None;
+        }
+        let key = self.slots[i].key;
+        self.entries.remove(&key);
+        self.forget_slot(i);
+        self.compact_if_sparse();
+        Some(key)
+    }
+
+    /// With a recency list: the least recently inserted or hit entries for
+    /// which `wanted` holds, up to `limit_bytes` of their weight (empty without
+    /// one). Nothing is changed.
+    pub fn coldest_by_recency(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut i = self.oldest;
+        while i != NIL && bytes < limit_bytes {
+            let s = &self.slots[i];
+            if wanted(&s.key) {
+                bytes += s.weight;
+                out.push(s.key);
+            }
+            i = s.next;
+        }
+        out
     }
 
     /// The coldest entries for which `wanted` holds, in the order eviction would
@@ -248,20 +345,58 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         let mut out = Vec::new();
         let mut bytes = 0;
-        for (k, seq) in self.small.iter().chain(self.main.iter()) {
+        for &(i, seq) in self.small.iter().chain(self.main.iter()) {
             if bytes >= limit_bytes {
                 break;
             }
-            if let Some(m) = self
-                .entries
-                .get(k)
-                .filter(|m| m.seq == *seq && m.freq == 0 && wanted(k))
-            {
-                bytes += m.weight;
-                out.push(*k);
+            let s = &self.slots[i];
+            if s.seq == seq && s.freq == 0 && wanted(&s.key) {
+                bytes += s.weight;
+                out.push(s.key);
             }
         }
         out
+    }
+
+    /// Give back slot `i` (its key already out of `entries`): its weight leaves
+    /// its queue's count, it leaves the recency list, and its queue element
+    /// goes stale.
+    fn forget_slot(&mut self, i: usize) {
+        let (w, queue) = (self.slots[i].weight, self.slots[i].queue);
+        match queue {
+            Queue::Small => self.small_bytes -= w,
+            Queue::Main => self.main_bytes -= w,
+        }
+        if self.recency {
+            self.unlink(i);
+        }
+        self.slots[i].seq = 0;
+        self.free.push(i);
+    }
+
+    fn unlink(&mut self, i: usize) {
+        let (prev, next) = (self.slots[i].prev, self.slots[i].next);
+        if prev == NIL {
+            self.oldest = next;
+        } else {
+            self.slots[prev].next = next;
+        }
+        if next == NIL {
+            self.newest = prev;
+        } else {
+            self.slots[next].prev = prev;
+        }
+    }
+
+    fn link_newest(&mut self, i: usize) {
+        self.slots[i].prev = self.newest;
+        self.slots[i].next = NIL;
+        if self.newest == NIL {
+            self.oldest = i;
+        } else {
+            self.slots[self.newest].next = i;
+        }
+        self.newest = i;
     }
 
     fn add_ghost(&mut self, key: K, weight: u64, from: Queue) {
@@ -286,12 +421,13 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     }
 
     /// Drop stale queue elements once they dominate, so explicit removals
-    /// (generation purges) do not leave the queues growing without bound.
+    /// (generation purges, LRU-order evictions) do not leave the queues
+    /// growing without bound.
     fn compact_if_sparse(&mut self) {
         let live = self.entries.len();
         if self.small.len() + self.main.len() > 2 * live + 1024 {
-            let entries = &self.entries;
-            let alive = |(k, s): &(K, u64)| entries.get(k).is_some_and(|m| m.seq == *s);
+            let slots = &self.slots;
+            let alive = |&(i, s): &(usize, u64)| slots[i].seq == s;
             self.small.retain(alive);
             self.main.retain(alive);
         }
@@ -380,6 +516,61 @@ mod tests {
         assert_eq!(p.evict_one(pinned), Some(4));
         assert_eq!(p.evict_one(|_| true), None);
         assert_eq!(p.len(), 4);
+    }
+
+    /// The recency order decides exactly as `Lru` does on the same operations
+    /// (pins, removals, S3-FIFO's own evictions in between), and stays bounded.
+    #[test]
+    fn the_recency_order_evicts_like_lru() {
+        use super::super::Lru;
+        let mut p = S3Fifo::tuned(2000, 10, 8000).with_recency();
+        let mut lru = Lru::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..200_000u32 {
+            let r = next();
+            let k = (r >> 8) % 400;
+            match r % 8 {
+                0..=2 => {
+                    if !p.contains(&k) {
+                        p.insert(k, 10 + (r >> 40) % 3);
+                        lru.insert(k, p.weight(&k).unwrap_or(0));
+                    }
+                }
+                3..=5 => assert_eq!(p.touch_marked(&k).map(|t| t.0), lru.touch(&k)),
+                6 => {
+                    p.remove(&k);
+                    lru.remove(&k);
+                }
+                _ => {
+                    let pin = (r >> 20) % 7;
+                    let pinned = |k: &u64| k % 7 == pin;
+                    if step % 3 == 0 {
+                        // S3-FIFO's own choice; LRU is told.
+                        if let Some(v) = p.evict_one(pinned) {
+                            lru.remove(&v);
+                        }
+                    } else {
+                        assert_eq!(p.evict_least_recent(pinned), lru.evict_one(pinned));
+                    }
+                }
+            }
+            assert_eq!((p.len(), p.bytes()), (lru.len(), lru.bytes()));
+            if step % 1000 == 0 {
+                assert_eq!(
+                    p.coldest_by_recency(300, |k| k % 2 == 0),
+                    lru.coldest(300, |k| k % 2 == 0)
+                );
+            }
+            let queued = p.small.len() + p.main.len();
+            assert!(queued <= 2 * p.len() + 1025, "{queued} for {}", p.len());
+            assert!(p.slots.len() <= 400, "slots are reused: {}", p.slots.len());
+        }
     }
 
     #[test]
