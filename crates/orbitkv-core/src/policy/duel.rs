@@ -17,8 +17,11 @@
 //! here keeps a ghost history of 4× the capacity.
 //!
 //! Cost: a hit is one map lookup, a frequency bump and a push to the recency
-//! order; whether a key is in the sample is decided once, at its insert, and
-//! kept with the entry. 1 in `SAMPLE` keys is also an access to the five shadows.
+//! order. A key's sample hash is taken once, at its insert, and kept with the
+//! entry; 1 in `SAMPLE` keys is also an access to the five shadows, which know
+//! a key by that 64-bit hash (cheaper to hash again than the key; two sampled
+//! keys colliding would only merge two shadow entries).
+
 
 use std::hash::{BuildHasher, Hash};
 
@@ -35,8 +38,9 @@ const LRU: usize = SMALL_PCTS.len();
 pub struct Duel<K> {
     /// The real policy: S3-FIFO with a recency order (LRU over the same entries).
     s3: S3Fifo<K>,
-    shadows: Vec<S3Fifo<K>>,
-    shadow_lru: Lru<K>,
+    /// Keyed by the sample hash (see the module comment).
+    shadows: Vec<S3Fifo<u64>>,
+    shadow_lru: Lru<u64>,
     shadow_capacity: u64,
     /// Picks the sample; seeded per process unless a seed is given (the Manager's
     /// `--cache-policy-seed`), so clients cannot aim keys at it.
@@ -110,24 +114,22 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         self.s3.contains(key)
     }
 
-    fn sampled(&self, key: &K) -> bool {
-        self.hasher.hash_one(key).is_multiple_of(SAMPLE)
+    fn in_sample(hash: u64) -> bool {
+        hash.is_multiple_of(SAMPLE)
     }
 
-    /// One access of a sampled key to every shadow.
-    fn shadow_access(&mut self, key: K, weight: u64) {
+    /// One access of a sampled key (its sample hash) to every shadow.
+    fn shadow_access(&mut self, key: u64, weight: u64) {
         let cap = self.shadow_capacity;
         for (i, sh) in self.shadows.iter_mut().enumerate() {
-            if sh.contains(&key) {
-                sh.touch(&key);
+            if sh.touch(&key) {
                 self.hits[i] += 1;
             } else {
                 sh.insert(key, weight);
                 while sh.bytes() > cap && sh.evict_one(|_| false).is_some() {}
             }
         }
-        if self.shadow_lru.contains(&key) {
-            self.shadow_lru.touch(&key);
+        if self.shadow_lru.touch(&key).is_some() {
             self.hits[LRU] += 1;
         } else {
             self.shadow_lru.insert(key, weight);
@@ -155,20 +157,20 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         if self.s3.contains(&key) {
             return false;
         }
-        let sampled = self.sampled(&key);
-        if sampled {
-            self.shadow_access(key, weight);
+        let hash = self.hasher.hash_one(key);
+        if Self::in_sample(hash) {
+            self.shadow_access(hash, weight);
         }
-        self.s3.insert_marked(key, weight, sampled)
+        self.s3.insert_tagged(key, weight, hash)
     }
 
     /// Record a hit.
     pub fn touch(&mut self, key: &K) -> bool {
-        let Some((weight, sampled)) = self.s3.touch_marked(key) else {
+        let Some((weight, hash)) = self.s3.touch_tagged(key) else {
             return false;
         };
-        if sampled {
-            self.shadow_access(*key, weight);
+        if Self::in_sample(hash) {
+            self.shadow_access(hash, weight);
         }
         true
     }

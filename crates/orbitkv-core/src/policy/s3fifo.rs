@@ -36,8 +36,8 @@ struct Slot<K> {
     seq: u64,
     freq: u8,
     queue: Queue,
-    /// A flag the owner keeps with the entry (`Duel`: the key is in its sample).
-    mark: bool,
+    /// A value the owner keeps with the entry (`Duel`: the key's sample hash).
+    tag: u64,
     /// Neighbours on the recency list (less and more recent); `NIL` at its
     /// ends and without one.
     prev: usize,
@@ -156,12 +156,12 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// Returns `true` when the key came back from the ghost queue: it was
     /// evicted recently and is being inserted again (evidence of reuse).
     pub fn insert(&mut self, key: K, weight: u64) -> bool {
-        self.insert_marked(key, weight, false)
+        self.insert_tagged(key, weight, 0)
     }
 
-    /// [`S3Fifo::insert`], keeping `mark` with the entry ([`S3Fifo::touch_marked`]
+    /// [`S3Fifo::insert`], keeping `tag` with the entry ([`S3Fifo::touch_tagged`]
     /// returns it).
-    pub fn insert_marked(&mut self, key: K, weight: u64, mark: bool) -> bool {
+    pub fn insert_tagged(&mut self, key: K, weight: u64, tag: u64) -> bool {
         if self.entries.contains_key(&key) {
             return false;
         }
@@ -185,7 +185,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             seq,
             freq: 0,
             queue,
-            mark,
+            tag,
             prev: NIL,
             next: NIL,
         };
@@ -218,15 +218,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// Record a hit; `false` when `key` is not tracked.
     pub fn touch(&mut self, key: &K) -> bool {
-        self.touch_marked(key).is_some()
+        self.touch_tagged(key).is_some()
     }
 
-    /// Record a hit; the entry's weight and mark, `None` when it is not tracked.
-    pub fn touch_marked(&mut self, key: &K) -> Option<(u64, bool)> {
+    /// Record a hit; the entry's weight and tag, `None` when it is not tracked.
+    pub fn touch_tagged(&mut self, key: &K) -> Option<(u64, u64)> {
         let &i = self.entries.get(key)?;
         let s = &mut self.slots[i];
         s.freq = (s.freq + 1).min(MAX_FREQ);
-        let found = (s.weight, s.mark);
+        let found = (s.weight, s.tag);
         if self.recency && self.newest != i {
             self.unlink(i);
             self.link_newest(i);
@@ -542,7 +542,7 @@ mod tests {
                         lru.insert(k, p.weight(&k).unwrap_or(0));
                     }
                 }
-                3..=5 => assert_eq!(p.touch_marked(&k).map(|t| t.0), lru.touch(&k)),
+                3..=5 => assert_eq!(p.touch_tagged(&k).map(|t| t.0), lru.touch(&k)),
                 6 => {
                     p.remove(&k);
                     lru.remove(&k);
