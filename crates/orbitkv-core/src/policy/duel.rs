@@ -22,7 +22,6 @@
 //! a key by that 64-bit hash (cheaper to hash again than the key; two sampled
 //! keys colliding would only merge two shadow entries).
 
-
 use std::hash::{BuildHasher, Hash};
 
 use super::{Lru, S3Fifo};
