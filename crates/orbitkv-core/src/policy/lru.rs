@@ -1,19 +1,26 @@
 //! Least recently used, weighted by bytes: the reference policy of the trace
 //! simulator and a candidate. O(1) per operation: a doubly linked list threaded
-//! through a slab of nodes (least recent at the head), indexed by key.
+//! through a slab of nodes (least recent first, [`super::links`]), indexed by key.
 
 use std::hash::Hash;
 
+use super::links::{self, Linked, Links, List};
 use crate::map::Map;
-
-const NIL: usize = usize::MAX;
 
 #[derive(Debug, Clone)]
 struct Node<K> {
     key: K,
     weight: u64,
-    prev: usize,
-    next: usize,
+    links: Links,
+}
+
+impl<K> Linked for Node<K> {
+    fn links(&self) -> Links {
+        self.links
+    }
+    fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -21,8 +28,7 @@ pub struct Lru<K> {
     index: Map<K, usize>,
     nodes: Vec<Node<K>>,
     free: Vec<usize>,
-    head: usize, // least recently used
-    tail: usize, // most recently used
+    order: List,
     bytes: u64,
 }
 
@@ -32,8 +38,7 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
             index: Map::default(),
             nodes: Vec::new(),
             free: Vec::new(),
-            head: NIL,
-            tail: NIL,
+            order: List::EMPTY,
             bytes: 0,
         }
     }
@@ -60,74 +65,37 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
         self.index.get(key).map(|&i| self.nodes[i].weight)
     }
 
-    fn unlink(&mut self, i: usize) {
-        let (prev, next) = (self.nodes[i].prev, self.nodes[i].next);
-        if prev == NIL {
-            self.head = next;
-        } else {
-            self.nodes[prev].next = next;
-        }
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            self.nodes[next].prev = prev;
-        }
-    }
-
-    fn push_back(&mut self, i: usize) {
-        self.nodes[i].prev = self.tail;
-        self.nodes[i].next = NIL;
-        if self.tail == NIL {
-            self.head = i;
-        } else {
-            self.nodes[self.tail].next = i;
-        }
-        self.tail = i;
-    }
-
     /// Track a new entry of `weight` bytes as the most recently used (an entry
     /// already tracked takes the new weight and becomes the most recent).
     pub fn insert(&mut self, key: K, weight: u64) {
         if let Some(&i) = self.index.get(&key) {
             self.bytes = self.bytes - self.nodes[i].weight + weight;
             self.nodes[i].weight = weight;
-            self.unlink(i);
-            self.push_back(i);
+            self.order.move_last(&mut self.nodes, i);
             return;
         }
         let node = Node {
             key,
             weight,
-            prev: NIL,
-            next: NIL,
+            links: Links::NONE,
         };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.nodes[i] = node;
-                i
-            }
-            None => {
-                self.nodes.push(node);
-                self.nodes.len() - 1
-            }
-        };
+        let i = links::put(&mut self.nodes, &mut self.free, node);
         self.index.insert(key, i);
         self.bytes += weight;
-        self.push_back(i);
+        self.order.push_last(&mut self.nodes, i);
     }
 
     /// Record a hit: the entry becomes the most recently used. Returns its
     /// weight, `None` when it is not tracked.
     pub fn touch(&mut self, key: &K) -> Option<u64> {
         let &i = self.index.get(key)?;
-        self.unlink(i);
-        self.push_back(i);
+        self.order.move_last(&mut self.nodes, i);
         Some(self.nodes[i].weight)
     }
 
     pub fn remove(&mut self, key: &K) {
         if let Some(i) = self.index.remove(key) {
-            self.unlink(i);
+            self.order.unlink(&mut self.nodes, i);
             self.bytes -= self.nodes[i].weight;
             self.free.push(i);
         }
@@ -135,12 +103,7 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
 
     /// Nodes from least to most recently used.
     fn iter(&self) -> impl Iterator<Item = &Node<K>> {
-        let mut i = self.head;
-        std::iter::from_fn(move || {
-            let n = self.nodes.get(i)?;
-            i = n.next;
-            Some(n)
-        })
+        self.order.iter(&self.nodes).map(|i| &self.nodes[i])
     }
 
     /// The least recently used entry that `pinned` does not protect.

@@ -16,10 +16,10 @@
 use std::collections::VecDeque;
 use std::hash::Hash;
 
+use super::links::{self, Linked, Links, List};
 use crate::map::Map;
 
 const MAX_FREQ: u8 = 3;
-const NIL: usize = usize::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Queue {
@@ -38,10 +38,17 @@ struct Slot<K> {
     queue: Queue,
     /// A value the owner keeps with the entry (`Duel`: the key's sample hash).
     tag: u64,
-    /// Neighbours on the recency list (less and more recent); `NIL` at its
-    /// ends and without one.
-    prev: usize,
-    next: usize,
+    /// Neighbours on the recency list, with one.
+    links: Links,
+}
+
+impl<K> Linked for Slot<K> {
+    fn links(&self) -> Links {
+        self.links
+    }
+    fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -64,9 +71,8 @@ pub struct S3Fifo<K> {
     free: Vec<usize>,
     /// Keep the recency list ([`S3Fifo::with_recency`]).
     recency: bool,
-    /// The recency list's least and most recently inserted or hit slots.
-    oldest: usize,
-    newest: usize,
+    /// Least recently inserted or hit first.
+    order: List,
     small_bytes: u64,
     main_bytes: u64,
     ghost_bytes: u64,
@@ -108,8 +114,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             slots: Vec::new(),
             free: Vec::new(),
             recency: false,
-            oldest: NIL,
-            newest: NIL,
+            order: List::EMPTY,
             small_bytes: 0,
             main_bytes: 0,
             ghost_bytes: 0,
@@ -186,19 +191,9 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             freq: 0,
             queue,
             tag,
-            prev: NIL,
-            next: NIL,
+            links: Links::NONE,
         };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = slot;
-                i
-            }
-            None => {
-                self.slots.push(slot);
-                self.slots.len() - 1
-            }
-        };
+        let i = links::put(&mut self.slots, &mut self.free, slot);
         self.entries.insert(key, i);
         match queue {
             Queue::Small => {
@@ -211,7 +206,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             }
         }
         if self.recency {
-            self.link_newest(i);
+            self.order.push_last(&mut self.slots, i);
         }
         readmitted
     }
@@ -227,9 +222,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         let s = &mut self.slots[i];
         s.freq = (s.freq + 1).min(MAX_FREQ);
         let found = (s.weight, s.tag);
-        if self.recency && self.newest != i {
-            self.unlink(i);
-            self.link_newest(i);
+        if self.recency {
+            self.order.move_last(&mut self.slots, i);
         }
         Some(found)
     }
@@ -306,13 +300,13 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// `pinned` does not protect, forgotten without a ghost (S3-FIFO did not
     /// choose it). `None` without a recency list or when every entry is pinned.
     pub fn evict_least_recent(&mut self, mut pinned: impl FnMut(&K) -> bool) -> Option<K> {
-        let mut i = self.oldest;
-        while i != NIL && pinned(&self.slots[i].key) {
-            i = self.slots[i].next;
-        }
-        if i == NIL {
+        if !self.recency {
             return None;
         }
+        let i = self
+            .order
+            .iter(&self.slots)
+            .find(|&i| !pinned(&self.slots[i].key))?;
         let key = self.slots[i].key;
         self.entries.remove(&key);
         self.forget_slot(i);
@@ -326,14 +320,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     pub fn coldest_by_recency(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         let mut out = Vec::new();
         let mut bytes = 0;
-        let mut i = self.oldest;
-        while i != NIL && bytes < limit_bytes {
+        for i in self.order.iter(&self.slots) {
+            if bytes >= limit_bytes {
+                break;
+            }
             let s = &self.slots[i];
             if wanted(&s.key) {
                 bytes += s.weight;
                 out.push(s.key);
             }
-            i = s.next;
         }
         out
     }
@@ -368,35 +363,10 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             Queue::Main => self.main_bytes -= w,
         }
         if self.recency {
-            self.unlink(i);
+            self.order.unlink(&mut self.slots, i);
         }
         self.slots[i].seq = 0;
         self.free.push(i);
-    }
-
-    fn unlink(&mut self, i: usize) {
-        let (prev, next) = (self.slots[i].prev, self.slots[i].next);
-        if prev == NIL {
-            self.oldest = next;
-        } else {
-            self.slots[prev].next = next;
-        }
-        if next == NIL {
-            self.newest = prev;
-        } else {
-            self.slots[next].prev = prev;
-        }
-    }
-
-    fn link_newest(&mut self, i: usize) {
-        self.slots[i].prev = self.newest;
-        self.slots[i].next = NIL;
-        if self.newest == NIL {
-            self.oldest = i;
-        } else {
-            self.slots[self.newest].next = i;
-        }
-        self.newest = i;
     }
 
     fn add_ghost(&mut self, key: K, weight: u64, from: Queue) {
