@@ -655,7 +655,7 @@ fn real_main() -> Result<(), String> {
     let mut analyze = false;
     let mut ssd_writes = 0u64;
     let mut toolagent: Vec<u64> = Vec::new();
-    // `duel`'s sample seeds; `None` alone: random per process (the Manager's default).
+    // Seeds of `duel`'s sample and `tinylfu`'s sketch; `None` alone: random per process (the Manager's default).
     let mut seeds: Vec<Option<u64>> = vec![None];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {

@@ -110,9 +110,10 @@ pub struct Args {
     /// lru-chain or tinylfu (docs/performance.md compares them on traces) [default: duel]
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
-    /// Seed of the `duel` policy's key sample (a u64): the same seed picks the same keys in
-    /// every run, for reproducible measurements. Unset, the seed is random per process, so
-    /// clients cannot aim keys at the sample [default: random]
+    /// Seed of the policy's random choices (a u64; `duel`'s key sample, `tinylfu`'s sketch
+    /// hash): the same seed decides the same in every run, for reproducible measurements.
+    /// Unset, the seed is random per process, so clients cannot aim keys at the sample
+    /// [default: random]
     #[arg(long, env = "ORBITKV_CACHE_POLICY_SEED")]
     pub cache_policy_seed: Option<u64>,
     /// Slots of the presence table clients read to answer "certainly absent" without a
@@ -297,7 +298,7 @@ pub struct ManagerConfig {
     pub ssd: Option<SsdSettings>,
     /// DRAM eviction policy.
     pub cache_policy: orbitkv_core::policy::PolicyKind,
-    /// Seed of `duel`'s key sample (`None`: random per process).
+    /// Seed of `duel`'s key sample and `tinylfu`'s sketch (`None`: random per process).
     pub cache_policy_seed: Option<u64>,
     /// Slots of the presence table (0: none is published).
     pub presence_slots: u64,

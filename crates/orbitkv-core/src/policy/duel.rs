@@ -73,12 +73,7 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
                 .collect(),
             shadow_lru: Lru::new(),
             shadow_capacity,
-            hasher: match seed {
-                Some(s) => {
-                    foldhash::fast::SeedableRandomState::with_seed(s, foldhash::SharedSeed::global_fixed())
-                }
-                None => foldhash::fast::SeedableRandomState::random(),
-            },
+            hasher: crate::map::policy_hash_state(seed),
             hits: [0; LRU + 1],
             accesses: 0,
             leader,

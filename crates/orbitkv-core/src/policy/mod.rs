@@ -122,7 +122,7 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
                 )),
                 PolicyKind::S3FifoAdaptive => Inner::S3Fifo(S3Fifo::adaptive(capacity_bytes, capacity_bytes)),
                 PolicyKind::Lru | PolicyKind::LruChain => Inner::Lru(Lru::new()),
-                PolicyKind::TinyLfu => Inner::TinyLfu(TinyLfu::new(capacity_bytes, 1, 8)),
+                PolicyKind::TinyLfu => Inner::TinyLfu(TinyLfu::new(capacity_bytes, 1, 8).seeded(seed)),
                 PolicyKind::Duel => Inner::Duel(Box::new(Duel::with_seed(capacity_bytes, seed))),
             },
             Recipe::S3Fifo {
@@ -134,7 +134,7 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
                 capacity_bytes.saturating_mul(ghost_x100) / 100,
             )),
             Recipe::TinyLfu { window_pct, sample_x } => {
-                Inner::TinyLfu(TinyLfu::new(capacity_bytes, window_pct, sample_x))
+                Inner::TinyLfu(TinyLfu::new(capacity_bytes, window_pct, sample_x).seeded(seed))
             }
         }
     }
@@ -238,7 +238,8 @@ pub struct Policy<K> {
     dram: Inner<K>,
     deepest_first: bool,
     recipe: Recipe,
-    /// `duel`'s sample seed (`None`: random per process); the tiers' policy uses it too.
+    /// The seed of `duel`'s sample and `tinylfu`'s sketch (`None`: random per
+    /// process); the tiers' policy uses it too.
     seed: Option<u64>,
     tiers: Option<Tiers<K>>,
 }
@@ -285,14 +286,16 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         )
     }
 
-    /// A policy of `kind`; `duel` samples with a random per-process seed.
+    /// A policy of `kind`; `duel`'s sample and `tinylfu`'s sketch hash with a
+    /// random per-process seed.
     pub fn new(kind: PolicyKind, capacity_bytes: u64) -> Self {
         Self::seeded(kind, capacity_bytes, None)
     }
 
-    /// A policy of `kind` whose `duel` sample is drawn with `seed` (`None`: random
-    /// per process). Only `duel` samples with this seed; `tinylfu`'s sketch hash
-    /// stays random per process, and the other kinds draw no random numbers.
+    /// A policy of `kind` whose random choices (`duel`'s key sample, `tinylfu`'s
+    /// sketch hash) are drawn with `seed` (`None`: random per process); the
+    /// other kinds draw no random numbers, so with a seed every kind decides the
+    /// same in every run.
     pub fn seeded(kind: PolicyKind, capacity_bytes: u64, seed: Option<u64>) -> Self {
         let deepest_first = !matches!(kind, PolicyKind::S3Fifo | PolicyKind::Lru);
         Self::from_recipe(Recipe::Kind(kind), capacity_bytes, deepest_first, seed)
@@ -448,6 +451,38 @@ mod tests {
         }
         let err = "belady".parse::<PolicyKind>().expect_err("unknown");
         assert!(err.contains("s3fifo") && err.contains("belady"), "{err}");
+    }
+
+    /// With a seed, every kind decides the same in every run (two instances in
+    /// one process stand in for two runs: unseeded, each draws its own hash).
+    #[test]
+    fn a_seed_makes_every_kind_reproducible() {
+        fn victims(kind: PolicyKind) -> Vec<u64> {
+            let mut p = Policy::seeded(kind, 64 * 10, Some(7));
+            let mut x = 0x2545_f491_4f6c_dd1d_u64;
+            let mut out = Vec::new();
+            for _ in 0..20_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Skewed keys, so that frequency and sampling decide something.
+                let k = (x % 64) * (x >> 58) % 400;
+                if p.contains(&k) {
+                    p.touch_chain(&[k]);
+                } else {
+                    p.insert_chain(&[(k, 10)]);
+                    while p.len() > 64 {
+                        out.extend(p.evict_one(|_| false));
+                    }
+                }
+            }
+            out
+        }
+        for kind in PolicyKind::ALL {
+            let a = victims(kind);
+            assert!(a.len() > 1000, "{kind}: {}", a.len());
+            assert_eq!(a, victims(kind), "{kind}");
+        }
     }
 
     #[test]

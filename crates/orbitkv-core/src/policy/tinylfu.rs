@@ -47,7 +47,7 @@ struct Meta {
 /// Count-min sketch with a doorkeeper and periodic halving.
 #[derive(Debug, Clone)]
 pub(crate) struct FrequencySketch {
-    hasher: foldhash::fast::RandomState,
+    hasher: foldhash::fast::SeedableRandomState,
     counters: Vec<u8>, // ROWS × width
     doorkeeper: Vec<u64>,
     mask: u64,
@@ -57,11 +57,12 @@ pub(crate) struct FrequencySketch {
 }
 
 impl FrequencySketch {
-    /// Room for about `entries` distinct keys between halvings of `sample` events.
-    pub(crate) fn new(entries: u64, sample: u64) -> Self {
+    /// Room for about `entries` distinct keys between halvings of `sample`
+    /// events; the hash seeded by `seed` (see [`crate::map::policy_hash_state`]).
+    pub(crate) fn new(entries: u64, sample: u64, seed: Option<u64>) -> Self {
         let width = (entries.max(64) * 2).next_power_of_two().min(1 << 26);
         FrequencySketch {
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: crate::map::policy_hash_state(seed),
             counters: vec![0; ROWS * width as usize],
             doorkeeper: vec![0; (width as usize * 8).div_ceil(64)],
             mask: width - 1,
@@ -151,6 +152,8 @@ pub struct TinyLfu<K> {
     protected_bytes: u64,
     total_bytes: u64,
     sketch: Option<FrequencySketch>,
+    /// The sketch's hash seed (`None`: random per process).
+    seed: Option<u64>,
     clock: u64,
 }
 
@@ -173,8 +176,15 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
             protected_bytes: 0,
             total_bytes: 0,
             sketch: None,
+            seed: None,
             clock: 0,
         }
+    }
+
+    /// Seed the sketch's hash (the same estimates in every process and run).
+    pub fn seeded(mut self, seed: Option<u64>) -> Self {
+        self.seed = seed;
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -201,10 +211,10 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
 
     /// The sketch, sized on first use from the capacity and the first weight seen.
     fn sketch(&mut self, weight: u64) -> &mut FrequencySketch {
-        let (capacity, sample_x) = (self.capacity, self.sample_x);
+        let (capacity, sample_x, seed) = (self.capacity, self.sample_x, self.seed);
         self.sketch.get_or_insert_with(|| {
             let entries = (capacity / weight.max(1)).max(1);
-            FrequencySketch::new(entries, entries.saturating_mul(sample_x))
+            FrequencySketch::new(entries, entries.saturating_mul(sample_x), seed)
         })
     }
 
@@ -391,7 +401,7 @@ mod tests {
 
     #[test]
     fn the_sketch_counts_after_the_doorkeeper_and_halves_with_age() {
-        let mut s = FrequencySketch::new(1024, 100);
+        let mut s = FrequencySketch::new(1024, 100, None);
         assert_eq!(s.estimate(&7u32), 0);
         s.increment(&7u32);
         assert_eq!(s.estimate(&7u32), 1, "first sight sets the doorkeeper only");
