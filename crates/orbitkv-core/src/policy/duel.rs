@@ -16,8 +16,8 @@
 //! share or LRU in large caches (first returns after long gaps). Every S3-FIFO
 //! here keeps a ghost history of 4× the capacity.
 //!
-//! Cost: a hit is one map lookup, a frequency bump and a push to the recency
-//! order. A key's sample hash is taken once, at its insert, and kept with the
+//! Cost: a hit is one map lookup, a frequency bump and a move to the end of the
+//! recency list. A key's sample hash is taken once, at its insert, and kept with the
 //! entry; 1 in `SAMPLE` keys is also an access to the five shadows, which know
 //! a key by that 64-bit hash (cheaper to hash again than the key; two sampled
 //! keys colliding would only merge two shadow entries).
