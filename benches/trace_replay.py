@@ -15,7 +15,7 @@ default; `--pace X` issues each no earlier than its trace timestamp ÷ X after t
 (X = 1: the trace's own rate), so a disk that keeps up with the trace's rate but not
 with back-to-back replay shows the policy rather than the disk.
 
-`--policy-seed S` starts every Manager with `--cache-policy-seed S` (`duel`'s sample;
+`--policy-seed S` starts every Manager with `--cache-policy-seed S` (`duel`'s sample, `tinylfu`'s sketch;
 unset, each Manager draws its own); `--repeat N` replays every point N times, the
 policies alternating, and reports every run (seed S + run index when a seed is given).
 With an SSD tier each run also reports the Manager's `ssd_spilled_blocks_total` and
