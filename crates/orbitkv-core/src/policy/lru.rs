@@ -1,33 +1,22 @@
 //! Least recently used, weighted by bytes: the reference policy of the trace
 //! simulator and a candidate. O(1) per operation: a doubly linked list threaded
-//! through a slab of nodes (least recent first, [`super::links`]), indexed by key.
+//! through a slab of nodes (least recent first, [`super::slab`]), indexed by key.
 
 use std::hash::Hash;
 
-use super::links::{self, Linked, Links, List};
+use super::slab::{List, Slab};
 use crate::map::Map;
 
 #[derive(Debug, Clone)]
 struct Node<K> {
     key: K,
     weight: u64,
-    links: Links,
-}
-
-impl<K> Linked for Node<K> {
-    fn links(&self) -> Links {
-        self.links
-    }
-    fn links_mut(&mut self) -> &mut Links {
-        &mut self.links
-    }
 }
 
 #[derive(Debug, Clone)]
 pub struct Lru<K> {
     index: Map<K, usize>,
-    nodes: Vec<Node<K>>,
-    free: Vec<usize>,
+    nodes: Slab<Node<K>>,
     order: List,
     bytes: u64,
 }
@@ -36,8 +25,7 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
     pub fn new() -> Self {
         Lru {
             index: Map::default(),
-            nodes: Vec::new(),
-            free: Vec::new(),
+            nodes: Slab::new(),
             order: List::EMPTY,
             bytes: 0,
         }
@@ -74,12 +62,7 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
             self.order.move_last(&mut self.nodes, i);
             return;
         }
-        let node = Node {
-            key,
-            weight,
-            links: Links::NONE,
-        };
-        let i = links::put(&mut self.nodes, &mut self.free, node);
+        let i = self.nodes.put(Node { key, weight });
         self.index.insert(key, i);
         self.bytes += weight;
         self.order.push_last(&mut self.nodes, i);
@@ -97,7 +80,7 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
         if let Some(i) = self.index.remove(key) {
             self.order.unlink(&mut self.nodes, i);
             self.bytes -= self.nodes[i].weight;
-            self.free.push(i);
+            self.nodes.release(i);
         }
     }
 
@@ -156,7 +139,7 @@ mod tests {
         p.remove(&4);
         assert_eq!(p.len(), 3);
         p.insert(9, 10); // takes a freed slot
-        assert_eq!(p.nodes.len(), 5);
+        assert_eq!(p.nodes.capacity(), 5);
         let mut order = Vec::new();
         while let Some(k) = p.evict_one(|_| false) {
             order.push(k);

@@ -8,9 +8,9 @@
 //! that chose the default.
 
 mod duel;
-mod links;
 mod lru;
 mod s3fifo;
+mod slab;
 mod tinylfu;
 
 use std::fmt;

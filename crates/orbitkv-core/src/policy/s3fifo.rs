@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::hash::Hash;
 
-use super::links::{self, Linked, Links, List};
+use super::slab::{List, Slab};
 use crate::map::Map;
 
 const MAX_FREQ: u8 = 3;
@@ -38,17 +38,6 @@ struct Slot<K> {
     queue: Queue,
     /// A value the owner keeps with the entry (`Duel`: the key's sample hash).
     tag: u64,
-    /// Neighbours on the recency list, with one.
-    links: Links,
-}
-
-impl<K> Linked for Slot<K> {
-    fn links(&self) -> Links {
-        self.links
-    }
-    fn links_mut(&mut self) -> &mut Links {
-        &mut self.links
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -67,8 +56,7 @@ pub struct S3Fifo<K> {
     ghost: VecDeque<(K, u64, u64)>,
     ghost_index: Map<K, (u64, Queue)>, // key -> (ghost seq, queue it was evicted from)
     entries: Map<K, usize>,
-    slots: Vec<Slot<K>>,
-    free: Vec<usize>,
+    slots: Slab<Slot<K>>,
     /// Keep the recency list ([`S3Fifo::with_recency`]).
     recency: bool,
     /// Least recently inserted or hit first.
@@ -111,8 +99,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             ghost: VecDeque::new(),
             ghost_index: Map::default(),
             entries: Map::default(),
-            slots: Vec::new(),
-            free: Vec::new(),
+            slots: Slab::new(),
             recency: false,
             order: List::EMPTY,
             small_bytes: 0,
@@ -191,9 +178,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             freq: 0,
             queue,
             tag,
-            links: Links::NONE,
         };
-        let i = links::put(&mut self.slots, &mut self.free, slot);
+        let i = self.slots.put(slot);
         self.entries.insert(key, i);
         match queue {
             Queue::Small => {
@@ -366,7 +352,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             self.order.unlink(&mut self.slots, i);
         }
         self.slots[i].seq = 0;
-        self.free.push(i);
+        self.slots.release(i);
     }
 
     fn add_ghost(&mut self, key: K, weight: u64, from: Queue) {
@@ -539,7 +525,11 @@ mod tests {
             }
             let queued = p.small.len() + p.main.len();
             assert!(queued <= 2 * p.len() + 1025, "{queued} for {}", p.len());
-            assert!(p.slots.len() <= 400, "slots are reused: {}", p.slots.len());
+            assert!(
+                p.slots.capacity() <= 400,
+                "slots are reused: {}",
+                p.slots.capacity()
+            );
         }
     }
 

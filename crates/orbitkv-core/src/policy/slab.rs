@@ -1,0 +1,132 @@
+//! A slab of policy entries (`Lru`'s nodes, `S3Fifo`'s entries) whose slots can
+//! be threaded on a doubly linked list: O(1) unlink and append, least recent
+//! first. Each slot keeps its list links next to its value, so a list move
+//! touches no other memory than the slots it links.
+
+use std::ops::{Index, IndexMut};
+
+const NIL: usize = usize::MAX;
+
+/// A slot's neighbours on the list (`NIL` at its ends, or off the list).
+#[derive(Debug, Clone, Copy)]
+struct Links {
+    prev: usize,
+    next: usize,
+}
+
+const UNLINKED: Links = Links { prev: NIL, next: NIL };
+
+#[derive(Debug, Clone)]
+pub(super) struct Slab<T> {
+    slots: Vec<(Links, T)>,
+    free: Vec<usize>,
+}
+
+impl<T> Slab<T> {
+    pub(super) fn new() -> Self {
+        Slab {
+            slots: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Store `value` in a free slot (or a new one), off the list; its index.
+    pub(super) fn put(&mut self, value: T) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = (UNLINKED, value);
+                i
+            }
+            None => {
+                self.slots.push((UNLINKED, value));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// Slot `i` (off the list) may be reused.
+    pub(super) fn release(&mut self, i: usize) {
+        self.free.push(i);
+    }
+
+    /// Slots ever allocated (used and free).
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+impl<T> Index<usize> for Slab<T> {
+    type Output = T;
+    fn index(&self, i: usize) -> &T {
+        &self.slots[i].1
+    }
+}
+
+impl<T> IndexMut<usize> for Slab<T> {
+    fn index_mut(&mut self, i: usize) -> &mut T {
+        &mut self.slots[i].1
+    }
+}
+
+/// The list's ends; the slots hold the links.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct List {
+    first: usize,
+    last: usize,
+}
+
+impl List {
+    pub(super) const EMPTY: List = List {
+        first: NIL,
+        last: NIL,
+    };
+
+    /// Take slot `i` off the list.
+    pub(super) fn unlink<T>(&mut self, slab: &mut Slab<T>, i: usize) {
+        let Links { prev, next } = slab.slots[i].0;
+        if prev == NIL {
+            self.first = next;
+        } else {
+            slab.slots[prev].0.next = next;
+        }
+        if next == NIL {
+            self.last = prev;
+        } else {
+            slab.slots[next].0.prev = prev;
+        }
+        slab.slots[i].0 = UNLINKED;
+    }
+
+    /// Put slot `i` (off the list) at its end: the most recent.
+    pub(super) fn push_last<T>(&mut self, slab: &mut Slab<T>, i: usize) {
+        slab.slots[i].0 = Links {
+            prev: self.last,
+            next: NIL,
+        };
+        if self.last == NIL {
+            self.first = i;
+        } else {
+            slab.slots[self.last].0.next = i;
+        }
+        self.last = i;
+    }
+
+    /// Move slot `i` (on the list) to its end.
+    pub(super) fn move_last<T>(&mut self, slab: &mut Slab<T>, i: usize) {
+        if self.last != i {
+            self.unlink(slab, i);
+            self.push_last(slab, i);
+        }
+    }
+
+    /// The slots from least to most recent.
+    pub(super) fn iter<'a, T>(&self, slab: &'a Slab<T>) -> impl Iterator<Item = usize> + 'a {
+        let mut i = self.first;
+        std::iter::from_fn(move || {
+            let at = i;
+            i = slab.slots.get(at)?.0.next;
+            Some(at)
+        })
+    }
+}
