@@ -188,6 +188,20 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
         }
     }
 
+    /// The next inserts or touches are one chain (see [`Duel::begin_chain`]);
+    /// only `duel` scores chains as a whole.
+    fn begin_chain(&mut self) {
+        if let Inner::Duel(p) = self {
+            p.begin_chain();
+        }
+    }
+
+    fn end_chain(&mut self, deepest_first: bool) {
+        if let Inner::Duel(p) = self {
+            p.end_chain(deepest_first);
+        }
+    }
+
     /// Record a hit; `false` when `key` is not tracked.
     fn touch(&mut self, key: &K) -> bool {
         match self {
@@ -339,6 +353,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     pub fn insert_chain(&mut self, blocks: &[(K, u64)]) -> Vec<bool> {
         let n = blocks.len();
         let mut readmitted = vec![false; n];
+        self.begin_chain();
         for j in 0..n {
             let i = if self.deepest_first { n - 1 - j } else { j };
             let (k, w) = blocks[i];
@@ -347,6 +362,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
                 t.p.insert(k, w);
             }
         }
+        self.end_chain();
         readmitted
     }
 
@@ -363,6 +379,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
 
     /// A lookup's hit blocks (DRAM-resident or not), in chain order.
     pub fn touch_chain(&mut self, keys: &[K]) {
+        self.begin_chain();
         let (dram, tiers) = (&mut self.dram, &mut self.tiers);
         let mut touch = |k: &K| {
             dram.touch(k);
@@ -379,6 +396,21 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             keys.iter().rev().for_each(&mut touch);
         } else {
             keys.iter().for_each(&mut touch);
+        }
+        self.end_chain();
+    }
+
+    fn begin_chain(&mut self) {
+        self.dram.begin_chain();
+        if let Some(t) = self.tiers.as_mut() {
+            t.p.begin_chain();
+        }
+    }
+
+    fn end_chain(&mut self) {
+        self.dram.end_chain(self.deepest_first);
+        if let Some(t) = self.tiers.as_mut() {
+            t.p.end_chain(self.deepest_first);
         }
     }
 
