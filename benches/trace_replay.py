@@ -53,10 +53,10 @@ from typing import Any
 KiB = 1024
 
 
-def load_trace(path: str) -> tuple[list[list[int]], list[float] | None]:
-    """The requests' block ids, and their timestamps in seconds (None when a line has none)."""
+def read_requests(path: str) -> list[dict[str, Any]]:
+    """The trace's requests, one JSON object per non-empty line, each with a valid
+    `hash_ids` list (non-negative integers); exits naming the line otherwise."""
     out = []
-    times: list[float] | None = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -68,14 +68,23 @@ def load_trace(path: str) -> tuple[list[list[int]], list[float] | None]:
                 raise SystemExit(f"{path}:{n}: expected a JSON object with a `hash_ids` list ({e})") from e
             if not isinstance(ids, list) or not all(isinstance(x, int) and x >= 0 for x in ids):
                 raise SystemExit(f"{path}:{n}: `hash_ids` must be a list of non-negative integers")
-            out.append(ids)
-            ts = obj.get("timestamp")
-            if times is not None and isinstance(ts, (int, float)) and ts >= 0:
-                times.append(ts / 1000.0)
-            else:
-                times = None
+            out.append(obj)
     if not out:
         raise SystemExit(f"{path}: no requests")
+    return out
+
+
+def load_trace(path: str) -> tuple[list[list[int]], list[float] | None]:
+    """The requests' block ids, and their timestamps in seconds (None when a line has none)."""
+    out = []
+    times: list[float] | None = []
+    for obj in read_requests(path):
+        out.append(obj["hash_ids"])
+        ts = obj.get("timestamp")
+        if times is not None and isinstance(ts, (int, float)) and ts >= 0:
+            times.append(ts / 1000.0)
+        else:
+            times = None
     return out, times
 
 

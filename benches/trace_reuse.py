@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trace_replay import read_requests  # the same JSONL reader, one copy
+
 INPUT_EDGES = (1024, 2048, 4096, 8192, 16384, 32768)
 OUTPUT_EDGES = (10, 50, 100, 200, 400, 800)
 GAP_QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
@@ -61,29 +64,15 @@ class Chains:
 
 
 def load(path: str) -> list[Request]:
-    out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                v = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{n}: not JSON: {e}") from None
-            ids = v.get("hash_ids") if isinstance(v, dict) else None
-            if not isinstance(ids, list) or not all(isinstance(x, int) and x >= 0 for x in ids):
-                raise SystemExit(f"{path}:{n}: `hash_ids` must be a list of non-negative integers")
-            out.append(
-                Request(
-                    hash_ids=ids,
-                    timestamp_ms=_number(v.get("timestamp")),
-                    input_length=_int(v.get("input_length")),
-                    output_length=_int(v.get("output_length")),
-                )
-            )
-    if not out:
-        raise SystemExit(f"{path}: no requests")
-    return out
+    return [
+        Request(
+            hash_ids=v["hash_ids"],
+            timestamp_ms=_number(v.get("timestamp")),
+            input_length=_int(v.get("input_length")),
+            output_length=_int(v.get("output_length")),
+        )
+        for v in read_requests(path)
+    ]
 
 
 def _number(x: Any) -> float | None:

@@ -152,7 +152,7 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         }
         // LRU's touches reorder, so they follow the order the real policy was told.
         let lru = &mut self.shadow_lru;
-        let served = served_prefix(chain, |k| lru.contains(k));
+        let served = chain.iter().take_while(|(k, _)| lru.contains(k)).count();
         self.hits[LRU] += served as u64;
         apply(chain, deepest_first, |j, &(k, w)| {
             if j < served {
@@ -267,12 +267,6 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         first.extend(second.into_iter().filter(|k| !listed.contains(k)));
         first
     }
-}
-
-/// How many blocks of `chain` (prefix first) a cache holding `present` serves:
-/// those before the first it lacks.
-fn served_prefix(chain: &[(u64, u64)], mut present: impl FnMut(&u64) -> bool) -> usize {
-    chain.iter().take_while(|(k, _)| present(k)).count()
 }
 
 /// Visit `chain`'s blocks with their chain index, tail first when `deepest_first`.
