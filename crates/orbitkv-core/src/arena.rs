@@ -55,6 +55,20 @@ impl ArenaAllocator {
         self.segment_sizes.iter().map(|s| s / ALIGN * ALIGN).sum()
     }
 
+    /// Approximate heap bytes of the free-extent trees.
+    pub fn heap_bytes(&self) -> u64 {
+        use crate::map::{btree_bytes, vec_bytes};
+        let by_offset: u64 = self
+            .free_by_offset
+            .iter()
+            .map(|m| btree_bytes::<(u64, u64)>(m.len()))
+            .sum();
+        by_offset
+            + btree_bytes::<(u64, u32, u64)>(self.free_by_size.len())
+            + vec_bytes::<BTreeMap<u64, u64>>(self.free_by_offset.capacity())
+            + vec_bytes::<u64>(self.segment_sizes.capacity())
+    }
+
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes
     }

@@ -13,9 +13,9 @@ pub mod policy;
 
 pub use arena::{ALIGN, ArenaAllocator, aligned_len};
 pub use cache::{
-    AcquireStep, CacheError, CacheState, Counters, Gauges, LeaseState, LookupResult, MAX_BLOCK_BYTES,
-    MAX_TP_SHARDS, PresenceSink, SaveStatus, SessionEnd, SpillJob, SpillPolicy, StageJob, TpLookupResult,
-    TpPart, TpRedeemed, TpToken,
+    AcquireStep, CacheError, CacheState, Counters, Gauges, HeapBytes, LeaseState, LookupResult,
+    MAX_BLOCK_BYTES, MAX_TP_SHARDS, PresenceSink, SaveStatus, SessionEnd, SpillJob, SpillPolicy, StageJob,
+    TpLookupResult, TpPart, TpRedeemed, TpToken,
 };
 pub use keys::{
     BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,

@@ -18,3 +18,29 @@ pub(crate) fn policy_hash_state(seed: Option<u64>) -> foldhash::fast::SeedableRa
         None => foldhash::fast::SeedableRandomState::random(),
     }
 }
+
+/// Approximate heap bytes of a hash table (std's SwissTable) with room for
+/// `capacity` items of `(K, V)`: its buckets (`capacity` is 7/8 of them once
+/// past 8) of one pair and one control byte each, plus a group of control bytes.
+pub(crate) fn table_bytes<K, V>(capacity: usize) -> u64 {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = if capacity < 8 {
+        capacity + 1
+    } else {
+        capacity / 7 * 8
+    };
+    (buckets * (std::mem::size_of::<(K, V)>() + 1) + 16) as u64
+}
+
+/// Heap bytes of a `Vec` or `VecDeque` with room for `capacity` items of `T`.
+pub(crate) fn vec_bytes<T>(capacity: usize) -> u64 {
+    (capacity * std::mem::size_of::<T>()) as u64
+}
+
+/// Approximate heap bytes of a `BTreeMap`/`BTreeSet` of `len` items of `T`:
+/// leaves of 11 items about 2/3 full, plus node headers.
+pub(crate) fn btree_bytes<T>(len: usize) -> u64 {
+    (len * std::mem::size_of::<T>() * 3 / 2 + len.div_ceil(7) * 16) as u64
+}

@@ -115,6 +115,20 @@ impl LeaseTable {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
+    /// Approximate heap bytes: the shards' tables and each lease's key list.
+    pub(super) fn heap_bytes(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = lock(s);
+                crate::map::table_bytes::<LeaseId, Lease>(s.capacity())
+                    + s.values()
+                        .map(|l| crate::map::vec_bytes::<BlockKey>(l.keys.capacity()))
+                        .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Every lease (exclusive lock held: no shard lock taken).
     pub(super) fn iter(&mut self) -> impl Iterator<Item = (&LeaseId, &Lease)> {
         self.shards.iter_mut().flat_map(|s| get_mut(s).iter())
@@ -307,6 +321,10 @@ impl PolicyCell {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Policy<BlockKey>> {
         lock(&self.policy)
+    }
+
+    pub(super) fn heap_bytes(&self) -> crate::policy::PolicyHeap {
+        lock(&self.policy).heap_bytes()
     }
 
     /// Replay `log` into the policy unless another replay is running (`false`).

@@ -46,7 +46,7 @@ use std::sync::atomic::AtomicU64;
 use crate::arena::ArenaAllocator;
 use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
 use crate::map::Map;
-use crate::policy::{Policy, PolicyKind};
+use crate::policy::{Policy, PolicyHeap, PolicyKind};
 use concurrent::{HotCounters, LeaseTable, PolicyCell, TouchLog};
 
 pub use entries::PresenceSink;
@@ -175,6 +175,29 @@ pub struct Gauges {
     pub ssd_resident_blocks: u64,
     pub dormant_ssd_blocks: u64,
     pub live_tp_leases: u64,
+}
+
+/// Approximate heap bytes of the cache state, by structure
+/// ([`CacheState::heap_bytes`]): allocated capacity, not only what is in use,
+/// so a table just past a resize shows its empty half.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeapBytes {
+    /// The block index (visible blocks and their slots).
+    pub index: u64,
+    /// The eviction policy, both tiers' instances when enabled.
+    pub policy: PolicyHeap,
+    /// The arena allocator's free-extent trees.
+    pub arena: u64,
+    /// Live leases (the sharded table and each lease's keys).
+    pub leases: u64,
+    /// Pending saves, sessions, namespaces, TP leases and SSD-tier queues.
+    pub other: u64,
+}
+
+impl HeapBytes {
+    pub fn total(&self) -> u64 {
+        self.index + self.policy.total() + self.arena + self.leases + self.other
+    }
 }
 
 #[derive(Debug)]
@@ -402,6 +425,27 @@ impl CacheState {
             .filter(|(_, e)| !e.doomed)
             .map(|(k, _)| *k)
             .collect()
+    }
+
+    /// Approximate heap bytes by structure (capacity × entry size: cheap, no walk
+    /// of the big tables). For memory budgets at millions of blocks
+    /// (`benches/index_scale.rs`); the process's real figure also holds the
+    /// allocator's slack.
+    pub fn heap_bytes(&self) -> HeapBytes {
+        use crate::map::table_bytes;
+        let saves: u64 = table_bytes::<SaveId, PendingSave>(self.saves.capacity())
+            + self.saves.values().map(PendingSave::heap_bytes).sum::<u64>();
+        let sessions = table_bytes::<SessionId, SessionInfo>(self.sessions.capacity())
+            + table_bytes::<TpToken, TpLease>(self.tp.capacity())
+            + table_bytes::<NsId, NsInfo>(self.namespaces.capacity())
+            + table_bytes::<NamespaceKey, NsId>(self.ns_by_key.capacity());
+        HeapBytes {
+            index: table_bytes::<BlockKey, Entry>(self.index.capacity()),
+            policy: self.policy.heap_bytes(),
+            arena: self.arena.heap_bytes(),
+            leases: self.leases.heap_bytes(),
+            other: saves + sessions + self.tier.heap_bytes(),
+        }
     }
 
     pub fn gauges(&self) -> Gauges {

@@ -27,6 +27,11 @@ pub(super) struct PendingSave {
 }
 
 impl PendingSave {
+    /// Heap bytes of its item list.
+    pub(super) fn heap_bytes(&self) -> u64 {
+        crate::map::vec_bytes::<(BlockHash, SaveStatus)>(self.items.capacity())
+    }
+
     /// Arena bytes held by this save.
     pub(super) fn bytes(&self) -> u64 {
         self.items

@@ -86,6 +86,19 @@ pub(super) struct TierState {
 }
 
 impl TierState {
+    /// Approximate heap bytes of its queues and lists.
+    pub(super) fn heap_bytes(&self) -> u64 {
+        use crate::map::{table_bytes, vec_bytes};
+        vec_bytes::<BlockKey>(self.spill_queue.capacity() + self.staged_copies.capacity())
+            + vec_bytes::<TierKey>(self.removals.capacity())
+            + table_bytes::<NamespaceKey, Vec<(u64, BlockHash, u64)>>(self.dormant.capacity())
+            + self
+                .dormant
+                .values()
+                .map(|v| vec_bytes::<(u64, BlockHash, u64)>(v.capacity()))
+                .sum::<u64>()
+    }
+
     pub(super) fn dormant_len(&self) -> usize {
         self.dormant.values().map(Vec::len).sum()
     }

@@ -106,6 +106,22 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         self.s3.len()
     }
 
+    /// Approximate heap bytes: (tracked entries, their ghost history, the shadows
+    /// with their own ghosts).
+    pub fn heap_bytes(&self) -> (u64, u64, u64) {
+        let (tracked, ghost) = self.s3.heap_bytes();
+        let shadows = self
+            .shadows
+            .iter()
+            .map(|s| {
+                let (t, g) = s.heap_bytes();
+                t + g
+            })
+            .sum::<u64>()
+            + self.shadow_lru.heap_bytes();
+        (tracked, ghost, shadows)
+    }
+
     /// The weight `key` is tracked with.
     pub fn weight(&self, key: &K) -> Option<u64> {
         self.s3.weight(key)

@@ -35,6 +35,11 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
         self.index.len()
     }
 
+    /// Approximate heap bytes.
+    pub fn heap_bytes(&self) -> u64 {
+        crate::map::table_bytes::<K, usize>(self.index.capacity()) + self.nodes.heap_bytes()
+    }
+
     /// The tracked entries' weight.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -93,6 +93,24 @@ impl FromStr for PolicyKind {
     }
 }
 
+/// Approximate heap bytes of a [`Policy`], by part (both instances with tiers).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyHeap {
+    /// Entries of tracked blocks: maps, slabs, queues, recency links.
+    pub tracked: u64,
+    /// Ghost histories of evicted keys (S3-FIFO kinds, `duel`'s real policy) or
+    /// the frequency sketch (`tinylfu`).
+    pub ghost: u64,
+    /// `duel`'s sampled shadow caches, their ghosts included.
+    pub shadows: u64,
+}
+
+impl PolicyHeap {
+    pub fn total(&self) -> u64 {
+        self.tracked + self.ghost + self.shadows
+    }
+}
+
 /// One policy of one kind over one capacity.
 #[derive(Debug, Clone)]
 enum Inner<K> {
@@ -136,6 +154,26 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
             Recipe::TinyLfu { window_pct, sample_x } => {
                 Inner::TinyLfu(TinyLfu::new(capacity_bytes, window_pct, sample_x).seeded(seed))
             }
+        }
+    }
+
+    fn heap_bytes(&self) -> PolicyHeap {
+        let (tracked, ghost, shadows) = match self {
+            Inner::S3Fifo(p) => {
+                let (t, g) = p.heap_bytes();
+                (t, g, 0)
+            }
+            Inner::Lru(p) => (p.heap_bytes(), 0, 0),
+            Inner::TinyLfu(p) => {
+                let (t, g) = p.heap_bytes();
+                (t, g, 0)
+            }
+            Inner::Duel(p) => p.heap_bytes(),
+        };
+        PolicyHeap {
+            tracked,
+            ghost,
+            shadows,
         }
     }
 
@@ -331,6 +369,18 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
 
     pub fn tiers_enabled(&self) -> bool {
         self.tiers.is_some()
+    }
+
+    /// Approximate heap bytes of both instances (DRAM, and the tiers' when enabled).
+    pub fn heap_bytes(&self) -> PolicyHeap {
+        let mut h = self.dram.heap_bytes();
+        if let Some(t) = &self.tiers {
+            let th = t.p.heap_bytes();
+            h.tracked += th.tracked;
+            h.ghost += th.ghost;
+            h.shadows += th.shadows;
+        }
+        h
     }
 
     /// DRAM-resident blocks tracked.

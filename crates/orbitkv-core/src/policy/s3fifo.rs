@@ -120,6 +120,17 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.entries.len()
     }
 
+    /// Approximate heap bytes: (tracked entries with their queues, ghost history).
+    pub fn heap_bytes(&self) -> (u64, u64) {
+        use crate::map::{table_bytes, vec_bytes};
+        let tracked = table_bytes::<K, usize>(self.entries.capacity())
+            + self.slots.heap_bytes()
+            + vec_bytes::<(usize, u64)>(self.small.capacity() + self.main.capacity());
+        let ghost = vec_bytes::<(K, u64, u64)>(self.ghost.capacity())
+            + table_bytes::<K, (u64, Queue)>(self.ghost_index.capacity());
+        (tracked, ghost)
+    }
+
     /// Move the small queue's target to `small_pct` percent of the capacity
     /// (1..=90); the queues drift to it through later evictions.
     pub fn set_small_pct(&mut self, small_pct: u64) {

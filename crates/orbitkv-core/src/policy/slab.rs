@@ -49,6 +49,12 @@ impl<T> Slab<T> {
         self.free.push(i);
     }
 
+    /// Heap bytes (approximate: allocated capacity).
+    pub(super) fn heap_bytes(&self) -> u64 {
+        crate::map::vec_bytes::<(Links, T)>(self.slots.capacity())
+            + crate::map::vec_bytes::<usize>(self.free.capacity())
+    }
+
     /// Slots ever allocated (used and free).
     #[cfg(test)]
     pub(super) fn capacity(&self) -> usize {

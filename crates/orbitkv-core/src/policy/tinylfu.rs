@@ -187,6 +187,17 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
         self
     }
 
+    /// Approximate heap bytes: (entries with their segments, frequency sketch).
+    pub fn heap_bytes(&self) -> (u64, u64) {
+        use crate::map::{btree_bytes, table_bytes};
+        let sets = self.window.len() + self.probation.len() + self.protected.len();
+        let tracked = table_bytes::<K, Meta>(self.entries.capacity()) + btree_bytes::<(u64, K)>(sets);
+        let sketch = self.sketch.as_ref().map_or(0, |s| {
+            (s.counters.capacity() + s.doorkeeper.capacity() * 8) as u64
+        });
+        (tracked, sketch)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
