@@ -1,14 +1,15 @@
 //! The session's socket: handshake with fd receipt, then request/reply.
 
 use std::io::{BufReader, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use orbitkv_proto::{
-    ErrorCode, FrameError, HEADER_LEN, Header, MAX_QUIET_RELEASES, Request, Response, decode_response,
-    read_frame, write_frame,
+    ErrorCode, FD_BATCH, FrameError, HEADER_LEN, Header, MAX_QUIET_RELEASES, Request, Response, SegmentInfo,
+    decode_response, read_frame, write_frame,
 };
 use orbitkv_shm::Mapping;
 use orbitkv_shm::fdpass::recv_with_fds;
@@ -232,6 +233,83 @@ fn check_server(stream: &UnixStream, path: &Path, trusted: Option<u32>) -> Resul
     )))
 }
 
+/// Read one whole frame and the fds that arrived with its bytes.
+fn recv_frame_with_fds(stream: &UnixStream) -> std::io::Result<(Header, Vec<u8>, Vec<OwnedFd>)> {
+    let mut raw = [0u8; HEADER_LEN];
+    let mut fds = recv_with_fds(stream, &mut raw)?;
+    let header = Header::decode(&raw).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut body = vec![0u8; header.len as usize];
+    if !body.is_empty() {
+        fds.extend(recv_with_fds(stream, &mut body)?);
+    }
+    Ok((header, body, fds))
+}
+
+/// Receive the arena's fds in the `ArenaFds` batches that follow `HelloOk`,
+/// mapping each segment and closing its fd before the next batch: this process
+/// never holds more than `FD_BATCH` arena fds, whatever the segment count.
+fn map_segments(
+    stream: &UnixStream,
+    segments: &[SegmentInfo],
+    path: &Path,
+) -> Result<Vec<SegmentView>, ClientError> {
+    let mut maps: Vec<SegmentView> = Vec::with_capacity(segments.len());
+    while maps.len() < segments.len() {
+        let (header, body, fds) = recv_frame_with_fds(stream).map_err(|e| {
+            ClientError::Unavailable(format!(
+                "handshake with {} failed after {} of {} arena segments: {e}{}",
+                path.display(),
+                maps.len(),
+                segments.len(),
+                fd_hint(&e)
+            ))
+        })?;
+        let (first, count) = match decode_response(header.kind, &body) {
+            Ok(Response::ArenaFds { first, count }) => (first as usize, count as usize),
+            Ok(Response::Error { code, message }) => return Err(refusal(code, message)),
+            Ok(other) => {
+                return Err(ClientError::Protocol(format!(
+                    "expected ArenaFds, got {:?}",
+                    other.kind()
+                )));
+            }
+            Err(e) => return Err(ClientError::Protocol(e.to_string())),
+        };
+        if first != maps.len() || count != fds.len() || first + count > segments.len() {
+            return Err(ClientError::Protocol(format!(
+                "arena fd batch for segments {first}..{} carried {} fd(s); expected segment {} next, \
+                 {} segments in all",
+                first + count,
+                fds.len(),
+                maps.len(),
+                segments.len()
+            )));
+        }
+        for (info, fd) in segments[first..first + count].iter().zip(fds) {
+            maps.push(SegmentView {
+                id: info.id,
+                size: info.size,
+                mapping: Some(Mapping::map(&fd, info.size, false)?),
+            });
+            // `fd` is closed here: the mapping keeps the memory.
+        }
+    }
+    Ok(maps)
+}
+
+/// A hint for a handshake that lost fds: the usual cause is a process at its
+/// descriptor limit (the kernel then drops the fds and truncates the message).
+fn fd_hint(e: &std::io::Error) -> String {
+    if e.to_string().contains("truncated") {
+        format!(
+            " (this process needs {FD_BATCH} free file descriptors during the handshake; \
+             raise `ulimit -n` or close descriptors)"
+        )
+    } else {
+        String::new()
+    }
+}
+
 impl Conn {
     /// Connect, check that the peer runs as a trusted uid (this process's, or
     /// `server_uid` / `ORBITKV_SERVER_UID`), then authenticate. With
@@ -278,17 +356,9 @@ impl Conn {
             return Err(io_err(e));
         }
 
-        let mut raw = [0u8; HEADER_LEN];
-        let mut fds = recv_with_fds(&stream, &mut raw).map_err(|e| {
+        let (header, body, mut fds) = recv_frame_with_fds(&stream).map_err(|e| {
             ClientError::Unavailable(format!("handshake with {} failed: {e}", path.display()))
         })?;
-        let header = Header::decode(&raw).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let mut body = vec![0u8; header.len as usize];
-        if !body.is_empty() {
-            fds.extend(
-                recv_with_fds(&stream, &mut body).map_err(|e| ClientError::Unavailable(e.to_string()))?,
-            );
-        }
         let resp = decode_response(header.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let (session, segments, presence_slots) = match resp {
             Response::HelloOk {
@@ -304,45 +374,31 @@ impl Conn {
                 )));
             }
         };
-        let arena_fds = if map_arena { segments.len() } else { 0 };
-        let expected_fds = arena_fds + usize::from(presence_slots > 0);
+        let expected_fds = usize::from(presence_slots > 0);
         if fds.len() != expected_fds {
             return Err(ClientError::Protocol(format!(
-                "Manager announced {} segment(s){} and passed {} fd(s); expected {expected_fds}",
-                segments.len(),
-                if presence_slots > 0 {
-                    " and a presence table"
-                } else {
-                    ""
-                },
+                "Manager passed {} fd(s) with its hello reply; expected {expected_fds} (the presence table)",
                 fds.len()
             )));
         }
-        let presence = match presence_slots {
-            0 => None,
-            slots => {
-                let fd = fds
-                    .pop()
-                    .ok_or_else(|| ClientError::Protocol("no presence fd".into()))?;
-                Some(PresenceView::open(fd, slots)?)
-            }
+        let presence = match (presence_slots, fds.pop()) {
+            (0, _) => None,
+            (slots, Some(fd)) => Some(PresenceView::open(fd, slots)?),
+            (_, None) => return Err(ClientError::Protocol("no presence fd".into())),
         };
-        let mut maps = Vec::with_capacity(segments.len());
-        for (info, fd) in segments.iter().zip(fds) {
-            maps.push(SegmentView {
-                id: info.id,
-                size: info.size,
-                mapping: Some(Mapping::map(&fd, info.size, false)?),
-            });
-        }
-        if !map_arena {
-            // A control-only session: the Manager passed no fds at all.
-            maps.extend(segments.iter().map(|info| SegmentView {
-                id: info.id,
-                size: info.size,
-                mapping: None,
-            }));
-        }
+        let maps = if map_arena {
+            map_segments(&stream, &segments, path)?
+        } else {
+            // A control-only session: the Manager passes no arena fds at all.
+            segments
+                .iter()
+                .map(|info| SegmentView {
+                    id: info.id,
+                    size: info.size,
+                    mapping: None,
+                })
+                .collect()
+        };
         let watch = std::os::fd::OwnedFd::from(
             stream
                 .try_clone()

@@ -31,7 +31,9 @@ pub struct Args {
     /// Total DRAM arena size, e.g. 4GiB [default: 1GiB]
     #[arg(long, env = "ORBITKV_DRAM_SIZE")]
     pub dram_size: Option<String>,
-    /// Arena segment size; the arena is split into few large segments [default: 256MiB]
+    /// Arena segment size, or "auto": 256MiB, larger for arenas above 16GiB so there are at most
+    /// 64 segments (rounded to whole huge pages). At most 16384 segments: a smaller size is
+    /// refused at start-up [default: auto]
     #[arg(long, env = "ORBITKV_SEGMENT_SIZE")]
     pub segment_size: Option<String>,
     /// Back the arena with reserved huge pages: off, 2MiB or 1GiB (reserve them first, e.g.
@@ -634,7 +636,20 @@ fn peer_settings(a: &mut Args, file: &mut FileConfig) -> Result<Option<PeerSetti
 }
 
 pub const DEFAULT_DRAM: &str = "1GiB";
-pub const DEFAULT_SEGMENT: &str = "256MiB";
+/// The smallest segment `auto` chooses.
+pub const AUTO_SEGMENT_MIN: u64 = 256 << 20;
+/// `auto` grows segments past [`AUTO_SEGMENT_MIN`] to keep at most this many.
+pub const AUTO_SEGMENTS: u64 = 64;
+
+/// The segment size `--segment-size auto` picks for an arena of `dram_size`
+/// on `page`-sized pages: [`AUTO_SEGMENT_MIN`] up to 16 GiB arenas, beyond
+/// that `dram_size / AUTO_SEGMENTS` rounded up to a whole 256 MiB and a whole
+/// page. Few segments mean few fds in the Manager, few mappings and pin calls
+/// per client, and a handshake of one or two fd batches (docs/operations.md).
+pub fn auto_segment_size(dram_size: u64, page: u64) -> u64 {
+    let unit = AUTO_SEGMENT_MIN.max(page).next_multiple_of(page);
+    dram_size.div_ceil(AUTO_SEGMENTS).max(1).next_multiple_of(unit)
+}
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
 pub const DEFAULT_MAX_BUFFERED: &str = "64MiB";
 
@@ -707,20 +722,10 @@ impl ManagerConfig {
             .or(file.socket)
             .unwrap_or_else(|| orbitkv_proto::default_socket_path(uid));
         let dram_size = parse_size(a.dram_size.or(file.dram_size).as_deref().unwrap_or(DEFAULT_DRAM))?;
-        let segment_size = parse_size(
-            a.segment_size
-                .or(file.segment_size)
-                .as_deref()
-                .unwrap_or(DEFAULT_SEGMENT),
-        )?;
+        let segment_flag = a.segment_size.or(file.segment_size);
         if dram_size < orbitkv_core::ALIGN {
             return Err(ConfigError::Invalid(format!(
                 "dram_size {dram_size} is below one 4 KiB page"
-            )));
-        }
-        if segment_size < orbitkv_core::ALIGN || segment_size % orbitkv_core::ALIGN != 0 {
-            return Err(ConfigError::Invalid(format!(
-                "segment_size {segment_size} must be a positive multiple of 4096"
             )));
         }
         let page_size = match a
@@ -740,6 +745,28 @@ impl ManagerConfig {
             }
         };
         let page = page_size.bytes();
+        let segment_size = match segment_flag.as_deref() {
+            None => auto_segment_size(dram_size, page),
+            Some(v) if v.eq_ignore_ascii_case("auto") => auto_segment_size(dram_size, page),
+            Some(v) => parse_size(v)?,
+        };
+        if segment_size < orbitkv_core::ALIGN || segment_size % orbitkv_core::ALIGN != 0 {
+            return Err(ConfigError::Invalid(format!(
+                "segment_size {segment_size} must be a positive multiple of 4096"
+            )));
+        }
+        let segments = dram_size.div_ceil(segment_size);
+        if segments > orbitkv_proto::MAX_SEGMENTS as u64 {
+            let least = dram_size
+                .div_ceil(orbitkv_proto::MAX_SEGMENTS as u64)
+                .next_multiple_of(page);
+            return Err(ConfigError::Invalid(format!(
+                "dram_size {dram_size} in segments of {segment_size} bytes makes {segments} segments, \
+                 above the limit of {} (each segment is one fd in the Manager and one mapping in every \
+                 client); use --segment-size {least} or larger, or leave it unset (auto)",
+                orbitkv_proto::MAX_SEGMENTS
+            )));
+        }
         if !dram_size.is_multiple_of(page) || !segment_size.is_multiple_of(page) {
             return Err(ConfigError::Invalid(format!(
                 "with {page_size} pages, dram_size ({dram_size}) and segment_size ({segment_size}) \
@@ -1150,6 +1177,59 @@ mod tests {
         let p = c.peers.expect("peers");
         assert!(p.tls.is_some());
         assert_eq!(p.etcd.expect("etcd").endpoints.len(), 2);
+    }
+
+    #[test]
+    fn auto_segments_stay_few_and_whole_pages_at_any_arena_size() {
+        const G: u64 = 1 << 30;
+        assert_eq!(auto_segment_size(1 << 30, 4096), 256 << 20);
+        assert_eq!(
+            auto_segment_size(16 * G, 4096),
+            256 << 20,
+            "64 segments of 256 MiB"
+        );
+        assert_eq!(auto_segment_size(96 * G, 4096), 1536 << 20);
+        assert_eq!(auto_segment_size(1 << 40, 4096), 16 * G);
+        assert_eq!(auto_segment_size(8 * G, G), G, "1 GiB pages: whole pages");
+        for (dram, page) in [
+            (3 * G, 4096),
+            (100 * G + (8 << 20), 2 << 20),
+            (2048 * G, G),
+            (5 << 20, 4096),
+        ] {
+            let seg = auto_segment_size(dram, page);
+            assert!(
+                seg.is_multiple_of(page) && seg >= 256 << 20,
+                "{dram} {page}: {seg}"
+            );
+            assert!(
+                dram.div_ceil(seg) <= AUTO_SEGMENTS,
+                "{dram}: {} segments",
+                dram.div_ceil(seg)
+            );
+        }
+        let c = ManagerConfig::from_argv(["x", "--dram-size", "96GiB"]).expect("96 GiB");
+        assert_eq!(c.segment_sizes(), vec![1536 << 20; 64]);
+        let c =
+            ManagerConfig::from_argv(["x", "--dram-size", "4GiB", "--segment-size", "auto"]).expect("auto");
+        assert_eq!(c.segment_sizes(), vec![256 << 20; 16]);
+        let c = ManagerConfig::from_argv(["x", "--dram-size", "4GiB", "--hugepages", "1GiB"])
+            .expect("1 GiB pages");
+        assert_eq!(c.segment_sizes(), vec![G; 4]);
+    }
+
+    #[test]
+    fn more_segments_than_the_limit_are_refused_naming_the_fix() {
+        let ok =
+            ManagerConfig::from_argv(["x", "--dram-size", "64MiB", "--segment-size", "4KiB"]).expect("16384");
+        assert_eq!(ok.segment_sizes().len(), orbitkv_proto::MAX_SEGMENTS);
+        let e = ManagerConfig::from_argv(["x", "--dram-size", "1GiB", "--segment-size", "4KiB"])
+            .expect_err("262144 segments");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("262144 segments") && msg.contains("--segment-size 65536"),
+            "{msg}"
+        );
     }
 
     #[test]

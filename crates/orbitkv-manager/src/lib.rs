@@ -8,6 +8,7 @@
 pub mod checksum;
 pub mod config;
 mod framing;
+pub mod limits;
 #[macro_use]
 pub mod log;
 mod metrics;
@@ -62,8 +63,8 @@ pub struct Manager {
 impl Manager {
     pub fn start(config: ManagerConfig) -> Result<Manager, ManagerError> {
         log::set_level(config.log_level);
-        let mut segments = Vec::new();
         let sizes = config.segment_sizes();
+        let limits = limits::check(sizes.len() as u64, config.max_connections as u64)?;
         if let Some(free) = config.page_size.free_pages() {
             // Fail before creating anything, with the whole arena's need in the message.
             let needed = config.dram_size / config.page_size.bytes();
@@ -78,13 +79,21 @@ impl Manager {
                 .into());
             }
         }
-        for (i, size) in sizes.into_iter().enumerate() {
-            segments.push(Segment::create(
-                &format!("orbitkv-arena-{i}"),
-                size,
-                config.page_size,
-            )?);
-        }
+        let started = std::time::Instant::now();
+        let threads = orbitkv_shm::populate_threads();
+        let segments = Segment::create_arena("orbitkv-arena", &sizes, config.page_size, threads)?;
+        let took = started.elapsed().as_secs_f64();
+        log!(
+            Info,
+            "arena: {} bytes in {} segment(s) of {} pages, populated on {threads} threads in {took:.2} s \
+             ({:.1} GB/s); fd limit {}, vm.max_map_count {}",
+            config.dram_size,
+            segments.len(),
+            config.page_size,
+            config.dram_size as f64 / took.max(1e-9) / 1e9,
+            limits.nofile,
+            limits.max_map_count.map_or("unknown".into(), |m| m.to_string())
+        );
         let listener =
             server::bind(&config.socket, config.socket_mode).map_err(|err| ManagerError::Bind {
                 path: config.socket.clone(),

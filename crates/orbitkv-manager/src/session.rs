@@ -12,9 +12,10 @@ use orbitkv_core::{
     SessionId,
 };
 use orbitkv_proto::{
-    DecodeError, ErrorCode, FrameError, HELLO_CONTROL_ONLY, Header, Kind, Request, Response, SaveItem,
-    SegmentInfo, decode_request, write_frame,
+    DecodeError, ErrorCode, FD_BATCH, FrameError, HELLO_CONTROL_ONLY, Header, Kind, Request, Response,
+    SaveItem, SegmentInfo, decode_request, write_frame,
 };
+use orbitkv_shm::Segment;
 use orbitkv_shm::fdpass::send_with_fds;
 use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
 
@@ -222,19 +223,21 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: Connectio
     if write_frame(&mut frame, hello.kind() as u16, hello_id, &hello.encode()).is_err() {
         return;
     }
-    let mut fds: Vec<_> = if control {
-        Vec::new()
-    } else {
-        shared.segments.iter().map(|s| s.fd().as_fd()).collect()
-    };
     // Every authenticated session may look up, so every one gets the presence
     // table (sealed: it can only map it read-only).
-    if let Some(p) = &shared.presence {
-        fds.push(p.fd().as_fd());
-    }
-    if let Err(e) = send_with_fds(&stream, &frame, &fds) {
-        log!(Warn, "session {}: sending arena fds failed: {e}", session.0);
+    let presence: Vec<_> = shared.presence.iter().map(|p| p.fd().as_fd()).collect();
+    if let Err(e) = send_with_fds(&stream, &frame, &presence) {
+        log!(Warn, "session {}: sending the hello reply failed: {e}", session.0);
         return; // `conn` ends the session as vanished
+    }
+    if !control && let Err(e) = send_arena_fds(&stream, &shared.segments) {
+        log!(
+            Warn,
+            "session {}: sending the {} arena fds failed: {e}",
+            session.0,
+            shared.segments.len()
+        );
+        return;
     }
     log!(
         Debug,
@@ -251,6 +254,25 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: Connectio
     let _ = stream.set_write_timeout(Some(shared.config.frame_timeout));
     let how = request_loop(&shared, &mut conn);
     conn.ended(how);
+}
+
+/// The arena's fds, in segment order, in `ArenaFds` frames of at most
+/// `FD_BATCH` each: a client maps and closes each batch before the next, so no
+/// segment count needs more than `FD_BATCH` free fds in the client, and no
+/// message exceeds the kernel's per-message fd limit.
+fn send_arena_fds(stream: &UnixStream, segments: &[Segment]) -> std::io::Result<()> {
+    let mut frame = Vec::new();
+    for (i, batch) in segments.chunks(FD_BATCH).enumerate() {
+        let msg = Response::ArenaFds {
+            first: (i * FD_BATCH) as u32,
+            count: batch.len() as u32,
+        };
+        frame.clear();
+        write_frame(&mut frame, msg.kind() as u16, 0, &msg.encode()).map_err(std::io::Error::other)?;
+        let fds: Vec<_> = batch.iter().map(|s| s.fd().as_fd()).collect();
+        send_with_fds(stream, &frame, &fds)?;
+    }
+    Ok(())
 }
 
 /// One open cache session, ended exactly once when this is dropped: as the

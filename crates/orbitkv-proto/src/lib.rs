@@ -12,11 +12,14 @@
 //! ```
 //!
 //! Bodies are little-endian fixed-width fields; sequences carry a `u32` count
-//! and are bounded. Decoding never panics and rejects trailing bytes. The arena
-//! file descriptors travel beside the `HelloOk` frame as `SCM_RIGHTS`, except to
-//! a control-only session (`Hello` flag [`HELLO_CONTROL_ONLY`]), which gets none;
-//! the presence table's fd (read-only) follows them to every session when the
-//! Manager publishes one (`HelloOk.presence_slots > 0`).
+//! and are bounded. Decoding never panics and rejects trailing bytes. File
+//! descriptors travel as `SCM_RIGHTS`: the presence table's (read-only) with the
+//! `HelloOk` frame when the Manager publishes one (`HelloOk.presence_slots > 0`);
+//! the arena segments' in the `ArenaFds` frames that follow `HelloOk`, at most
+//! [`FD_BATCH`] per frame, in segment order, except to a control-only session
+//! (`Hello` flag [`HELLO_CONTROL_ONLY`]), which gets none. A client maps each
+//! batch and closes its fds before reading the next, so an arena of any segment
+//! count needs at most `FD_BATCH` free descriptors in the client.
 //! These are the only serialisable types of OrbitKV's IPC boundary.
 #![forbid(unsafe_code)]
 
@@ -35,9 +38,17 @@ pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_
 /// Protocol version spoken by this build. 2: `LookupOk` names the SSD-only hit blocks;
 /// `LookupTp` / `RedeemTp` / `ReleaseTp` / `TpLeaseOk`. 3: the presence table
 /// (`HelloOk.presence_slots` and its fd, `Namespace.presence_key`). 4: `ReleaseQuiet`,
-/// the one request with no reply. A client and a
+/// the one request with no reply. 5: arena fds in `ArenaFds` batches after `HelloOk`
+/// (any segment count up to [`MAX_SEGMENTS`]). A client and a
 /// Manager of different versions refuse each other's first frame, naming both versions.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
+/// Most arena segments a Manager may have (and a `HelloOk` may announce). Each
+/// is one fd in the Manager and one mapping in every client that maps the arena
+/// (`vm.max_map_count` is 65,530 by default).
+pub const MAX_SEGMENTS: usize = 16_384;
+/// Most arena fds one `ArenaFds` frame carries: the most a client must have free
+/// below its `RLIMIT_NOFILE` during the handshake.
+pub const FD_BATCH: usize = 32;
 /// Bytes of a namespace's presence key.
 pub const PRESENCE_KEY_BYTES: usize = 16;
 /// Bytes per block hash.

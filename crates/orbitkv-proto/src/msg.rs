@@ -2,8 +2,8 @@
 
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::{
-    HASH_BYTES, MAX_HASHES, MAX_QUIET_RELEASES, MAX_TEXT, MAX_TOKEN, MAX_TP_SHARDS, PRESENCE_KEY_BYTES,
-    TP_TOKEN_BYTES,
+    FD_BATCH, HASH_BYTES, MAX_HASHES, MAX_QUIET_RELEASES, MAX_SEGMENTS, MAX_TEXT, MAX_TOKEN, MAX_TP_SHARDS,
+    PRESENCE_KEY_BYTES, TP_TOKEN_BYTES,
 };
 
 /// Message kinds. Requests are < 0x80, replies ≥ 0x80.
@@ -36,6 +36,7 @@ pub enum Kind {
     Generation = 0x88,
     StatsOk = 0x89,
     TpLeaseOk = 0x8a,
+    ArenaFds = 0x8b,
     Error = 0xff,
 }
 
@@ -168,13 +169,22 @@ pub enum SaveItem {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
-    /// Followed on the socket by one fd per segment (SCM_RIGHTS), in order
-    /// (none to a control-only session), then, when `presence_slots > 0`, the
-    /// fd of the read-only presence table of that many slots.
+    /// Carries, when `presence_slots > 0`, the fd of the read-only presence
+    /// table of that many slots (SCM_RIGHTS). A session that maps the arena
+    /// then receives the segments' fds in order, in `ArenaFds` frames of at
+    /// most [`crate::FD_BATCH`] each (none to a control-only session).
     HelloOk {
         session: u64,
         segments: Vec<SegmentInfo>,
         presence_slots: u64,
+    },
+    /// Part of the handshake, unrequested (request id 0): the fds of segments
+    /// `first .. first + count` travel with this frame (SCM_RIGHTS). Batches
+    /// arrive in order, so a client can map and close each batch before the
+    /// next: it never holds more than `FD_BATCH` arena fds at once.
+    ArenaFds {
+        first: u32,
+        count: u32,
     },
     Namespace {
         ns: u32,
@@ -221,8 +231,6 @@ pub enum Response {
         message: String,
     },
 }
-
-const MAX_SEGMENTS: usize = 1024;
 
 fn hashes(w: &mut Writer, hs: &[[u8; HASH_BYTES]]) {
     w.count(hs.len());
@@ -423,6 +431,7 @@ impl Response {
             Response::Generation { .. } => Kind::Generation,
             Response::StatsOk { .. } => Kind::StatsOk,
             Response::TpLeaseOk { .. } => Kind::TpLeaseOk,
+            Response::ArenaFds { .. } => Kind::ArenaFds,
             Response::Error { .. } => Kind::Error,
         }
     }
@@ -516,6 +525,9 @@ impl Response {
                 for i in ssd_blocks {
                     w.u32(*i);
                 }
+            }
+            Response::ArenaFds { first, count } => {
+                w.u32(*first).u32(*count);
             }
             Response::Error { code, message } => {
                 w.u16(*code).bytes(message.as_bytes());
@@ -644,6 +656,18 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
                 generation,
                 ssd_blocks: read_ssd_blocks(&mut r, hit_blocks)?,
             }
+        }
+        0x8b => {
+            let first = r.u32("first segment")?;
+            let count = r.u32("fd count")?;
+            let end = u64::from(first) + u64::from(count);
+            if count == 0 || count as usize > FD_BATCH || end > MAX_SEGMENTS as u64 {
+                return Err(DecodeError::Invalid {
+                    field: "arena fd batch (1..=FD_BATCH fds of segments below MAX_SEGMENTS)",
+                    value: end,
+                });
+            }
+            Response::ArenaFds { first, count }
         }
         0xff => Response::Error {
             code: r.u16("code")?,

@@ -92,6 +92,7 @@ fn every_response_round_trips() {
             segments: vec![SegmentInfo { id: 0, size: 1 << 28 }],
             presence_slots: 1 << 16,
         },
+        Response::ArenaFds { first: 32, count: 32 },
         Response::Namespace {
             ns: 1,
             generation: 2,
@@ -139,6 +140,26 @@ fn every_response_round_trips() {
         let body = r.encode();
         assert_eq!(decode_response(r.kind() as u16, &body).expect("decodes"), r);
     }
+}
+
+#[test]
+fn arena_fd_batches_are_bounded() {
+    let fds = |first: u32, count: u32| {
+        decode_response(
+            Kind::ArenaFds as u16,
+            &Response::ArenaFds { first, count }.encode(),
+        )
+    };
+    assert!(fds(0, orbitkv_proto::FD_BATCH as u32).is_ok());
+    assert!(fds(0, 0).is_err(), "an empty batch");
+    assert!(
+        fds(0, orbitkv_proto::FD_BATCH as u32 + 1).is_err(),
+        "more fds than one batch may carry"
+    );
+    let last = (orbitkv_proto::MAX_SEGMENTS - 1) as u32;
+    assert!(fds(last, 1).is_ok());
+    assert!(fds(last, 2).is_err(), "segments past MAX_SEGMENTS");
+    assert!(fds(u32::MAX, 32).is_err(), "no overflow");
 }
 
 #[test]

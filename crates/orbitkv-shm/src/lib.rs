@@ -22,4 +22,4 @@ pub mod presence;
 #[allow(unsafe_code)] // shared words accessed only atomically
 mod words;
 
-pub use mapping::{Mapping, PageSize, Segment, ShmError};
+pub use mapping::{Mapping, PageSize, Segment, ShmError, populate_threads};

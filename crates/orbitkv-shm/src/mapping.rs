@@ -104,6 +104,36 @@ impl Segment {
     /// `page`-sized pages. Huge pages must be reserved: too few free ones is a
     /// clear error ([`ShmError::HugePages`]), never a silent fallback.
     pub fn create(name: &str, size: u64, page: PageSize) -> Result<Segment, ShmError> {
+        let mut one = Self::create_arena(name, &[size], page, 1)?;
+        one.pop().ok_or(ShmError::Unaligned { size, page })
+    }
+
+    /// Create every segment of an arena (`{name}-{i}`), then allocate and write
+    /// all of their pages at once on `threads` threads, so start-up runs at the
+    /// host's parallel first-touch rate whatever the segment sizes. Huge pages
+    /// must be reserved: too few free ones is a clear error
+    /// ([`ShmError::HugePages`]), never a silent fallback.
+    pub fn create_arena(
+        name: &str,
+        sizes: &[u64],
+        page: PageSize,
+        threads: usize,
+    ) -> Result<Vec<Segment>, ShmError> {
+        let mut out = Vec::with_capacity(sizes.len());
+        for (i, &size) in sizes.iter().enumerate() {
+            let name = if sizes.len() == 1 {
+                name.to_owned()
+            } else {
+                format!("{name}-{i}")
+            };
+            out.push(Self::create_unpopulated(&name, size, page)?);
+        }
+        let maps: Vec<&Mapping> = out.iter().map(|s| &s.mapping).collect();
+        write_every_page(&maps, threads);
+        Ok(out)
+    }
+
+    fn create_unpopulated(name: &str, size: u64, page: PageSize) -> Result<Segment, ShmError> {
         if size == 0 || !size.is_multiple_of(page.bytes()) {
             return Err(ShmError::Unaligned { size, page });
         }
@@ -124,19 +154,16 @@ impl Segment {
         rustix::fs::ftruncate(&fd, size).map_err(|err| ShmError::Truncate { size, err })?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(ShmError::Seal)?;
-        // The Manager populates: every page is allocated once, up front, so no
-        // copy anywhere pays allocation and zeroing on first touch. A hugetlb
-        // mapping reserves its pages here; ENOMEM means too few are free.
-        let mapping = match Mapping::map(&fd, size, page != PageSize::Base) {
+        // A shared hugetlb mapping reserves its pages when it is mapped: ENOMEM
+        // here means too few are free. The pages themselves are allocated by
+        // `write_every_page`, in parallel across the whole arena.
+        let mapping = match Mapping::map(&fd, size, false) {
             Err(ShmError::Map {
                 err: rustix::io::Errno::NOMEM,
                 ..
             }) if page != PageSize::Base => return Err(shortage(page)),
             other => other?,
         };
-        if page == PageSize::Base {
-            mapping.write_every_page();
-        }
         Ok(Segment { fd, mapping, page })
     }
 
@@ -326,59 +353,6 @@ impl Mapping {
         })
     }
 
-    /// Allocate and write every page of a fresh mapping, on up to 8 threads.
-    ///
-    /// `MAP_POPULATE` (and `MADV_POPULATE_WRITE`) allocate a shared mapping's
-    /// pages, but on some virtual machines the first store from user space to
-    /// each page still costs about a microsecond (measured on the GPU hosts:
-    /// 256 MiB took 72 ms to write the first time; a peer fill into never
-    /// written slots ran at half the speed of one into slots written before).
-    /// Writing the zeros the pages already hold pays that once, at start-up,
-    /// instead of in the first save, fill or staging that lands in each slot.
-    /// Only for a mapping no one else can see yet (`Segment::create`).
-    fn write_every_page(&self) {
-        const CHUNK: usize = 64 << 20;
-        let chunks = self.len.div_ceil(CHUNK);
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, 8)
-            .min(chunks);
-        let base = self.ptr.as_ptr() as usize;
-        let len = self.len;
-        let write = |first: usize| {
-            let mut c = first;
-            while c < chunks {
-                let off = c * CHUNK;
-                let n = CHUNK.min(len - off);
-                // SAFETY: `[off, off + n)` lies inside this live, writable
-                // mapping; it was created by `Segment::create` and is not yet
-                // visible to anyone (no fd handed out, no slice borrowed), and
-                // each chunk is written by exactly one thread. The pages hold
-                // zeros (a fresh memfd) and are written with zeros.
-                unsafe { std::ptr::write_bytes((base + off) as *mut u8, 0, n) };
-                c += threads;
-            }
-        };
-        if threads <= 1 {
-            write(0);
-            return;
-        }
-        std::thread::scope(|scope| {
-            for t in 1..threads {
-                let w = &write;
-                if std::thread::Builder::new()
-                    .name("orbitkv-arena-init".into())
-                    .spawn_scoped(scope, move || w(t))
-                    .is_err()
-                {
-                    // No thread: this one writes that share too.
-                    w(t);
-                }
-            }
-            write(0);
-        });
-    }
-
     /// Borrow `[offset, offset+len)` of the shared mapping as a slice.
     ///
     /// # Safety
@@ -456,6 +430,61 @@ impl Drop for Mapping {
         // this `&mut self`.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
+}
+
+/// Threads the Manager populates its arena with: every core (first touch is
+/// page-fault bound and scales with cores until memory bandwidth), at most 64.
+pub fn populate_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 64)
+}
+
+/// Allocate and write every page of fresh mappings, on `threads` threads
+/// taking 64 MiB chunks from one shared counter.
+///
+/// `MAP_POPULATE` (and `MADV_POPULATE_WRITE`) allocate a shared mapping's
+/// pages, but on some virtual machines the first store from user space to
+/// each page still costs about a microsecond (measured on the GPU hosts:
+/// 256 MiB took 72 ms to write the first time; a peer fill into never
+/// written slots ran at half the speed of one into slots written before).
+/// Writing the zeros the pages already hold pays that once, at start-up,
+/// instead of in the first save, fill or staging that lands in each slot.
+/// Only for mappings no one else can see yet (`Segment::create_arena`).
+fn write_every_page(maps: &[&Mapping], threads: usize) {
+    const CHUNK: usize = 64 << 20;
+    let chunks: Vec<(usize, usize)> = maps
+        .iter()
+        .flat_map(|m| {
+            let (base, len) = (m.ptr.as_ptr() as usize, m.len);
+            (0..len.div_ceil(CHUNK)).map(move |c| (base + c * CHUNK, CHUNK.min(len - c * CHUNK)))
+        })
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let write = || {
+        while let Some(&(at, n)) = chunks.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+            // SAFETY: `[at, at + n)` lies inside one live, writable mapping
+            // made by `Segment::create_unpopulated` and not yet visible to
+            // anyone (no fd handed out, no slice borrowed); the shared counter
+            // hands each chunk to exactly one thread. The pages hold zeros (a
+            // fresh memfd) and are written with zeros.
+            unsafe { std::ptr::write_bytes(at as *mut u8, 0, n) };
+        }
+    };
+    let threads = threads.clamp(1, chunks.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            let w = &write;
+            if std::thread::Builder::new()
+                .name("orbitkv-arena-init".into())
+                .spawn_scoped(scope, w)
+                .is_err()
+            {
+                break; // fewer threads: the others take its chunks
+            }
+        }
+        write();
+    });
 }
 
 #[cfg(test)]

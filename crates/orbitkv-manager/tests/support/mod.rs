@@ -147,3 +147,23 @@ pub fn hash(chain: u8, i: u8) -> [u8; 32] {
     h[31] = 0xAB;
     h
 }
+
+/// Read a raw session's `HelloOk` and the `ArenaFds` batches that follow it
+/// (their fds are dropped with the control messages a plain read does not
+/// ask for); returns the segment count announced.
+#[allow(dead_code)] // not every test binary opens raw sessions
+pub fn read_hello(s: &mut std::os::unix::net::UnixStream) -> usize {
+    use orbitkv_proto::{FD_BATCH, Response, decode_response, read_frame};
+    let (h, body) = read_frame(s).expect("hello ok");
+    let Ok(Response::HelloOk { segments, .. }) = decode_response(h.kind, &body) else {
+        panic!("expected HelloOk, got kind {:#x}", h.kind)
+    };
+    for batch in 0..segments.len().div_ceil(FD_BATCH) {
+        let (h, body) = read_frame(s).expect("arena fds");
+        let Ok(Response::ArenaFds { first, .. }) = decode_response(h.kind, &body) else {
+            panic!("expected ArenaFds, got kind {:#x}", h.kind)
+        };
+        assert_eq!(first as usize, batch * FD_BATCH);
+    }
+    segments.len()
+}
