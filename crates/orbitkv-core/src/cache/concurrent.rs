@@ -116,7 +116,7 @@ impl LeaseTable {
     }
 
     /// Approximate heap bytes: the shards' tables and each lease's key list.
-    pub(super) fn heap_bytes(&self) -> u64 {
+    pub(super) fn lease_bytes(&self) -> u64 {
         self.shards
             .iter()
             .map(|s| {
@@ -323,7 +323,7 @@ impl PolicyCell {
         lock(&self.policy)
     }
 
-    pub(super) fn heap_bytes(&self) -> crate::policy::PolicyHeap {
+    pub(super) fn policy_heap(&self) -> crate::policy::PolicyHeap {
         lock(&self.policy).heap_bytes()
     }
 

@@ -434,17 +434,17 @@ impl CacheState {
     pub fn heap_bytes(&self) -> HeapBytes {
         use crate::map::table_bytes;
         let saves: u64 = table_bytes::<SaveId, PendingSave>(self.saves.capacity())
-            + self.saves.values().map(PendingSave::heap_bytes).sum::<u64>();
+            + self.saves.values().map(PendingSave::item_bytes).sum::<u64>();
         let sessions = table_bytes::<SessionId, SessionInfo>(self.sessions.capacity())
             + table_bytes::<TpToken, TpLease>(self.tp.capacity())
             + table_bytes::<NsId, NsInfo>(self.namespaces.capacity())
             + table_bytes::<NamespaceKey, NsId>(self.ns_by_key.capacity());
         HeapBytes {
             index: table_bytes::<BlockKey, Entry>(self.index.capacity()),
-            policy: self.policy.heap_bytes(),
+            policy: self.policy.policy_heap(),
             arena: self.arena.heap_bytes(),
-            leases: self.leases.heap_bytes(),
-            other: saves + sessions + self.tier.heap_bytes(),
+            leases: self.leases.lease_bytes(),
+            other: saves + sessions + self.tier.queue_bytes(),
         }
     }
 

@@ -28,7 +28,7 @@ pub(super) struct PendingSave {
 
 impl PendingSave {
     /// Heap bytes of its item list.
-    pub(super) fn heap_bytes(&self) -> u64 {
+    pub(super) fn item_bytes(&self) -> u64 {
         crate::map::vec_bytes::<(BlockHash, SaveStatus)>(self.items.capacity())
     }
 

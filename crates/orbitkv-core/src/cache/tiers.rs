@@ -87,7 +87,7 @@ pub(super) struct TierState {
 
 impl TierState {
     /// Approximate heap bytes of its queues and lists.
-    pub(super) fn heap_bytes(&self) -> u64 {
+    pub(super) fn queue_bytes(&self) -> u64 {
         use crate::map::{table_bytes, vec_bytes};
         vec_bytes::<BlockKey>(self.spill_queue.capacity() + self.staged_copies.capacity())
             + vec_bytes::<TierKey>(self.removals.capacity())

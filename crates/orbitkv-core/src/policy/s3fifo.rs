@@ -14,7 +14,7 @@
 //! and LRU over one set of blocks with one map lookup per hit.
 
 use std::collections::VecDeque;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 use super::slab::{List, Slab};
 use crate::map::Map;
@@ -53,8 +53,16 @@ pub struct S3Fifo<K> {
     adaptive: bool,
     small: VecDeque<(usize, u64)>,
     main: VecDeque<(usize, u64)>,
-    ghost: VecDeque<(K, u64, u64)>,
-    ghost_index: Map<K, (u64, Queue)>, // key -> (ghost seq, queue it was evicted from)
+    /// Evicted keys by their 64-bit ghost hash, oldest first: `(hash, weight)`;
+    /// element `j` has ghost seq `ghost_head + j`. A hash instead of the key
+    /// (48 bytes for a `BlockKey`): the ghost remembers several times more keys
+    /// than are resident, and two keys would merge only on a 64-bit collision
+    /// under a per-process random hash (which at worst admits one key to main).
+    ghost: VecDeque<(u64, u64)>,
+    /// Ghost hash → its ghost seq `<< 1`, `| 1` when it was evicted from main.
+    ghost_index: Map<u64, u64>,
+    ghost_head: u64,
+    ghost_hasher: foldhash::fast::RandomState,
     entries: Map<K, usize>,
     slots: Slab<Slot<K>>,
     /// Keep the recency list ([`S3Fifo::with_recency`]).
@@ -98,6 +106,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             main: VecDeque::new(),
             ghost: VecDeque::new(),
             ghost_index: Map::default(),
+            ghost_head: 0,
+            ghost_hasher: foldhash::fast::RandomState::default(),
             entries: Map::default(),
             slots: Slab::new(),
             recency: false,
@@ -126,8 +136,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         let tracked = table_bytes::<K, usize>(self.entries.capacity())
             + self.slots.heap_bytes()
             + vec_bytes::<(usize, u64)>(self.small.capacity() + self.main.capacity());
-        let ghost = vec_bytes::<(K, u64, u64)>(self.ghost.capacity())
-            + table_bytes::<K, (u64, Queue)>(self.ghost_index.capacity());
+        let ghost = vec_bytes::<(u64, u64)>(self.ghost.capacity())
+            + table_bytes::<u64, u64>(self.ghost_index.capacity());
         (tracked, ghost)
     }
 
@@ -169,15 +179,16 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             return false;
         }
         let seq = self.bump_seq();
-        let ghost = self.ghost_index.remove(&key);
+        let ghost = self
+            .ghost_index
+            .remove(&self.ghost_hasher.hash_one(key))
+            .map(|v| if v & 1 == 1 { Queue::Main } else { Queue::Small });
         let readmitted = ghost.is_some();
         if self.adaptive {
             let (lo, hi) = (self.capacity / 20, self.capacity / 2);
             match ghost {
-                Some((_, Queue::Small)) => self.small_target = (self.small_target + weight).min(hi),
-                Some((_, Queue::Main)) => {
-                    self.small_target = self.small_target.saturating_sub(weight).max(lo)
-                }
+                Some(Queue::Small) => self.small_target = (self.small_target + weight).min(hi),
+                Some(Queue::Main) => self.small_target = self.small_target.saturating_sub(weight).max(lo),
                 None => {}
             }
         }
@@ -367,17 +378,21 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     }
 
     fn add_ghost(&mut self, key: K, weight: u64, from: Queue) {
-        let seq = self.bump_seq();
-        self.ghost.push_back((key, seq, weight));
-        self.ghost_index.insert(key, (seq, from));
+        let h = self.ghost_hasher.hash_one(key);
+        let seq = self.ghost_head + self.ghost.len() as u64;
+        self.ghost.push_back((h, weight));
+        self.ghost_index
+            .insert(h, seq << 1 | u64::from(from == Queue::Main));
         self.ghost_bytes += weight;
         while self.ghost_bytes > self.ghost_limit {
-            let Some((k, s, w)) = self.ghost.pop_front() else {
+            let Some((gh, w)) = self.ghost.pop_front() else {
                 break;
             };
+            let s = self.ghost_head;
+            self.ghost_head += 1;
             self.ghost_bytes -= w;
-            if self.ghost_index.get(&k).is_some_and(|(gs, _)| *gs == s) {
-                self.ghost_index.remove(&k);
+            if self.ghost_index.get(&gh).is_some_and(|v| v >> 1 == s) {
+                self.ghost_index.remove(&gh);
             }
         }
     }
