@@ -32,6 +32,10 @@ pub enum RecoveryVerify {
     Headers,
     /// Trust the journal (reads still verify everything before returning data).
     JournalOnly,
+    /// Trust the journal at open and check every block's header on a background thread
+    /// afterwards, dropping the blocks that fail ([`crate::SsdTier::header_check`]). Open
+    /// costs no per-block I/O; reads verify everything before returning data meanwhile.
+    Background,
 }
 
 /// SSD tier configuration. Build with [`SsdConfig::new`] and adjust fields.

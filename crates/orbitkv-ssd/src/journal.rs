@@ -47,6 +47,9 @@ pub(crate) fn replay(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> io::Resu
         // A record cut short by a crash mid-append.
         out.torn += 1;
     }
+    // One slot per record up front (no rehashing as the map grows); capped, the length
+    // comes from the file.
+    out.entries.reserve(total.min(1 << 25) as usize);
     let mut rd = BufReader::with_capacity(1 << 20, file);
     let mut buf = [0u8; JOURNAL_RECORD_SIZE];
     for i in 0..total {

@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod alloc;
+mod bgverify;
 mod config;
 mod dir;
 mod error;
@@ -25,6 +26,7 @@ mod tier;
 mod uring;
 mod write;
 
+pub use bgverify::HeaderCheck;
 pub use config::{EnginePref, IoMode, RecoveryVerify, SsdConfig};
 pub use error::{Result, SsdError};
 pub use key::{KEY_BYTES, SsdKey};

@@ -6,10 +6,11 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::alloc::ExtentAllocator;
+use crate::bgverify::Background;
 use crate::config::{EnginePref, IoMode, RecoveryVerify, SsdConfig, check_direct_supported, free_space};
 use crate::dir::{self, FILE_MODE};
 use crate::error::{Result, SsdError};
@@ -134,11 +135,27 @@ impl SsdTier {
         // 5. Index, oldest first, and a fresh compacted journal.
         placed.sort_by_key(|r| r.seq);
         let journal = open_journal(&cfg, &placed, &mut report)?;
-        let st = build_state(alloc, rp.max_seq, journal, &placed, &mut report);
+        let st = Arc::new(Mutex::new(build_state(
+            alloc,
+            rp.max_seq,
+            journal,
+            &placed,
+            &mut report,
+        )));
+        let engine = Arc::new(engine);
+        let background = if cfg.verify_on_open == RecoveryVerify::Background {
+            let fd = data
+                .try_clone()
+                .map_err(|e| SsdError::io("duplicating the data file handle", e))?;
+            Background::start(placed, fd, Arc::clone(&engine), Arc::clone(&st))
+                .map_err(|e| SsdError::io("starting the header check thread", e))?
+        } else {
+            Background::none()
+        };
         progress(RecoveryProgress {
             phase: RecoveryPhase::Done,
-            done: placed.len() as u64,
-            total: placed.len() as u64,
+            done: report.recovered.len() as u64,
+            total: report.recovered.len() as u64,
         });
         report.elapsed = t0.elapsed();
         let tier = SsdTier {
@@ -147,8 +164,9 @@ impl SsdTier {
             data,
             engine,
             info,
-            state: Mutex::new(st),
+            state: st,
             counters: Counters::default(),
+            background,
             _lock: lock,
         };
         Ok((tier, report))
@@ -276,14 +294,18 @@ fn place_extents(
 }
 
 /// What a block's header sector says about its journal record.
-enum HeaderVerdict {
+pub(crate) enum HeaderVerdict {
     Keep,
     Corrupt,
     Torn,
     OtherVersion,
 }
 
-fn header_verdict(r: &JournalRecord, h: &[u8], res: io::Result<crate::uring::Done>) -> HeaderVerdict {
+pub(crate) fn header_verdict(
+    r: &JournalRecord,
+    h: &[u8],
+    res: io::Result<crate::uring::Done>,
+) -> HeaderVerdict {
     match res {
         Ok(d) if d.bytes == HEADER_SIZE => match BlockHeader::decode(h) {
             Ok(bh)

@@ -4,8 +4,9 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::bgverify::{Background, HeaderCheck};
 use crate::config::SsdConfig;
 use crate::error::{Result, SsdError};
 use crate::format::{JournalRecord, SECTOR, extent_bytes};
@@ -84,11 +85,20 @@ pub struct SsdTier {
     pub(crate) cfg: SsdConfig,
     pub(crate) capacity: u64,
     pub(crate) data: File,
-    pub(crate) engine: Engine,
+    pub(crate) engine: Arc<Engine>,
     pub(crate) info: EngineInfo,
-    pub(crate) state: Mutex<State>,
+    pub(crate) state: Arc<Mutex<State>>,
     pub(crate) counters: Counters,
+    pub(crate) background: Background,
     pub(crate) _lock: File,
+}
+
+impl Drop for SsdTier {
+    fn drop(&mut self) {
+        // The background header check uses the state and engine; stop it before they go
+        // (and before the directory lock is released).
+        self.background.stop();
+    }
 }
 
 pub(crate) fn is_aligned(p: *const u8) -> bool {
@@ -182,6 +192,17 @@ impl SsdTier {
     /// Up to `n` keys, least recently written or read first: eviction candidates.
     pub fn oldest(&self, n: usize) -> Vec<SsdKey> {
         self.lock().lru.values().take(n).copied().collect()
+    }
+
+    /// Progress of the background header check ([`crate::RecoveryVerify::Background`]);
+    /// `finished` and zero counts in the other modes.
+    pub fn header_check(&self) -> HeaderCheck {
+        self.background.progress()
+    }
+
+    /// Block until the background header check has finished.
+    pub fn wait_header_check(&self) {
+        self.background.wait();
     }
 
     /// Counter snapshot.
