@@ -23,7 +23,18 @@ pub enum ConfigError {
 
 /// Command line of `orbitkv serve` / `orbitkv-manager`.
 #[derive(Debug, Parser, Default)]
-#[command(name = "orbitkv serve", about = "Run the OrbitKV Manager (one per host).")]
+#[command(
+    name = "orbitkv serve",
+    about = "Run the OrbitKV Manager (one per host).",
+    after_help = "Limits, each checked at start-up (a clear error names the flag to change; \
+docs/operations.md, Limits):\n  \
+- at most 16384 arena segments (--segment-size; auto keeps at most 64)\n  \
+- open files: segments + 2 x --max-connections + 256 within the hard RLIMIT_NOFILE \
+(the soft limit is raised to it)\n  \
+- vm.max_map_count: segments + 8192 mappings in every process that maps the arena\n  \
+- huge pages: dram_size / page size free pages of that size (--hugepages)\n  \
+- a client needs 32 free file descriptors during its handshake, whatever the segment count"
+)]
 pub struct Args {
     /// Unix socket path [default: $XDG_RUNTIME_DIR/orbitkv/manager.sock or /tmp/orbitkv-<uid>/manager.sock]
     #[arg(long, env = "ORBITKV_SOCKET")]
@@ -1216,6 +1227,21 @@ mod tests {
         let c = ManagerConfig::from_argv(["x", "--dram-size", "4GiB", "--hugepages", "1GiB"])
             .expect("1 GiB pages");
         assert_eq!(c.segment_sizes(), vec![G; 4]);
+    }
+
+    #[test]
+    fn serve_help_names_every_start_up_limit() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        for limit in [
+            "16384 arena segments",
+            "RLIMIT_NOFILE",
+            "vm.max_map_count",
+            "huge pages",
+            "32 free file descriptors",
+        ] {
+            assert!(help.contains(limit), "--help does not name {limit:?}:\n{help}");
+        }
     }
 
     #[test]
