@@ -18,6 +18,8 @@ Sections (each writes its rows into one JSON; `--png` draws cost against size):
   from GPU pages through `orbitkv.kvcopy` are restored by a second process's engine
   into other GPU pages and compared byte for byte.
 
+The baseline binary is built on first use, or taken from $ORBITKV_FIRST_TOUCH.
+
 Usage: python benches/arena_scale.py --out arena.json [--dram-size 4GiB,96GiB] [--rounds 2]
        [--segments-dram 4GiB --segment-sizes auto,256MiB,16MiB,1MiB] [--gpu] [--png arena.png]
 """
@@ -52,8 +54,11 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
+FIRST_TOUCH = os.environ.get("ORBITKV_FIRST_TOUCH", str(ROOT / "target" / "release" / "first_touch"))
+
+
 def first_touch_bin() -> str:
-    exe = ROOT / "target" / "release" / "first_touch"
+    exe = Path(FIRST_TOUCH)
     if not exe.exists():
         subprocess.run(
             ["cargo", "build", "--release", "-q", "-p", "orbitkv-benches", "--bin", "first_touch"], check=True, cwd=ROOT
