@@ -291,6 +291,22 @@ fn timed_open(o: &Opts, verify: RecoveryVerify) -> Timed {
     }
 }
 
+/// `open`'s own step timings (`RecoveryReport::timings`), for the log.
+fn steps_line(r: &orbitkv_ssd::RecoveryReport) -> String {
+    r.timings
+        .iter()
+        .map(|(k, d)| format!("{k} {:.3}", d.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn steps_json(r: &orbitkv_ssd::RecoveryReport) -> serde_json::Value {
+    r.timings
+        .iter()
+        .map(|(k, d)| serde_json::json!({"step": k, "secs": d.as_secs_f64()}))
+        .collect()
+}
+
 /// Baseline: read the journal file front to back with plain 4 MiB reads; also returns the
 /// last put record per key of interest.
 fn read_journal(dir: &Path, want: &[u64]) -> (u64, f64, HashMap<u64, JournalRecord>) {
@@ -476,11 +492,11 @@ fn main() {
     eprintln!("recovering ({} journal bytes)...", journal_bytes);
     let r = timed_open(&o, o.verify);
     eprintln!(
-        "recovered {} blocks in {:.3} s ({:?}): {:?}",
+        "recovered {} blocks in {:.3} s ({:?}): {}",
         r.report.recovered.len(),
         r.secs,
         o.verify,
-        r.phases
+        steps_line(&r.report)
     );
     // Reads while the background check runs: the torn ones must fail their own checks.
     let mut buf = Aligned::new(stride(o.block_bytes));
@@ -549,6 +565,7 @@ fn main() {
         "header_check": {"finished_after_secs": check_secs, "total": hc.total,
             "checked": hc.checked, "dropped": hc.dropped},
         "phases": r.phases.iter().map(|(k, v)| serde_json::json!({"phase": k, "secs": v})).collect::<Vec<_>>(),
+        "steps": steps_json(&r.report),
         "blocks_recovered": recovered,
         "journal_records": r.report.journal_records,
         "corrupt": r.report.corrupt,
@@ -561,10 +578,14 @@ fn main() {
     let clean_h = timed_open(&o, RecoveryVerify::Headers);
     let clean_h_secs = clean_h.secs;
     let clean_h_phases = clean_h.phases.clone();
+    let clean_h_steps = steps_json(&clean_h.report);
+    eprintln!("clean reopen, headers: {}", steps_line(&clean_h.report));
     drop(clean_h);
     let clean_j = timed_open(&o, RecoveryVerify::JournalOnly);
     let clean_j_secs = clean_j.secs;
     let clean_j_phases = clean_j.phases.clone();
+    let clean_j_steps = steps_json(&clean_j.report);
+    eprintln!("clean reopen, journal only: {}", steps_line(&clean_j.report));
     drop(clean_j);
     eprintln!("clean reopen: headers {clean_h_secs:.3} s, journal only {clean_j_secs:.3} s");
 
@@ -585,9 +606,9 @@ fn main() {
         "baseline_journal_read": {"bytes": journal_bytes, "secs": journal_read_secs,
             "gbps": journal_bytes as f64 / journal_read_secs.max(1e-9) / 1e9},
         "recovery_after_kill": rep,
-        "clean_reopen_headers": {"secs": clean_h_secs,
+        "clean_reopen_headers": {"secs": clean_h_secs, "steps": clean_h_steps,
             "phases": clean_h_phases.iter().map(|(k, v)| serde_json::json!({"phase": k, "secs": v})).collect::<Vec<_>>()},
-        "clean_reopen_journal_only": {"secs": clean_j_secs,
+        "clean_reopen_journal_only": {"secs": clean_j_secs, "steps": clean_j_steps,
             "phases": clean_j_phases.iter().map(|(k, v)| serde_json::json!({"phase": k, "secs": v})).collect::<Vec<_>>()},
         "sample": {"checked": counts.values().sum::<u64>(), "outcomes": counts, "secs": sample_secs},
         "acknowledged_tail_blocks": acked_tail.iter().map(|(a, b)| b - a).sum::<u64>(),

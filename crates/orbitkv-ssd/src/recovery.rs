@@ -75,6 +75,9 @@ pub struct RecoveryReport {
     /// Why the journal rewrite at open was deferred (the filesystem is full); the tier
     /// appends to the journal as it was and retries the rewrite later.
     pub compaction_deferred: Option<String>,
+    /// Wall time of each step of `open`, in order (`setup`, `replay`, `place`,
+    /// `verify_headers`, `size_file`, `journal`, `index`, `start_check`).
+    pub timings: Vec<(&'static str, Duration)>,
 }
 
 type Progress<'a> = &'a mut dyn FnMut(RecoveryProgress);
@@ -99,6 +102,8 @@ impl SsdTier {
             .map_err(|e| SsdError::io("stat data file", e))?
             .len();
         let (engine, info) = make_engine(&cfg)?;
+        let mut lap = Lap::new(t0);
+        lap.mark("setup");
 
         // 1. Journal.
         let mut rp = journal::replay(&cfg.dir, &mut |done, total| {
@@ -109,6 +114,7 @@ impl SsdTier {
             })
         })
         .map_err(|e| SsdError::io("reading journal", e))?;
+        lap.mark("replay");
         let mut report = RecoveryReport {
             journal_records: rp.records,
             rejected_version: rp.rejected_version,
@@ -121,6 +127,7 @@ impl SsdTier {
         // 2. Place extents; 3. verify their headers; 4. size the data file.
         let cands: Vec<JournalRecord> = rp.entries.drain().map(|(_, r)| r).collect();
         let (mut alloc, mut placed) = place_extents(cands, capacity, orig_len, &mut report);
+        lap.mark("place");
         if cfg.verify_on_open == RecoveryVerify::Headers && !placed.is_empty() {
             let mut v = Verifier {
                 data: &data,
@@ -129,12 +136,15 @@ impl SsdTier {
                 report: &mut report,
             };
             placed = v.run(placed, progress)?;
+            lap.mark("verify_headers");
         }
         size_data_file(&data, orig_len, capacity)?;
+        lap.mark("size_file");
 
         // 5. Index, oldest first, and a fresh compacted journal.
         placed.sort_by_key(|r| r.seq);
         let journal = open_journal(&cfg, &placed, &mut report)?;
+        lap.mark("journal");
         let st = Arc::new(Mutex::new(build_state(
             alloc,
             rp.max_seq,
@@ -142,6 +152,7 @@ impl SsdTier {
             &placed,
             &mut report,
         )));
+        lap.mark("index");
         let engine = Arc::new(engine);
         let background = if cfg.verify_on_open == RecoveryVerify::Background {
             let fd = data
@@ -152,11 +163,13 @@ impl SsdTier {
         } else {
             Background::none()
         };
+        lap.mark("start_check");
         progress(RecoveryProgress {
             phase: RecoveryPhase::Done,
             done: report.recovered.len() as u64,
             total: report.recovered.len() as u64,
         });
+        report.timings = lap.done;
         report.elapsed = t0.elapsed();
         let tier = SsdTier {
             cfg,
@@ -170,6 +183,26 @@ impl SsdTier {
             _lock: lock,
         };
         Ok((tier, report))
+    }
+}
+
+/// Step timer for [`RecoveryReport::timings`].
+struct Lap {
+    at: Instant,
+    done: Vec<(&'static str, Duration)>,
+}
+
+impl Lap {
+    fn new(t0: Instant) -> Lap {
+        Lap {
+            at: t0,
+            done: Vec::with_capacity(8),
+        }
+    }
+    fn mark(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.done.push((step, now - self.at));
+        self.at = now;
     }
 }
 
