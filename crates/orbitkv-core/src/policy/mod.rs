@@ -8,6 +8,7 @@
 //! that chose the default.
 
 mod duel;
+mod ghost;
 mod lru;
 mod s3fifo;
 mod slab;

@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash};
 
+use super::ghost::Ghost;
 use super::slab::{List, Slab};
 use crate::map::Map;
 
@@ -53,15 +54,12 @@ pub struct S3Fifo<K> {
     adaptive: bool,
     small: VecDeque<(usize, u64)>,
     main: VecDeque<(usize, u64)>,
-    /// Evicted keys by their 64-bit ghost hash, oldest first: `(hash, weight)`;
-    /// element `j` has ghost seq `ghost_head + j`. A hash instead of the key
-    /// (48 bytes for a `BlockKey`): the ghost remembers several times more keys
-    /// than are resident, and two keys would merge only on a 64-bit collision
-    /// under a per-process random hash (which at worst admits one key to main).
-    ghost: VecDeque<(u64, u64)>,
-    /// Ghost hash → its ghost seq `<< 1`, `| 1` when it was evicted from main.
-    ghost_index: Map<u64, u64>,
-    ghost_head: u64,
+    /// Evicted keys by their 64-bit ghost hash, oldest first (see `ghost.rs`).
+    /// A hash instead of the key (48 bytes for a `BlockKey`): the ghost
+    /// remembers several times more keys than are resident, and two keys would
+    /// merge only on a 64-bit collision under a per-process random hash (which
+    /// at worst admits one key to main).
+    ghost: Ghost,
     ghost_hasher: foldhash::fast::RandomState,
     entries: Map<K, usize>,
     slots: Slab<Slot<K>>,
@@ -71,7 +69,6 @@ pub struct S3Fifo<K> {
     order: List,
     small_bytes: u64,
     main_bytes: u64,
-    ghost_bytes: u64,
     next_seq: u64,
 }
 
@@ -104,9 +101,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             adaptive: false,
             small: VecDeque::new(),
             main: VecDeque::new(),
-            ghost: VecDeque::new(),
-            ghost_index: Map::default(),
-            ghost_head: 0,
+            ghost: Ghost::default(),
             ghost_hasher: foldhash::fast::RandomState::default(),
             entries: Map::default(),
             slots: Slab::new(),
@@ -114,7 +109,6 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             order: List::EMPTY,
             small_bytes: 0,
             main_bytes: 0,
-            ghost_bytes: 0,
             next_seq: 0,
         }
     }
@@ -136,9 +130,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         let tracked = table_bytes::<K, usize>(self.entries.capacity())
             + self.slots.heap_bytes()
             + vec_bytes::<(usize, u64)>(self.small.capacity() + self.main.capacity());
-        let ghost = vec_bytes::<(u64, u64)>(self.ghost.capacity())
-            + table_bytes::<u64, u64>(self.ghost_index.capacity());
-        (tracked, ghost)
+        (tracked, self.ghost.heap_bytes())
     }
 
     /// Move the small queue's target to `small_pct` percent of the capacity
@@ -180,9 +172,9 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         }
         let seq = self.bump_seq();
         let ghost = self
-            .ghost_index
-            .remove(&self.ghost_hasher.hash_one(key))
-            .map(|v| if v & 1 == 1 { Queue::Main } else { Queue::Small });
+            .ghost
+            .take(self.ghost_hasher.hash_one(key))
+            .map(|main| if main { Queue::Main } else { Queue::Small });
         let readmitted = ghost.is_some();
         if self.adaptive {
             let (lo, hi) = (self.capacity / 20, self.capacity / 2);
@@ -379,22 +371,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     fn add_ghost(&mut self, key: K, weight: u64, from: Queue) {
         let h = self.ghost_hasher.hash_one(key);
-        let seq = self.ghost_head + self.ghost.len() as u64;
-        self.ghost.push_back((h, weight));
-        self.ghost_index
-            .insert(h, seq << 1 | u64::from(from == Queue::Main));
-        self.ghost_bytes += weight;
-        while self.ghost_bytes > self.ghost_limit {
-            let Some((gh, w)) = self.ghost.pop_front() else {
-                break;
-            };
-            let s = self.ghost_head;
-            self.ghost_head += 1;
-            self.ghost_bytes -= w;
-            if self.ghost_index.get(&gh).is_some_and(|v| v >> 1 == s) {
-                self.ghost_index.remove(&gh);
-            }
-        }
+        self.ghost.add(h, weight, from == Queue::Main, self.ghost_limit);
     }
 
     fn bump_seq(&mut self) -> u64 {

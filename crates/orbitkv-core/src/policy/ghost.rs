@@ -1,0 +1,242 @@
+//! S3-FIFO's ghost history: a FIFO of recently evicted keys, each known by a
+//! 64-bit hash, with an index from hash to its newest FIFO element.
+//!
+//! The history remembers several times more keys than are resident (`duel`:
+//! 4× the capacity), so its per-key cost dominates the policy's memory. Each
+//! element is 12 bytes (the hash and its weight with a from-main bit, in two
+//! rings) and the index is an open-addressing table of 4-byte element numbers
+//! (linear probing, backward-shift deletion, 53–80 % full), about 19 bytes per
+//! remembered key in all against ~50 in a `HashMap<u64, u64>` over a
+//! `VecDeque<(u64, u64)>`. The behaviour is the same: an element is found only
+//! while the index points at it (a later eviction of the same hash, or a
+//! readmission, makes an older element stale), and stale elements still count
+//! towards the byte limit until they leave the front.
+
+use std::collections::VecDeque;
+
+/// Element numbers are kept modulo this (`u32::MAX` marks an empty table slot),
+/// so at most `MODULUS - 1` elements are held at once.
+const MODULUS: u64 = u32::MAX as u64;
+const EMPTY: u32 = u32::MAX;
+/// Weights above this are remembered as this (blocks are at most 1 GiB).
+const MAX_WEIGHT: u64 = (u32::MAX >> 1) as u64;
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct Ghost {
+    /// Element hashes, oldest first; element `j` has number `head + j`.
+    hashes: VecDeque<u64>,
+    /// Element weight `<< 1`, `| 1` when it was evicted from main.
+    weights: VecDeque<u32>,
+    head: u64,
+    /// Open-addressing index: element number modulo [`MODULUS`], or [`EMPTY`].
+    table: Vec<u32>,
+    /// Elements the index points at.
+    indexed: usize,
+    /// Weight of every element held, stale ones included.
+    bytes: u64,
+}
+
+impl Ghost {
+    /// Heap bytes (allocated capacity).
+    pub(super) fn heap_bytes(&self) -> u64 {
+        (self.hashes.capacity() * 8 + self.weights.capacity() * 4 + self.table.capacity() * 4) as u64
+    }
+
+    /// Forget `hash`; `Some(from_main)` when it was remembered.
+    pub(super) fn take(&mut self, hash: u64) -> Option<bool> {
+        let at = self.find(hash)?;
+        let off = self.offset(self.table[at]);
+        self.remove_at(at);
+        Some(self.weights[off] & 1 == 1)
+    }
+
+    /// Remember `hash` (evicted with `weight`, from main or not) as the newest
+    /// element, then drop the oldest until at most `limit` bytes are held.
+    pub(super) fn add(&mut self, hash: u64, weight: u64, from_main: bool, limit: u64) {
+        if self.hashes.len() as u64 >= MODULUS - 1 {
+            self.pop_front();
+        }
+        let number = ((self.head + self.hashes.len() as u64) % MODULUS) as u32;
+        if self.hashes.len() == self.hashes.capacity() {
+            // Grow by a quarter, not double: the history is the policy's largest part.
+            let more = self.hashes.len() / 4 + 16;
+            self.hashes.reserve_exact(more);
+            self.weights.reserve_exact(more);
+        }
+        let w = weight.min(MAX_WEIGHT);
+        self.hashes.push_back(hash);
+        self.weights.push_back((w as u32) << 1 | u32::from(from_main));
+        self.bytes += w;
+        match self.find(hash) {
+            Some(at) => self.table[at] = number,
+            None => {
+                if (self.indexed + 1) * 5 > self.table.len() * 4 {
+                    self.grow();
+                }
+                let mut at = self.home(hash);
+                while self.table[at] != EMPTY {
+                    at = self.next(at);
+                }
+                self.table[at] = number;
+                self.indexed += 1;
+            }
+        }
+        while self.bytes > limit && !self.hashes.is_empty() {
+            self.pop_front();
+        }
+    }
+
+    /// Drop the oldest element (and its index entry when the index points at it).
+    fn pop_front(&mut self) {
+        let (Some(h), Some(wf)) = (self.hashes.pop_front(), self.weights.pop_front()) else {
+            return;
+        };
+        let number = (self.head % MODULUS) as u32;
+        self.head += 1;
+        self.bytes -= u64::from(wf >> 1);
+        // The element is gone from the rings: find its slot by number, probing
+        // from its hash's home.
+        let mut at = self.home(h);
+        while self.table.get(at).is_some_and(|&v| v != EMPTY) {
+            if self.table[at] == number {
+                self.remove_at(at);
+                return;
+            }
+            at = self.next(at);
+        }
+    }
+
+    /// Ring offset of element `number` (held).
+    fn offset(&self, number: u32) -> usize {
+        ((u64::from(number) + MODULUS - self.head % MODULUS) % MODULUS) as usize
+    }
+
+    fn home(&self, hash: u64) -> usize {
+        ((u128::from(hash) * self.table.len() as u128) >> 64) as usize
+    }
+
+    fn next(&self, at: usize) -> usize {
+        if at + 1 == self.table.len() { 0 } else { at + 1 }
+    }
+
+    /// The table slot pointing at `hash`'s element.
+    fn find(&self, hash: u64) -> Option<usize> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let mut at = self.home(hash);
+        loop {
+            let v = self.table[at];
+            if v == EMPTY {
+                return None;
+            }
+            if self.hashes[self.offset(v)] == hash {
+                return Some(at);
+            }
+            at = self.next(at);
+        }
+    }
+
+    /// Empty slot `at`, shifting later entries of its probe run back.
+    fn remove_at(&mut self, mut at: usize) {
+        self.table[at] = EMPTY;
+        self.indexed -= 1;
+        let mut j = at;
+        loop {
+            j = self.next(j);
+            let v = self.table[j];
+            if v == EMPTY {
+                return;
+            }
+            let k = self.home(self.hashes[self.offset(v)]);
+            // Move `v` back to `at` unless its home lies cyclically in (at, j].
+            let stays = if at <= j {
+                at < k && k <= j
+            } else {
+                at < k || k <= j
+            };
+            if !stays {
+                self.table[at] = v;
+                self.table[j] = EMPTY;
+                at = j;
+            }
+        }
+    }
+
+    fn grow(&mut self) {
+        let size = (self.table.len() * 3 / 2).max(16);
+        let old = std::mem::replace(&mut self.table, vec![EMPTY; size]);
+        for v in old.into_iter().filter(|&v| v != EMPTY) {
+            let mut at = self.home(self.hashes[self.offset(v)]);
+            while self.table[at] != EMPTY {
+                at = self.next(at);
+            }
+            self.table[at] = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// The reference: the `HashMap` + `VecDeque` history this replaced.
+    #[derive(Default)]
+    struct Reference {
+        ring: VecDeque<(u64, u64)>,
+        index: HashMap<u64, u64>,
+        head: u64,
+        bytes: u64,
+    }
+
+    impl Reference {
+        fn take(&mut self, h: u64) -> Option<bool> {
+            self.index.remove(&h).map(|v| v & 1 == 1)
+        }
+        fn add(&mut self, h: u64, w: u64, main: bool, limit: u64) {
+            let seq = self.head + self.ring.len() as u64;
+            self.ring.push_back((h, w));
+            self.index.insert(h, seq << 1 | u64::from(main));
+            self.bytes += w;
+            while self.bytes > limit {
+                let Some((gh, w)) = self.ring.pop_front() else {
+                    break;
+                };
+                let s = self.head;
+                self.head += 1;
+                self.bytes -= w;
+                if self.index.get(&gh).is_some_and(|v| v >> 1 == s) {
+                    self.index.remove(&gh);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn behaves_like_the_map_over_a_ring() {
+        let mut g = Ghost::default();
+        let mut r = Reference::default();
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for step in 0..300_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Few distinct hashes (repeats and stale elements), some colliding homes.
+            let h = (x >> 20) % 3000 * 0x9e37_79b9_7f4a_7c15 | (x >> 63);
+            let limit = if step < 150_000 { 20_000 } else { 5_000 };
+            if x % 3 == 0 {
+                assert_eq!(g.take(h), r.take(h), "step {step}");
+            } else {
+                let w = 1 + (x >> 40) % 20;
+                g.add(h, w, x & 4 == 0, limit);
+                r.add(h, w, x & 4 == 0, limit);
+            }
+            assert_eq!(g.bytes, r.bytes);
+            assert_eq!(g.indexed, r.index.len());
+        }
+        for h in r.index.keys() {
+            assert!(g.find(*h).is_some());
+        }
+    }
+}
