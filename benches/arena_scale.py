@@ -8,8 +8,9 @@ Sections (each writes its rows into one JSON; `--png` draws cost against size):
   Manager. Manager: `orbitkv serve --dram-size N` with default flags, from spawn to the
   first client accepted (start-to-serving), and the populate time it logs. The VM's
   memory grows as it is touched, so only the per-round ratio is meaningful.
-- `handshake`: with that Manager serving, a client that maps the arena (fd batches,
-  one mapping per segment) and a control-only client, median of 5 connects each.
+- `handshake`: with that Manager serving, the first client of a fresh process that
+  maps the arena (fd batches, one mapping per segment; its page tables are filled
+  later on a background thread) and a control-only one, median of 5 processes each.
 - `segments`: one arena size split into several segment sizes (auto and smaller):
   segment count, start-to-serving and the mapping client's handshake, to choose the
   default by measurement.
@@ -39,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orbitkv import _native
 from orbitkv.launch import serve_command, wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,22 +100,36 @@ class Serving:
         self.log.close()
 
 
+HANDSHAKE = """
+import json, sys, time
+from orbitkv import _native
+t0 = time.perf_counter()
+c = _native.Client(sys.argv[1], map_arena=sys.argv[2] == "map")
+took = time.perf_counter() - t0
+print(json.dumps({"s": took, "segments": len(c.segments())}))
+c.close()
+"""
+
+
 def handshakes(socket: str, reps: int = 5) -> dict[str, Any]:
-    mapped, control = [], []
+    """Median connect time of a fresh process's first client (as an engine worker
+    connects once): mapping the arena, and control-only."""
+    times: dict[str, list[float]] = {"map": [], "control": []}
     segments = 0
     for _ in range(reps):
-        t0 = time.perf_counter()
-        c = _native.Client(socket)
-        mapped.append(time.perf_counter() - t0)
-        segments = len(c.segments())
-        c.close()
-        t0 = time.perf_counter()
-        _native.Client(socket, map_arena=False).close()
-        control.append(time.perf_counter() - t0)
+        for mode in times:
+            out = subprocess.run(
+                [sys.executable, "-c", HANDSHAKE, socket, mode], capture_output=True, text=True, timeout=120
+            )
+            if out.returncode != 0:
+                raise RuntimeError(f"handshake ({mode}) failed: {out.stderr[-2000:]}")
+            row = json.loads(out.stdout)
+            times[mode].append(row["s"])
+            segments = row["segments"]
     return {
         "segments": segments,
-        "mapping_client_s": statistics.median(mapped),
-        "control_only_client_s": statistics.median(control),
+        "mapping_client_s": statistics.median(times["map"]),
+        "control_only_client_s": statistics.median(times["control"]),
     }
 
 
