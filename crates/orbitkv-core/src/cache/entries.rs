@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::CacheState;
-use crate::arena::aligned_len;
+use crate::arena::{ALIGN, aligned_len};
 use crate::keys::{BlockKey, Slot};
 
 /// Told every change of a block's visibility to lookups, in order: `true` when
@@ -17,30 +17,63 @@ pub trait PresenceSink: Send + Sync + std::fmt::Debug {
     fn changed(&mut self, key: &BlockKey, visible: bool);
 }
 
-/// One visible (or doomed) block. Residency: DRAM (`slot`), SSD (`on_ssd`), or both.
-/// `pins` and `hits` are atomic because lookups and releases change them under
-/// the shared lock (see `concurrent.rs`); every other field changes only under
-/// the exclusive lock.
+/// One visible (or doomed) block. Residency: DRAM (`dram_slot`), SSD
+/// (`on_ssd`), or both. `pins` and `hits` are atomic because lookups and
+/// releases change them under the shared lock (see `concurrent.rs`); every
+/// other field changes only under the exclusive lock.
+///
+/// 24 bytes, one per indexed block (millions of them): the slot is packed in a
+/// `u64` (segment and 4 KiB page; its length is the block bytes rounded up to
+/// the arena granularity, as every slot of the block's namespace is), the block
+/// bytes are a `u32` (at most [`super::MAX_BLOCK_BYTES`]), and a staging slot is
+/// held by its [`super::StageJob`], not here.
 #[derive(Debug)]
 pub(super) struct Entry {
-    /// DRAM residency; `None` while the block lives on SSD only.
-    pub(super) slot: Option<Slot>,
+    /// DRAM residency ([`PackedSlot::NONE`] while the block lives on SSD only).
+    slot: PackedSlot,
     /// Block bytes as registered by the namespace (not rounded).
-    pub(super) block_bytes: u64,
-    pub(super) on_ssd: bool,
+    block_bytes: u32,
     pins: AtomicU32,
     hits: AtomicU32,
     pub(super) busy: Busy,
+    pub(super) on_ssd: bool,
     /// Invisible to lookups; freed (DRAM slot and SSD copy) once unpinned and idle.
     pub(super) doomed: bool,
+}
+
+/// A DRAM slot's segment (high 24 bits) and 4 KiB page (low 40 bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PackedSlot(u64);
+
+impl PackedSlot {
+    const NONE: PackedSlot = PackedSlot(u64::MAX);
+    const PAGE_BITS: u32 = 40;
+
+    fn pack(slot: Slot) -> PackedSlot {
+        let page = slot.offset / ALIGN;
+        // Arenas have at most 16,384 segments (the Manager refuses more at start-up)
+        // and a segment far below 4 PiB, so both always fit.
+        debug_assert!(slot.offset % ALIGN == 0 && page < 1 << Self::PAGE_BITS);
+        debug_assert!(u64::from(slot.segment) < (1 << (64 - Self::PAGE_BITS)) - 1);
+        PackedSlot(u64::from(slot.segment) << Self::PAGE_BITS | page)
+    }
+
+    fn unpack(self, len: u64) -> Option<Slot> {
+        (self != Self::NONE).then(|| Slot {
+            segment: (self.0 >> Self::PAGE_BITS) as u32,
+            offset: (self.0 & ((1 << Self::PAGE_BITS) - 1)) * ALIGN,
+            len,
+        })
+    }
 }
 
 impl Entry {
     /// A block whose bytes are in `slot` (a committed save).
     pub(super) fn in_dram(slot: Slot, block_bytes: u64) -> Entry {
+        debug_assert_eq!(slot.len, aligned_len(block_bytes));
         Entry {
-            slot: Some(slot),
-            block_bytes,
+            slot: PackedSlot::pack(slot),
+            block_bytes: u32::try_from(block_bytes).unwrap_or(u32::MAX),
             on_ssd: false,
             pins: AtomicU32::new(0),
             hits: AtomicU32::new(0),
@@ -52,17 +85,37 @@ impl Entry {
     /// A block whose only copy is on SSD (recovered at start).
     pub(super) fn on_ssd_only(block_bytes: u64) -> Entry {
         Entry {
-            slot: None,
+            slot: PackedSlot::NONE,
+            block_bytes: u32::try_from(block_bytes).unwrap_or(u32::MAX),
             on_ssd: true,
-            ..Entry::in_dram(
-                Slot {
-                    segment: 0,
-                    offset: 0,
-                    len: 0,
-                },
-                block_bytes,
-            )
+            pins: AtomicU32::new(0),
+            hits: AtomicU32::new(0),
+            busy: Busy::Idle,
+            doomed: false,
         }
+    }
+
+    /// Block bytes as registered by the namespace (not rounded).
+    pub(super) fn data_bytes(&self) -> u64 {
+        u64::from(self.block_bytes)
+    }
+
+    /// The DRAM slot; `None` while the block lives on SSD only.
+    pub(super) fn dram_slot(&self) -> Option<Slot> {
+        self.slot.unpack(aligned_len(self.data_bytes()))
+    }
+
+    /// Take the DRAM slot away (the block leaves DRAM).
+    pub(super) fn take_dram_slot(&mut self) -> Option<Slot> {
+        let slot = self.dram_slot();
+        self.slot = PackedSlot::NONE;
+        slot
+    }
+
+    /// The block's bytes are now in `slot` (a staging read finished).
+    pub(super) fn set_dram_slot(&mut self, slot: Slot) {
+        debug_assert_eq!(slot.len, aligned_len(self.data_bytes()));
+        self.slot = PackedSlot::pack(slot);
     }
 
     /// May eviction take this entry's DRAM slot?
@@ -113,8 +166,9 @@ pub(super) enum Busy {
     Idle,
     /// A worker is copying the DRAM slot to SSD: the slot must not be freed.
     Spilling,
-    /// A worker is reading the SSD copy into this newly allocated slot.
-    Staging(Slot),
+    /// A worker is reading the SSD copy into a newly allocated slot (its
+    /// [`super::StageJob`] holds the slot until `finish_stage`).
+    Staging,
 }
 
 /// Why a DRAM slot goes back to the arena: one variant per caller of
@@ -183,11 +237,11 @@ impl CacheState {
             && self
                 .index
                 .get(&key)
-                .is_some_and(|e| e.slot.is_some() && !e.on_ssd);
+                .is_some_and(|e| e.dram_slot().is_some() && !e.on_ssd);
         let Some(e) = self.index.get_mut(&key) else {
             return true; // the policy only tracks indexed blocks; nothing to free
         };
-        let Some(slot) = e.slot.take() else {
+        let Some(slot) = e.take_dram_slot() else {
             return true;
         };
         if e.on_ssd {

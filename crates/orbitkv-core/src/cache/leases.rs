@@ -91,7 +91,7 @@ impl CacheState {
             };
             match self.index.get(&key) {
                 Some(e) if !e.doomed => {
-                    if e.slot.is_none() {
+                    if e.dram_slot().is_none() {
                         ssd_blocks.push(keys.len() as u32);
                     }
                     self.pin_hit(&key, e, &mut spill);
@@ -126,7 +126,7 @@ impl CacheState {
             .filter(|&i| {
                 self.index
                     .get(&keys[i as usize])
-                    .is_some_and(|e| e.slot.is_none())
+                    .is_some_and(|e| e.dram_slot().is_none())
             })
             .collect()
     }
@@ -258,7 +258,9 @@ impl CacheState {
         }
         self.owned_lease(s, l)?.state = LeaseState::Acquired;
         Ok(AcquireStep::Ready(
-            keys.iter().filter_map(|k| self.index.get(k)?.slot).collect(),
+            keys.iter()
+                .filter_map(|k| self.index.get(k)?.dram_slot())
+                .collect(),
         ))
     }
 
@@ -278,7 +280,12 @@ impl CacheState {
                 let slots: Option<Vec<Slot>> = lease
                     .keys
                     .iter()
-                    .map(|k| self.index.get(k).filter(|e| !e.doomed).and_then(|e| e.slot))
+                    .map(|k| {
+                        self.index
+                            .get(k)
+                            .filter(|e| !e.doomed)
+                            .and_then(|e| e.dram_slot())
+                    })
                     .collect();
                 if slots.is_some() {
                     lease.state = LeaseState::Acquired;

@@ -462,7 +462,11 @@ impl CacheState {
             capacity_bytes: self.arena.capacity(),
             free_bytes: self.arena.free_bytes(),
             visible_blocks: self.index.values().filter(|e| !e.doomed).count() as u64,
-            visible_bytes: self.index.values().filter_map(|e| e.slot.map(|s| s.len)).sum(),
+            visible_bytes: self
+                .index
+                .values()
+                .filter_map(|e| e.dram_slot().map(|s| s.len))
+                .sum(),
             pinned_blocks: self.index.values().filter(|e| e.pins() > 0).count() as u64,
             pending_save_bytes: self.saves.values().map(PendingSave::bytes).sum(),
             live_leases: self.leases.len() as u64,
@@ -474,7 +478,7 @@ impl CacheState {
             ssd_only_blocks: self
                 .index
                 .values()
-                .filter(|e| e.slot.is_none() && !e.doomed)
+                .filter(|e| e.dram_slot().is_none() && !e.doomed)
                 .count() as u64,
             ssd_resident_blocks: self.index.values().filter(|e| e.on_ssd && !e.doomed).count() as u64,
             dormant_ssd_blocks: self.tier.dormant_len() as u64,
@@ -516,12 +520,12 @@ impl CacheState {
             if e.pins() != pins.get(k).copied().unwrap_or(0) {
                 return Err(format!("pin count mismatch on {k:?}"));
             }
-            let should_track = e.slot.is_some() && !e.doomed;
+            let should_track = e.dram_slot().is_some() && !e.doomed;
             if should_track != policy.contains(k) {
                 return Err(format!("policy tracking of {k:?} should be {should_track}"));
             }
             tracked += usize::from(should_track);
-            if e.slot.is_none() && !e.on_ssd && !matches!(e.busy, Busy::Staging(_)) && !e.doomed {
+            if e.dram_slot().is_none() && !e.on_ssd && !matches!(e.busy, Busy::Staging) && !e.doomed {
                 return Err(format!("{k:?} is visible with no copy anywhere"));
             }
             if e.doomed && e.pins() == 0 && e.busy == Busy::Idle {
@@ -536,14 +540,14 @@ impl CacheState {
             .index
             .values()
             .filter_map(|e| match e.busy {
-                Busy::Staging(s) => Some(s.len),
+                Busy::Staging => Some(crate::arena::aligned_len(e.data_bytes())),
                 _ => None,
             })
             .sum();
         let used: u64 = self
             .index
             .values()
-            .filter_map(|e| e.slot.map(|s| s.len))
+            .filter_map(|e| e.dram_slot().map(|s| s.len))
             .sum::<u64>()
             + staging
             + self.saves.values().map(PendingSave::bytes).sum::<u64>();

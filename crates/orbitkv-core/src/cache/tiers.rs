@@ -63,7 +63,7 @@ pub enum SpillPolicy {
 
 /// The block's SSD copy must stay: I/O in flight, or a lease will read it from SSD.
 fn tier_pinned(e: &Entry) -> bool {
-    e.busy != Busy::Idle || (e.slot.is_none() && e.pins() > 0)
+    e.busy != Busy::Idle || (e.dram_slot().is_none() && e.pins() > 0)
 }
 
 #[derive(Debug, Default)]
@@ -133,7 +133,7 @@ impl CacheState {
             .index
             .iter()
             .filter(|(_, e)| !e.doomed)
-            .map(|(k, e)| (*k, e.slot.map_or(e.block_bytes, |s| s.len)))
+            .map(|(k, e)| (*k, e.dram_slot().map_or(e.data_bytes(), |s| s.len)))
             .collect();
         let total = self.arena.capacity().saturating_add(ssd_bytes);
         self.policy.get().enable_tiers(total, visible);
@@ -152,7 +152,7 @@ impl CacheState {
             .index
             .values()
             .filter(|e| e.on_ssd || e.busy == Busy::Spilling)
-            .map(|e| e.block_bytes)
+            .map(|e| e.data_bytes())
             .sum();
         if held != self.tier.ssd_used {
             return Err(format!(
@@ -169,7 +169,7 @@ impl CacheState {
         let policy = self.policy.lock();
         if policy.tiers_enabled() {
             for (k, e) in &self.index {
-                if e.slot.is_none() && !e.doomed && !policy.tiers_keep(k) {
+                if e.dram_slot().is_none() && !e.doomed && !policy.tiers_keep(k) {
                     return Err(format!("SSD-only {k:?} is not ranked by the tiers' policy"));
                 }
             }
@@ -228,12 +228,12 @@ impl CacheState {
         while let Some(k) = self.tier.staged_copies.pop() {
             let tier_key = self.tier_key(&k);
             if let Some(e) = self.index.get_mut(&k)
-                && e.slot.is_some()
+                && e.dram_slot().is_some()
                 && e.on_ssd
                 && !tier_pinned(e)
             {
                 e.on_ssd = false;
-                self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
+                self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.data_bytes());
                 self.counters.ssd_dropped_blocks += 1;
                 if let Some(tk) = tier_key {
                     self.tier.removals.push(tk);
@@ -262,9 +262,9 @@ impl CacheState {
             return;
         }
         e.on_ssd = false;
-        self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
+        self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.data_bytes());
         self.counters.ssd_dropped_blocks += 1;
-        if e.slot.is_none() {
+        if e.dram_slot().is_none() {
             let was_visible = !e.doomed;
             self.index.remove(&key);
             if was_visible {
@@ -354,13 +354,13 @@ impl CacheState {
             let Some(e) = self.index.get(&key) else {
                 continue;
             };
-            let (Some(slot), false, Busy::Idle, false) = (e.slot, e.on_ssd, e.busy, e.doomed) else {
+            let (Some(slot), false, Busy::Idle, false) = (e.dram_slot(), e.on_ssd, e.busy, e.doomed) else {
                 continue;
             };
             if !self.policy.get().tiers_keep(&key) {
                 continue; // the two tiers together gave it up since it was queued
             }
-            if !self.ssd_reserve(e.block_bytes) {
+            if !self.ssd_reserve(e.data_bytes()) {
                 self.tier.spill_queue.clear(); // the SSD is full of blocks valued more
                 break;
             }
@@ -372,7 +372,7 @@ impl CacheState {
                 key,
                 tier_key,
                 slot,
-                block_bytes: e.block_bytes,
+                block_bytes: e.data_bytes(),
             });
         }
         jobs
@@ -391,7 +391,7 @@ impl CacheState {
                     e.on_ssd = true;
                     self.counters.spilled_blocks += 1;
                 } else {
-                    self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
+                    self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.data_bytes());
                     self.counters.spill_failures += 1;
                 }
                 self.reap_if_doomed(job.key);
@@ -407,11 +407,8 @@ impl CacheState {
 
     /// Is another lease staging one of these blocks?
     pub(super) fn any_staging(&self, keys: &[BlockKey]) -> bool {
-        keys.iter().any(|k| {
-            self.index
-                .get(k)
-                .is_some_and(|e| matches!(e.busy, Busy::Staging(_)))
-        })
+        keys.iter()
+            .any(|k| self.index.get(k).is_some_and(|e| matches!(e.busy, Busy::Staging)))
     }
 
     /// Allocate staging slots for the blocks of `keys` that are SSD-only and
@@ -424,12 +421,12 @@ impl CacheState {
         let mut seen = HashSet::new();
         let need: Vec<BlockKey> = keys
             .iter()
-            .filter(|k| self.index.get(k).is_some_and(|e| e.slot.is_none()) && seen.insert(**k))
+            .filter(|k| self.index.get(k).is_some_and(|e| e.dram_slot().is_none()) && seen.insert(**k))
             .copied()
             .collect();
         let mut jobs = Vec::with_capacity(need.len());
         for key in need {
-            let block_bytes = self.index.get(&key).map_or(0, |e| e.block_bytes);
+            let block_bytes = self.index.get(&key).map_or(0, |e| e.data_bytes());
             let Some(slot) = self.alloc_or_evict(block_bytes) else {
                 for j in &jobs {
                     self.abandon_stage(j);
@@ -441,7 +438,7 @@ impl CacheState {
                 continue;
             };
             if let Some(e) = self.index.get_mut(&key) {
-                e.busy = Busy::Staging(slot);
+                e.busy = Busy::Staging;
             }
             jobs.push(StageJob {
                 key,
@@ -469,14 +466,14 @@ impl CacheState {
         };
         e.busy = Busy::Idle;
         if ok && !e.doomed {
-            e.slot = Some(job.slot);
+            e.set_dram_slot(job.slot);
             if e.on_ssd && self.tier.ssd_capacity > 0 {
                 self.tier.staged_copies.push(job.key);
                 if self.tier.staged_copies.len() > 4096 + 2 * self.policy.get().len() {
                     let index = &self.index;
                     self.tier
                         .staged_copies
-                        .retain(|k| index.get(k).is_some_and(|e| e.slot.is_some() && e.on_ssd));
+                        .retain(|k| index.get(k).is_some_and(|e| e.dram_slot().is_some() && e.on_ssd));
                 }
             }
             self.policy.get().insert(job.key, job.slot.len);
@@ -493,7 +490,7 @@ impl CacheState {
     /// Make a block invisible; it is deleted (slot and SSD copy) once unpinned and idle.
     pub(super) fn doom(&mut self, key: BlockKey) {
         if let Some(e) = self.index.get_mut(&key) {
-            if !e.doomed && e.slot.is_some() {
+            if !e.doomed && e.dram_slot().is_some() {
                 self.policy.get().remove(&key);
             }
             let was_visible = !e.doomed;
@@ -515,11 +512,11 @@ impl CacheState {
         }
         let tier_key = self.tier_key(&key);
         if let Some(e) = self.index.remove(&key) {
-            if let Some(slot) = e.slot {
+            if let Some(slot) = e.dram_slot() {
                 self.free_slot(slot, SlotFree::Reaped);
             }
             if e.on_ssd {
-                self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
+                self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.data_bytes());
                 if let Some(tk) = tier_key {
                     self.tier.removals.push(tk);
                 }
@@ -548,12 +545,12 @@ impl CacheState {
                 ok.push(*tk);
                 continue;
             };
-            if e.busy != Busy::Idle || !e.on_ssd || (e.slot.is_none() && e.pins() > 0) {
+            if e.busy != Busy::Idle || !e.on_ssd || (e.dram_slot().is_none() && e.pins() > 0) {
                 continue;
             }
             e.on_ssd = false;
-            self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.block_bytes);
-            if e.slot.is_none() {
+            self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.data_bytes());
+            if e.dram_slot().is_none() {
                 let was_visible = !e.doomed;
                 self.index.remove(&key);
                 if was_visible {

@@ -223,7 +223,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             // Few distinct hashes (repeats and stale elements), some colliding homes.
-            let h = (x >> 20) % 3000 * 0x9e37_79b9_7f4a_7c15 | (x >> 63);
+            let h = ((x >> 20) % 3000).wrapping_mul(0x9e37_79b9_7f4a_7c15) | (x >> 63);
             let limit = if step < 150_000 { 20_000 } else { 5_000 };
             if x % 3 == 0 {
                 assert_eq!(g.take(h), r.take(h), "step {step}");
