@@ -9,6 +9,7 @@
 //! Usage: ssd_scale [OUT.json] [--dir D] [--blocks N] [--block-bytes B] [--writers W]
 //!   [--batch K] [--mode direct|kernel] [--engine auto|uring|psync] [--io-threads T]
 //!   [--queue-depth Q] [--sample S] [--no-sync] [--keep] [--verify background|headers|journal]
+//!   [--reopen-only] (time three opens of a directory kept with --keep, no fill)
 //! Defaults: 2,097,152 blocks of 20 KiB (40 GiB of payload, 48 GiB of data file with the
 //! 4 KiB header per block), 4 writers, batches of 64, direct mode, sync on (the tier's
 //! defaults), sample 20,000, recovery after the kill with headers checked in the background
@@ -389,6 +390,19 @@ fn main() {
     let o = parse(&args);
     if args.iter().any(|a| a == "--child") {
         child(&o);
+        return;
+    }
+    if args.iter().any(|a| a == "--reopen-only") {
+        // Profiling aid: time opens of an existing directory (kept with --keep), no fill.
+        for _ in 0..3 {
+            let r = timed_open(&o, o.verify);
+            eprintln!(
+                "reopen: {} blocks in {:.3} s: {}",
+                r.report.recovered.len(),
+                r.secs,
+                steps_line(&r.report)
+            );
+        }
         return;
     }
     if o.blocks < 16 {

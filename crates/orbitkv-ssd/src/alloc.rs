@@ -29,6 +29,37 @@ impl ExtentAllocator {
         a
     }
 
+    /// `total` units with the given extents used and the rest free, built in one pass.
+    /// `used` must be sorted by start, non-overlapping and inside `total` (recovery's
+    /// placement guarantees it; anything else returns `None`).
+    pub(crate) fn from_used(total: u64, used: impl IntoIterator<Item = (u64, u64)>) -> Option<Self> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut at = 0u64;
+        for (start, units) in used {
+            let end = start.checked_add(units)?;
+            if start < at || end > total || units == 0 {
+                return None;
+            }
+            if start > at {
+                runs.push((at, start - at));
+            }
+            at = end;
+        }
+        if total > at {
+            runs.push((at, total - at));
+        }
+        let free = runs.iter().map(|&(_, l)| l).sum();
+        // Both collect from sorted input: the maps are built in bulk, not node by node.
+        let mut by_len: Vec<(u64, u64)> = runs.iter().map(|&(s, l)| (l, s)).collect();
+        by_len.sort_unstable();
+        Some(ExtentAllocator {
+            total,
+            by_start: runs.into_iter().collect(),
+            by_len: by_len.into_iter().collect(),
+            free,
+        })
+    }
+
     pub(crate) fn free_units(&self) -> u64 {
         self.free
     }
@@ -220,6 +251,29 @@ mod tests {
                 let model_free = m.used.iter().filter(|u| !**u).count() as u64;
                 prop_assert_eq!(a.free_units(), model_free);
                 prop_assert_eq!(a.largest_free(), m.longest_free_run());
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Built in one pass from sorted extents == reserved one by one.
+        #[test]
+        fn from_used_matches_reserve(total in 1u64..300, cuts in proptest::collection::vec((0u64..300, 1u64..12), 0..40)) {
+            let mut one = ExtentAllocator::new(total);
+            let mut used: Vec<(u64, u64)> = cuts.into_iter().filter(|&(s, n)| one.reserve(s, n)).collect();
+            used.sort_unstable();
+            let bulk = ExtentAllocator::from_used(total, used.iter().copied());
+            prop_assert!(bulk.is_some());
+            let bulk = bulk.unwrap_or_else(|| ExtentAllocator::new(0));
+            prop_assert_eq!(&bulk.by_start, &one.by_start);
+            prop_assert_eq!(&bulk.by_len, &one.by_len);
+            prop_assert_eq!(bulk.free, one.free);
+            // Overlapping or unsorted input is refused.
+            if used.len() >= 2 {
+                let mut bad = used.clone();
+                bad.swap(0, 1);
+                prop_assert!(ExtentAllocator::from_used(total, bad).is_none());
             }
         }
     }

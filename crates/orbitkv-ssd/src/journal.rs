@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -24,13 +25,132 @@ pub(crate) struct Journal {
 /// What replaying a journal found.
 #[derive(Default)]
 pub(crate) struct Replay {
-    /// Last put of every key that was not removed afterwards.
-    pub(crate) entries: HashMap<SsdKey, JournalRecord>,
+    /// Last put of every key that was not removed afterwards, in journal order (which is
+    /// close to sequence order).
+    pub(crate) entries: Vec<JournalRecord>,
     pub(crate) max_seq: u64,
     pub(crate) records: u64,
     pub(crate) rejected_version: u64,
     pub(crate) corrupt: u64,
     pub(crate) torn: u64,
+    /// The journal file existed.
+    pub(crate) existed: bool,
+    /// Bytes up to the end of the last record that decoded: appends may continue there
+    /// (what follows is a torn or damaged tail).
+    pub(crate) good_len: u64,
+    /// A record before `good_len` failed to decode or had another version: a rewrite,
+    /// not an append, gets rid of it.
+    pub(crate) damaged_inside: bool,
+}
+
+/// Keyed 64-bit digest of a key: a per-process random seed, so that keys chosen by a
+/// client cannot be made to collide in [`KeySlots`].
+struct Digest(foldhash::fast::RandomState);
+
+impl Digest {
+    fn of(&self, k: &SsdKey) -> u64 {
+        self.0.hash_one(k)
+    }
+}
+
+/// The digest is already a keyed hash: use it as the table's hash unchanged.
+#[derive(Default, Clone, Copy)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// Key -> position of its live put in the replay's record list. Keyed by the key's
+/// 64-bit digest (12 bytes a slot instead of a 108-byte key: a table of 2 M keys stays
+/// around 40 MB); the rare key whose digest another key already holds goes to `spill`,
+/// keyed by the full key. Each key is in at most one of the two.
+struct KeySlots {
+    digest: Digest,
+    by_digest: HashMap<u64, u32, BuildHasherDefault<PassThrough>>,
+    spill: HashMap<SsdKey, u32, foldhash::fast::RandomState>,
+}
+
+impl KeySlots {
+    fn with_capacity(n: usize) -> KeySlots {
+        KeySlots {
+            digest: Digest(foldhash::fast::RandomState::default()),
+            by_digest: HashMap::with_capacity_and_hasher(n, BuildHasherDefault::default()),
+            spill: HashMap::default(),
+        }
+    }
+
+    fn get(&self, d: u64, k: &SsdKey, recs: &[JournalRecord]) -> Option<u32> {
+        match self.by_digest.get(&d) {
+            Some(&i) if recs.get(i as usize).is_some_and(|r| r.key == *k) => Some(i),
+            _ => self.spill.get(k).copied(),
+        }
+    }
+
+    fn set(&mut self, d: u64, k: &SsdKey, i: u32, recs: &[JournalRecord]) {
+        if let Some(slot) = self.by_digest.get_mut(&d) {
+            if recs.get(*slot as usize).is_some_and(|r| r.key == *k) {
+                *slot = i;
+            } else {
+                self.spill.insert(*k, i);
+            }
+        } else if let Some(slot) = self.spill.get_mut(k) {
+            *slot = i;
+        } else {
+            self.by_digest.insert(d, i);
+        }
+    }
+
+    fn remove(&mut self, d: u64, k: &SsdKey, recs: &[JournalRecord]) {
+        match self.by_digest.get(&d) {
+            Some(&i) if recs.get(i as usize).is_some_and(|r| r.key == *k) => {
+                self.by_digest.remove(&d);
+            }
+            _ => {
+                self.spill.remove(k);
+            }
+        }
+    }
+}
+
+/// Replay one decoded record (`d`: its key's digest) onto the live puts `recs`.
+fn apply(rec: JournalRecord, d: u64, recs: &mut Vec<JournalRecord>, slots: &mut KeySlots) {
+    let at = slots.get(d, &rec.key, recs);
+    match rec.kind {
+        RecordKind::Put => match at {
+            Some(j) => {
+                if let Some(old) = recs.get_mut(j as usize)
+                    && old.seq <= rec.seq
+                {
+                    *old = rec;
+                }
+            }
+            None => {
+                slots.set(d, &rec.key, recs.len() as u32, recs);
+                recs.push(rec);
+            }
+        },
+        RecordKind::Remove => {
+            if let Some(j) = at
+                && let Some(old) = recs.get_mut(j as usize)
+                && old.seq <= rec.seq
+            {
+                // Tombstone: skipped at the end of the replay.
+                old.kind = RecordKind::Remove;
+                slots.remove(d, &rec.key, recs);
+            }
+        }
+    }
 }
 
 pub(crate) fn replay(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> io::Result<Replay> {
@@ -41,15 +161,24 @@ pub(crate) fn replay(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> io::Resu
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(e),
     };
+    out.existed = true;
     let len = file.metadata()?.len();
     let total = len / JOURNAL_RECORD_SIZE as u64;
     if len % JOURNAL_RECORD_SIZE as u64 != 0 {
         // A record cut short by a crash mid-append.
         out.torn += 1;
     }
-    // One slot per record up front (no rehashing as the map grows); capped, the length
-    // comes from the file.
-    out.entries.reserve(total.min(1 << 25) as usize);
+    if total > u64::from(u32::MAX) {
+        return Err(io::Error::other(format!(
+            "journal holds {total} records, more than {} supported",
+            u32::MAX
+        )));
+    }
+    // Sized from the file up front (no regrowth); capped, the length comes from disk.
+    let cap = total.min(1 << 25) as usize;
+    let mut recs: Vec<JournalRecord> = Vec::with_capacity(cap);
+    let mut slots = KeySlots::with_capacity(cap);
+    let mut first_bad: Option<u64> = None;
     let mut rd = BufReader::with_capacity(1 << 20, file);
     let mut buf = [0u8; JOURNAL_RECORD_SIZE];
     for i in 0..total {
@@ -60,26 +189,25 @@ pub(crate) fn replay(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> io::Resu
         }
         match JournalRecord::decode(&buf) {
             Ok(rec) => {
+                out.good_len = (i + 1) * JOURNAL_RECORD_SIZE as u64;
                 out.max_seq = out.max_seq.max(rec.seq);
-                match rec.kind {
-                    RecordKind::Put => {
-                        let newer = out.entries.get(&rec.key).is_none_or(|e| e.seq <= rec.seq);
-                        if newer {
-                            out.entries.insert(rec.key, rec);
-                        }
-                    }
-                    RecordKind::Remove => {
-                        if out.entries.get(&rec.key).is_some_and(|e| e.seq <= rec.seq) {
-                            out.entries.remove(&rec.key);
-                        }
-                    }
+                let d = slots.digest.of(&rec.key);
+                apply(rec, d, &mut recs, &mut slots);
+            }
+            Err(e) => {
+                first_bad.get_or_insert(i);
+                match e {
+                    DecodeError::Version(_) => out.rejected_version += 1,
+                    DecodeError::BadMagic if i + 1 == total => out.torn += 1,
+                    _ => out.corrupt += 1,
                 }
             }
-            Err(DecodeError::Version(_)) => out.rejected_version += 1,
-            Err(DecodeError::BadMagic) if i + 1 == total => out.torn += 1,
-            Err(_) => out.corrupt += 1,
         }
     }
+    drop(slots);
+    recs.retain(|r| r.kind == RecordKind::Put);
+    out.entries = recs;
+    out.damaged_inside = first_bad.is_some_and(|b| (b + 1) * (JOURNAL_RECORD_SIZE as u64) <= out.good_len);
     progress(total, total);
     Ok(out)
 }
@@ -142,9 +270,10 @@ impl Journal {
         })
     }
 
-    /// Keep appending to the journal as it is (compaction deferred, e.g. on a full disk).
-    /// A torn tail is cut back to a record boundary, which needs no new space.
-    pub(crate) fn reuse(dir: &Path) -> io::Result<Journal> {
+    /// Keep appending to the journal as it is (no rewrite needed, or compaction deferred
+    /// on a full disk). The file is cut back to `good_len` (the end of the last record
+    /// that decoded) if given, else to a record boundary; cutting needs no new space.
+    pub(crate) fn reuse(dir: &Path, good_len: Option<u64>) -> io::Result<Journal> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -153,7 +282,8 @@ impl Journal {
             .mode(FILE_MODE)
             .open(dir.join(JOURNAL_FILE))?;
         let size = file.metadata()?.len();
-        let len = size - size % JOURNAL_RECORD_SIZE as u64;
+        let len = good_len.unwrap_or(size).min(size);
+        let len = len - len % JOURNAL_RECORD_SIZE as u64;
         if len != size {
             file.set_len(len)?;
         }
@@ -196,5 +326,64 @@ impl Journal {
     /// Handle for fdatasync outside the tier lock.
     pub(crate) fn handle(&self) -> Arc<File> {
         Arc::clone(&self.file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::FORMAT_VERSION;
+    use proptest::prelude::*;
+
+    fn key(i: u8) -> SsdKey {
+        SsdKey {
+            fingerprint: [1; 32],
+            shard: 0,
+            salt: [2; 32],
+            generation: 3,
+            hash: [i; 32],
+        }
+    }
+
+    fn rec(k: u8, put: bool, seq: u64) -> JournalRecord {
+        JournalRecord {
+            version: FORMAT_VERSION as u16,
+            kind: if put { RecordKind::Put } else { RecordKind::Remove },
+            seq,
+            key: key(k),
+            file: 0,
+            offset: u64::from(k) * 8192,
+            len: seq,
+            payload_sum: 0,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// The digest-keyed replay keeps exactly what a map keyed by the full key keeps,
+        /// even when digests collide (here: 4 digests for up to 12 keys).
+        #[test]
+        fn replay_matches_full_key_map(ops in proptest::collection::vec((0u8..12, any::<bool>(), 0u64..40), 0..200)) {
+            let mut model: HashMap<SsdKey, JournalRecord> = HashMap::new();
+            let mut recs = Vec::new();
+            let mut slots = KeySlots::with_capacity(4);
+            for (k, put, seq) in ops {
+                let r = rec(k, put, seq);
+                if put {
+                    if model.get(&r.key).is_none_or(|e| e.seq <= seq) {
+                        model.insert(r.key, r);
+                    }
+                } else if model.get(&r.key).is_some_and(|e| e.seq <= seq) {
+                    model.remove(&r.key);
+                }
+                apply(r, u64::from(k % 4), &mut recs, &mut slots);
+            }
+            recs.retain(|r| r.kind == RecordKind::Put);
+            let mut got: Vec<(SsdKey, u64)> = recs.iter().map(|r| (r.key, r.seq)).collect();
+            let mut want: Vec<(SsdKey, u64)> = model.values().map(|r| (r.key, r.seq)).collect();
+            got.sort();
+            want.sort();
+            prop_assert_eq!(got, want);
+        }
     }
 }

@@ -37,7 +37,9 @@ impl Entry {
 }
 
 pub(crate) struct State {
-    pub(crate) index: HashMap<SsdKey, Entry>,
+    /// Keys are hashed with foldhash (seeded per process), not SipHash: recovery
+    /// inserts millions of them at open.
+    pub(crate) index: HashMap<SsdKey, Entry, foldhash::fast::RandomState>,
     pub(crate) alloc: ExtentAllocator,
     /// tick -> key, oldest first.
     pub(crate) lru: BTreeMap<u64, SsdKey>,
@@ -52,16 +54,42 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(alloc: ExtentAllocator, seq: u64, journal: Journal, capacity: usize) -> State {
+    /// The index of `n` recovered blocks, `placed` oldest first (their LRU order).
+    pub(crate) fn load<'a>(
+        alloc: ExtentAllocator,
+        seq: u64,
+        journal: Journal,
+        placed: impl Iterator<Item = &'a JournalRecord>,
+        n: usize,
+    ) -> State {
+        let mut index = HashMap::with_capacity_and_hasher(n, Default::default());
+        let mut used_bytes = 0u64;
+        // Ticks 1..=n in order: the LRU map is collected from sorted pairs (built in bulk).
+        let lru: BTreeMap<u64, SsdKey> = placed
+            .zip(1u64..)
+            .map(|(r, tick)| {
+                let e = Entry {
+                    off: r.offset,
+                    len: r.len,
+                    seq: r.seq,
+                    sum: r.payload_sum,
+                    tick,
+                };
+                used_bytes += e.units() * SECTOR;
+                index.insert(r.key, e);
+                (tick, r.key)
+            })
+            .collect();
+        let tick = lru.len() as u64;
         State {
-            index: HashMap::with_capacity(capacity),
+            index,
             alloc,
-            lru: BTreeMap::new(),
-            tick: 0,
+            lru,
+            tick,
             seq,
             pins: HashMap::new(),
             deferred: HashMap::new(),
-            used_bytes: 0,
+            used_bytes,
             journal,
         }
     }
