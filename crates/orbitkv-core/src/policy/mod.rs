@@ -12,6 +12,7 @@ mod ghost;
 mod lru;
 mod s3fifo;
 mod slab;
+mod table;
 mod tinylfu;
 
 use std::fmt;

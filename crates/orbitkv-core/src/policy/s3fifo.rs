@@ -18,7 +18,7 @@ use std::hash::{BuildHasher, Hash};
 
 use super::ghost::Ghost;
 use super::slab::{List, Slab};
-use crate::map::Map;
+use super::table::SlotTable;
 
 const MAX_FREQ: u8 = 3;
 
@@ -60,8 +60,10 @@ pub struct S3Fifo<K> {
     /// merge only on a 64-bit collision under a per-process random hash (which
     /// at worst admits one key to main).
     ghost: Ghost,
-    ghost_hasher: foldhash::fast::RandomState,
-    entries: Map<K, usize>,
+    /// Hashes keys for `entries` and the ghost history (per process, random).
+    hasher: foldhash::fast::RandomState,
+    /// Key → its slot in `slots` (the slot holds the key; see `table.rs`).
+    entries: SlotTable,
     slots: Slab<Slot<K>>,
     /// Keep the recency list ([`S3Fifo::with_recency`]).
     recency: bool,
@@ -102,8 +104,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             small: VecDeque::new(),
             main: VecDeque::new(),
             ghost: Ghost::default(),
-            ghost_hasher: foldhash::fast::RandomState::default(),
-            entries: Map::default(),
+            hasher: foldhash::fast::RandomState::default(),
+            entries: SlotTable::default(),
             slots: Slab::new(),
             recency: false,
             order: List::EMPTY,
@@ -126,8 +128,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// Approximate heap bytes: (tracked entries with their queues, ghost history).
     pub fn heap_bytes(&self) -> (u64, u64) {
-        use crate::map::{table_bytes, vec_bytes};
-        let tracked = table_bytes::<K, usize>(self.entries.capacity())
+        use crate::map::vec_bytes;
+        let tracked = self.entries.heap_bytes()
             + self.slots.heap_bytes()
             + vec_bytes::<(usize, u64)>(self.small.capacity() + self.main.capacity());
         (tracked, self.ghost.heap_bytes())
@@ -141,7 +143,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// The weight `key` is tracked with.
     pub fn weight(&self, key: &K) -> Option<u64> {
-        self.entries.get(key).map(|&i| self.slots[i].weight)
+        self.slot_of(key).map(|i| self.slots[i].weight)
     }
 
     /// The tracked entries' weight.
@@ -150,11 +152,25 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.len() == 0
     }
 
     pub fn contains(&self, key: &K) -> bool {
-        self.entries.contains_key(key)
+        self.slot_of(key).is_some()
+    }
+
+    /// The slot tracking `key`.
+    fn slot_of(&self, key: &K) -> Option<usize> {
+        let slots = &self.slots;
+        self.entries
+            .get(self.hasher.hash_one(key), |i| slots[i].key == *key)
+    }
+
+    /// Take `key` (tracked in slot `i`) out of `entries`; its hash.
+    fn unindex(&mut self, key: &K, i: usize) -> u64 {
+        let h = self.hasher.hash_one(key);
+        self.entries.remove(h, |s| s == i);
+        h
     }
 
     /// Track a newly visible entry of `weight` bytes.
@@ -167,13 +183,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// [`S3Fifo::insert`], keeping `tag` with the entry ([`S3Fifo::touch_tagged`]
     /// returns it).
     pub fn insert_tagged(&mut self, key: K, weight: u64, tag: u64) -> bool {
-        if self.entries.contains_key(&key) {
+        let h = self.hasher.hash_one(key);
+        let slots = &self.slots;
+        if self.entries.get(h, |i| slots[i].key == key).is_some() {
             return false;
         }
         let seq = self.bump_seq();
         let ghost = self
             .ghost
-            .take(self.ghost_hasher.hash_one(key))
+            .take(h)
             .map(|main| if main { Queue::Main } else { Queue::Small });
         let readmitted = ghost.is_some();
         if self.adaptive {
@@ -194,7 +212,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             tag,
         };
         let i = self.slots.put(slot);
-        self.entries.insert(key, i);
+        self.entries.insert(h, i);
         match queue {
             Queue::Small => {
                 self.small.push_back((i, seq));
@@ -218,7 +236,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// Record a hit; the entry's weight and tag, `None` when it is not tracked.
     pub fn touch_tagged(&mut self, key: &K) -> Option<(u64, u64)> {
-        let &i = self.entries.get(key)?;
+        let i = self.slot_of(key)?;
         let s = &mut self.slots[i];
         s.freq = (s.freq + 1).min(MAX_FREQ);
         let found = (s.weight, s.tag);
@@ -230,7 +248,11 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// Forget an entry (explicit removal, not eviction: no ghost).
     pub fn remove(&mut self, key: &K) {
-        if let Some(i) = self.entries.remove(key) {
+        let slots = &self.slots;
+        if let Some(i) = self
+            .entries
+            .remove(self.hasher.hash_one(key), |i| slots[i].key == *key)
+        {
             self.forget_slot(i);
         }
         self.compact_if_sparse();
@@ -275,9 +297,9 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
                     continue;
                 }
                 let w = s.weight;
-                self.entries.remove(&key);
+                let h = self.unindex(&key, i);
                 self.forget_slot(i);
-                self.add_ghost(key, w, Queue::Small);
+                self.ghost.add(h, w, false, self.ghost_limit);
                 return Some(key);
             }
             if s.freq > 0 {
@@ -286,10 +308,10 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
                 continue;
             }
             let w = s.weight;
-            self.entries.remove(&key);
+            let h = self.unindex(&key, i);
             self.forget_slot(i);
             if self.adaptive {
-                self.add_ghost(key, w, Queue::Main);
+                self.ghost.add(h, w, true, self.ghost_limit);
             }
             return Some(key);
         }
@@ -308,7 +330,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             .iter(&self.slots)
             .find(|&i| !pinned(&self.slots[i].key))?;
         let key = self.slots[i].key;
-        self.entries.remove(&key);
+        self.unindex(&key, i);
         self.forget_slot(i);
         self.compact_if_sparse();
         Some(key)
@@ -367,11 +389,6 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         }
         self.slots[i].seq = 0;
         self.slots.release(i);
-    }
-
-    fn add_ghost(&mut self, key: K, weight: u64, from: Queue) {
-        let h = self.ghost_hasher.hash_one(key);
-        self.ghost.add(h, weight, from == Queue::Main, self.ghost_limit);
     }
 
     fn bump_seq(&mut self) -> u64 {
