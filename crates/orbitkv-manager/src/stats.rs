@@ -416,6 +416,24 @@ pub fn snapshot(shared: &Shared) -> Vec<Metric> {
             ssd.header_failures,
         ),
         (
+            "ssd_header_check_blocks",
+            "Recovered SSD blocks the header check after start-up has to check",
+            "gauge",
+            ssd.header_check_total,
+        ),
+        (
+            "ssd_header_checked_blocks",
+            "Recovered SSD blocks whose header the check after start-up has read",
+            "gauge",
+            ssd.header_check_checked,
+        ),
+        (
+            "ssd_header_check_dropped_total",
+            "Recovered SSD blocks dropped by the header check after start-up (torn or stale header)",
+            "counter",
+            ssd.header_check_dropped,
+        ),
+        (
             "ssd_read_errors_total",
             "SSD reads that failed with an I/O error",
             "counter",

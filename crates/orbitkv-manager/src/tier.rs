@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use orbitkv_core::{CacheState, Fingerprint, SpillJob, StageJob, TierKey};
 use orbitkv_shm::Segment;
-use orbitkv_ssd::{RecoveryPhase, SsdConfig, SsdError, SsdKey, SsdStats, SsdTier};
+use orbitkv_ssd::{RecoveryPhase, RecoveryVerify, SsdConfig, SsdError, SsdKey, SsdStats, SsdTier};
 
 use crate::config::SsdSettings;
 use crate::log::Occurrences;
@@ -65,6 +65,12 @@ pub trait Tier: Send + Sync {
     fn remove(&self, keys: &[TierKey]);
     /// Up to `n` least recently used copies, proposed to the cache when full.
     fn oldest(&self, n: usize) -> Vec<TierKey>;
+    /// Copies the tier lost on its own since the last call (the SSD tier's header
+    /// check after start-up drops blocks whose header disagrees with the journal):
+    /// the cache forgets them, so they stop being reported present.
+    fn take_lost(&self) -> Vec<TierKey> {
+        Vec::new()
+    }
     fn status(&self) -> TierStatus;
 }
 
@@ -280,6 +286,8 @@ pub fn send_leased_slot<'a>(
 const SPILL_BATCH: usize = 64;
 const GENERATIONS_FILE: &str = "generations.v1";
 
+/// The end of the SSD tier's header check after start-up is logged once.
+static HEADER_CHECK_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Per-block SSD write (spill) failures, e.g. a full disk.
 static SPILL_FAILURES: Occurrences = Occurrences::new();
 /// Per-block SSD read failures while staging (corrupt or unreadable copies).
@@ -314,6 +322,12 @@ pub fn open(settings: &SsdSettings, cache: &mut CacheState) -> Result<SsdTier, S
     let mut cfg = SsdConfig::new(&settings.dir, settings.capacity);
     cfg.mode = settings.mode;
     cfg.engine = settings.engine;
+    // Start-up trusts the checksummed journal and does no per-block I/O; each block's
+    // header is checked on a thread afterwards (one random 4 KiB read a block), and
+    // what fails is dropped there and forgotten by the cache (`Tier::take_lost`).
+    // Every staging read verifies header, key and payload checksum meanwhile, and a
+    // failure is a miss (`finish_stage(.., false)` dooms the block): never wrong bytes.
+    cfg.verify_on_open = RecoveryVerify::Background;
     let mut last_pct = u64::MAX;
     let mut progress = |p: orbitkv_ssd::RecoveryProgress| {
         if p.total < 10_000 && p.phase != RecoveryPhase::Done {
@@ -461,6 +475,30 @@ impl Tier for SsdTier {
         SsdTier::oldest(self, n).iter().map(tier_key).collect()
     }
 
+    fn take_lost(&self) -> Vec<TierKey> {
+        let lost: Vec<TierKey> = self.take_header_check_drops().iter().map(tier_key).collect();
+        let hc = self.header_check();
+        if !lost.is_empty() {
+            log!(
+                Warn,
+                "SSD header check: {} recovered block(s) dropped (header torn or not the journal's write); misses from now on",
+                lost.len()
+            );
+        }
+        if hc.finished
+            && hc.total > 0
+            && !HEADER_CHECK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            log!(
+                Info,
+                "SSD header check finished: {} block(s) checked, {} dropped",
+                hc.checked,
+                hc.dropped
+            );
+        }
+        lost
+    }
+
     fn status(&self) -> TierStatus {
         TierStatus {
             stats: self.stats(),
@@ -542,6 +580,16 @@ pub fn worker(shared: Arc<Shared>) {
         return;
     };
     while !shared.is_shutting_down() {
+        // Copies the tier dropped itself (header check after start-up): the cache
+        // forgets them (SSD-only blocks leave the index, so lookups miss; a block
+        // with a DRAM copy keeps it); busy or pinned ones are skipped here and fail
+        // their staging read instead. What it returns is deleted (already gone, or a
+        // copy spilled again since, which the cache no longer counts).
+        let lost = tier.take_lost();
+        if !lost.is_empty() {
+            let forgotten = shared.cache().ssd_droppable(&lost);
+            tier.remove(&forgotten);
+        }
         let removals = shared.cache().take_ssd_removals();
         tier.remove(&removals);
         let jobs = shared.cache().spill_candidates(SPILL_BATCH);

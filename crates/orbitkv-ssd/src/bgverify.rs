@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::format::{HEADER_SIZE, JournalRecord};
+use crate::key::SsdKey;
 use crate::recovery::{HeaderVerdict, header_verdict};
 use crate::state::State;
 use crate::uring::{AlignedBuf, Bufs, Engine, IoReq};
@@ -38,6 +39,8 @@ pub(crate) struct Status {
     dropped: AtomicU64,
     finished: AtomicBool,
     stop: AtomicBool,
+    /// Keys dropped and not yet taken by [`Background::take_dropped`].
+    dropped_keys: Mutex<Vec<SsdKey>>,
 }
 
 /// The running check, owned by the tier.
@@ -91,6 +94,12 @@ impl Background {
             dropped: s.dropped.load(Relaxed),
             finished: s.finished.load(Relaxed),
         }
+    }
+
+    /// Keys the check has dropped since the last call: a cache above the tier forgets
+    /// them (the tier already has).
+    pub(crate) fn take_dropped(&self) -> Vec<SsdKey> {
+        std::mem::take(&mut *self.status.dropped_keys.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Wait for the check to finish.
@@ -154,6 +163,10 @@ fn run(recs: &[JournalRecord], data: &File, engine: &Engine, state: &Mutex<State
                 st.dropped.fetch_add(1, Relaxed);
             }
         }
+        st.dropped_keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(removes.iter().map(|r| r.key));
         // A lost remove record is harmless: the check drops the block again at the next open.
         let _ = s.journal.append(&removes);
     }

@@ -62,6 +62,13 @@ pub struct SsdStats {
     pub journal_records: u64,
     /// Journal fdatasync failures (the blocks stay indexed).
     pub journal_sync_errors: u64,
+    /// Blocks the header check after open ([`crate::RecoveryVerify::Background`]) has to
+    /// check, has checked, and has dropped (header disagrees with the journal).
+    pub header_check_total: u64,
+    /// See `header_check_total`.
+    pub header_check_checked: u64,
+    /// See `header_check_total`.
+    pub header_check_dropped: u64,
 }
 
 #[derive(Default)]
@@ -200,6 +207,12 @@ impl SsdTier {
         self.background.progress()
     }
 
+    /// Keys the background header check dropped since the last call (each once), for a
+    /// cache above the tier to forget; empty in the other modes.
+    pub fn take_header_check_drops(&self) -> Vec<SsdKey> {
+        self.background.take_dropped()
+    }
+
     /// Block until the background header check has finished.
     pub fn wait_header_check(&self) {
         self.background.wait();
@@ -212,7 +225,11 @@ impl SsdTier {
             (st.index.len() as u64, st.used_bytes, st.journal.records())
         };
         let c = &self.counters;
+        let hc = self.background.progress();
         SsdStats {
+            header_check_total: hc.total,
+            header_check_checked: hc.checked,
+            header_check_dropped: hc.dropped,
             blocks,
             used_bytes: used,
             capacity_bytes: self.capacity,

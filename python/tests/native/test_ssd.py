@@ -214,6 +214,41 @@ def test_sigkill_mid_spill_then_bit_flip_is_never_served(manager_factory, tmp_pa
     assert m.stats()["ssd_checksum_failures_total"] == 1
 
 
+def test_sigkill_then_torn_header_is_dropped_by_the_background_check(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Start-up trusts the journal; the header check after it drops a block whose header
+    is torn, and the cache forgets it (a miss, never a failed or wrong read). A torn
+    payload passes the header check and fails its own read: a miss from then on."""
+    ssd = tmp_path / "ssd"
+    hs = _sigkill_mid_spill(manager_factory, ssd)
+    ext = 4096 + BB
+    with open(ssd / "data.okv", "r+b") as f:
+        f.seek(64)  # inside the first extent's header (key bytes)
+        f.write(b"\xee" * 8)
+        f.seek(ext + 4096 + BB - 512)  # the last 512 payload bytes of the second extent
+        f.write(b"\xee" * 512)
+    m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")
+
+    def checked() -> bool:
+        st = m.stats()
+        return (
+            st["ssd_header_check_blocks"] >= 40
+            and st["ssd_header_checked_blocks"] == st["ssd_header_check_blocks"]
+            and st["ssd_header_check_dropped_total"] == 1
+            # the cache forgot it too: every dormant block still has its copy
+            and st["ssd_dormant_blocks"] == st["ssd_blocks"]
+        )
+
+    eventually(checked, "the header check dropped the torn header and the cache forgot it")
+    c = m.client()
+    ns = c.register_namespace(FP, BB)
+    exact, failed, missing = restore_each(c, ns, hs)
+    assert failed == 1, (exact, failed, missing)  # the torn payload, caught by its read
+    assert exact >= 38 and exact + failed + missing == 200
+    st = m.stats()
+    assert st["ssd_checksum_failures_total"] == 1
+    assert st["ssd_header_failures_total"] == 0, "the torn header was read: not forgotten by the cache"
+
+
 def test_truncated_data_file_loses_only_the_cut_blocks(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ssd = tmp_path / "ssd"
     hs = _sigkill_mid_spill(manager_factory, ssd)
