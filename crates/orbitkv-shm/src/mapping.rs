@@ -129,7 +129,7 @@ impl Segment {
             out.push(Self::create_unpopulated(&name, size, page)?);
         }
         let maps: Vec<&Mapping> = out.iter().map(|s| &s.mapping).collect();
-        write_every_page(&maps, threads);
+        write_every_page(&maps, threads, page.bytes() as usize);
         Ok(out)
     }
 
@@ -441,7 +441,11 @@ pub fn populate_threads() -> usize {
 }
 
 /// Allocate and write every page of fresh mappings, on `threads` threads
-/// taking 64 MiB chunks from one shared counter.
+/// taking chunks of 64 MiB, or of one page where pages are larger, from one
+/// shared counter. On 1 GiB pages the kernel zeroes each page in one fault, so
+/// a chunk is a whole page: threads fault different pages at once instead of
+/// waiting on the same one (measured on the 16-core GPU host, 32 GiB: 8.5 s
+/// with 64 MiB chunks).
 ///
 /// `MAP_POPULATE` (and `MADV_POPULATE_WRITE`) allocate a shared mapping's
 /// pages, but on some virtual machines the first store from user space to
@@ -451,13 +455,13 @@ pub fn populate_threads() -> usize {
 /// Writing the zeros the pages already hold pays that once, at start-up,
 /// instead of in the first save, fill or staging that lands in each slot.
 /// Only for mappings no one else can see yet (`Segment::create_arena`).
-fn write_every_page(maps: &[&Mapping], threads: usize) {
-    const CHUNK: usize = 64 << 20;
+fn write_every_page(maps: &[&Mapping], threads: usize, page: usize) {
+    let chunk = page.max(64 << 20);
     let chunks: Vec<(usize, usize)> = maps
         .iter()
         .flat_map(|m| {
             let (base, len) = (m.ptr.as_ptr() as usize, m.len);
-            (0..len.div_ceil(CHUNK)).map(move |c| (base + c * CHUNK, CHUNK.min(len - c * CHUNK)))
+            (0..len.div_ceil(chunk)).map(move |c| (base + c * chunk, chunk.min(len - c * chunk)))
         })
         .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
