@@ -296,7 +296,8 @@ def draw(result: dict[str, Any], path: str) -> None:
     rows = result["startup"]
     gib = [r["bytes"] / (1 << 30) for r in rows]
     axes[0].plot(gib, [r["start_to_serving_s"] for r in rows], "o", label="Manager start-to-serving")
-    axes[0].plot(gib, [r["first_touch_s"] for r in rows], "x", label="plain parallel first touch (baseline)")
+    axes[0].plot(gib, [r["first_touch_shm_s"] for r in rows], "x", label="first touch, shared memory (baseline)")
+    axes[0].plot(gib, [r["first_touch"]["anon"] for r in rows], "+", label="first touch, anonymous memory")
     axes[0].set(xlabel="arena GiB", ylabel="seconds", title="start-up vs arena size", xscale="log", yscale="log")
     axes[0].legend()
     seg = result.get("segments", [])
@@ -322,7 +323,11 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--gpu-dram", default=None, help="arena for the gpu section [default: the largest --dram-size]")
     ap.add_argument("--png", default=None)
+    ap.add_argument("--replot", action="store_true", help="only draw --png from the JSON at --out")
     a = ap.parse_args()
+    if a.replot:
+        draw(json.loads(Path(a.out).read_text()), a.png)
+        return 0
     sizes = [s for s in a.dram_size.split(",") if s]
     result: dict[str, Any] = {
         "bench": "arena_scale",
