@@ -17,6 +17,10 @@ Sections (each writes its rows into one JSON; `--png` draws cost against size):
 - `segments`: one arena size split into several segment sizes (auto and smaller):
   segment count, start-to-serving and the mapping client's handshake, to choose the
   default by measurement.
+- `hugepages` (with `--hugepages 2MiB,1GiB`): for each page size, reserve the pages
+  for `--hugepages-dram` where this user may (root), start a Manager on them, record
+  start-to-serving and the populate time it logs, and give the pages back. A size
+  that cannot be reserved is reported as such.
 - `gpu` (with `--gpu`, needs torch with CUDA): in a fresh worker process, `ArenaView`
   pins the whole arena (`cudaHostRegister`, timed per process), then blocks saved
   from GPU pages through `orbitkv.kvcopy` are restored by a second process's engine
@@ -286,6 +290,39 @@ def gpu(size: str) -> dict[str, Any]:
     return row
 
 
+HUGE_KB = {"2MiB": 2048, "1GiB": 1048576}
+
+
+def hugepages(size: str, pages: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for page in pages:
+        knob = Path(f"/sys/kernel/mm/hugepages/hugepages-{HUGE_KB[page]}kB/nr_hugepages")
+        need = parse_size(size) // parse_size(page)
+        row: dict[str, Any] = {"dram_size": size, "page": page, "pages": need}
+        try:
+            before = int(knob.read_text())
+            knob.write_text(str(before + need))
+            reserved = int(knob.read_text()) - before
+        except OSError as e:
+            row["skipped"] = f"cannot reserve {page} pages: {e}"
+            print(f"hugepages {page}: {row['skipped']}", flush=True)
+            rows.append(row)
+            continue
+        try:
+            if reserved < need:
+                row["skipped"] = f"asked for {need} {page} pages, the kernel reserved {reserved}"
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    m = Serving(tmp, "--dram-size", size, "--hugepages", page)
+                    row.update(start_to_serving_s=m.start_to_serving_s, populate_s=m.populate_s)
+                    m.stop()
+        finally:
+            knob.write_text(str(before))
+        print(f"hugepages {size} on {page}: {row.get('skipped') or row}", flush=True)
+        rows.append(row)
+    return rows
+
+
 def draw(result: dict[str, Any], path: str) -> None:
     import matplotlib
 
@@ -320,6 +357,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--segments-dram", default="4GiB")
     ap.add_argument("--segment-sizes", default="auto,256MiB,16MiB,1MiB")
+    ap.add_argument("--hugepages", default="", help="page sizes for the hugepages section, e.g. 2MiB,1GiB")
+    ap.add_argument("--hugepages-dram", default="32GiB")
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--gpu-dram", default=None, help="arena for the gpu section [default: the largest --dram-size]")
     ap.add_argument("--png", default=None)
@@ -336,6 +375,8 @@ def main() -> int:
     }
     if a.segment_sizes:
         result["segments"] = segments(a.segments_dram, [s for s in a.segment_sizes.split(",") if s])
+    if a.hugepages:
+        result["hugepages"] = hugepages(a.hugepages_dram, [p for p in a.hugepages.split(",") if p])
     if a.gpu:
         result["gpu"] = gpu(a.gpu_dram or max(sizes, key=parse_size))
     Path(a.out).write_text(json.dumps(result, indent=1))
