@@ -32,7 +32,8 @@ enum Queue {
 #[derive(Debug, Clone)]
 struct Slot<K> {
     key: K,
-    weight: u64,
+    /// At most `u32::MAX` (blocks are at most 1 GiB): 8 bytes less per slot.
+    weight: u32,
     /// The entry's queue element's seq; 0 while the slot is free.
     seq: u64,
     freq: u8,
@@ -143,7 +144,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// The weight `key` is tracked with.
     pub fn weight(&self, key: &K) -> Option<u64> {
-        self.slot_of(key).map(|i| self.slots[i].weight)
+        self.slot_of(key).map(|i| u64::from(self.slots[i].weight))
     }
 
     /// The tracked entries' weight.
@@ -183,6 +184,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// [`S3Fifo::insert`], keeping `tag` with the entry ([`S3Fifo::touch_tagged`]
     /// returns it).
     pub fn insert_tagged(&mut self, key: K, weight: u64, tag: u64) -> bool {
+        let weight32 = u32::try_from(weight).unwrap_or(u32::MAX);
+        let weight = u64::from(weight32);
         let h = self.hasher.hash_one(key);
         let slots = &self.slots;
         if self.entries.get(h, |i| slots[i].key == key).is_some() {
@@ -205,7 +208,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         let queue = if readmitted { Queue::Main } else { Queue::Small };
         let slot = Slot {
             key,
-            weight,
+            weight: weight32,
             seq,
             freq: 0,
             queue,
@@ -239,7 +242,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         let i = self.slot_of(key)?;
         let s = &mut self.slots[i];
         s.freq = (s.freq + 1).min(MAX_FREQ);
-        let found = (s.weight, s.tag);
+        let found = (u64::from(s.weight), s.tag);
         if self.recency {
             self.order.move_last(&mut self.slots, i);
         }
@@ -290,13 +293,13 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
                 if s.freq > 0 {
                     s.freq = 0;
                     s.queue = Queue::Main;
-                    let w = s.weight;
+                    let w = u64::from(s.weight);
                     self.small_bytes -= w;
                     self.main_bytes += w;
                     self.main.push_back((i, seq));
                     continue;
                 }
-                let w = s.weight;
+                let w = u64::from(s.weight);
                 let h = self.unindex(&key, i);
                 self.forget_slot(i);
                 self.ghost.add(h, w, false, self.ghost_limit);
@@ -307,7 +310,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
                 self.main.push_back((i, seq));
                 continue;
             }
-            let w = s.weight;
+            let w = u64::from(s.weight);
             let h = self.unindex(&key, i);
             self.forget_slot(i);
             if self.adaptive {
@@ -348,7 +351,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             }
             let s = &self.slots[i];
             if wanted(&s.key) {
-                bytes += s.weight;
+                bytes += u64::from(s.weight);
                 out.push(s.key);
             }
         }
@@ -368,7 +371,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             }
             let s = &self.slots[i];
             if s.seq == seq && s.freq == 0 && wanted(&s.key) {
-                bytes += s.weight;
+                bytes += u64::from(s.weight);
                 out.push(s.key);
             }
         }
@@ -379,7 +382,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// its queue's count, it leaves the recency list, and its queue element
     /// goes stale.
     fn forget_slot(&mut self, i: usize) {
-        let (w, queue) = (self.slots[i].weight, self.slots[i].queue);
+        let (w, queue) = (u64::from(self.slots[i].weight), self.slots[i].queue);
         match queue {
             Queue::Small => self.small_bytes -= w,
             Queue::Main => self.main_bytes -= w,

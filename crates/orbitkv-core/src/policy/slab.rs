@@ -1,17 +1,18 @@
 //! A slab of policy entries (`Lru`'s nodes, `S3Fifo`'s entries) whose slots can
 //! be threaded on a doubly linked list: O(1) unlink and append, least recent
 //! first. Each slot keeps its list links next to its value, so a list move
-//! touches no other memory than the slots it links.
+//! touches no other memory than the slots it links. Links are 32-bit slot
+//! numbers (8 bytes a slot, not 16): a slab holds fewer than 2^32 - 1 slots.
 
 use std::ops::{Index, IndexMut};
 
-const NIL: usize = usize::MAX;
+const NIL: u32 = u32::MAX;
 
 /// A slot's neighbours on the list (`NIL` at its ends, or off the list).
 #[derive(Debug, Clone, Copy)]
 struct Links {
-    prev: usize,
-    next: usize,
+    prev: u32,
+    next: u32,
 }
 
 const UNLINKED: Links = Links { prev: NIL, next: NIL };
@@ -19,7 +20,7 @@ const UNLINKED: Links = Links { prev: NIL, next: NIL };
 #[derive(Debug, Clone)]
 pub(super) struct Slab<T> {
     slots: Vec<(Links, T)>,
-    free: Vec<usize>,
+    free: Vec<u32>,
 }
 
 impl<T> Slab<T> {
@@ -34,10 +35,14 @@ impl<T> Slab<T> {
     pub(super) fn put(&mut self, value: T) -> usize {
         match self.free.pop() {
             Some(i) => {
-                self.slots[i] = (UNLINKED, value);
-                i
+                self.slots[i as usize] = (UNLINKED, value);
+                i as usize
             }
             None => {
+                assert!(
+                    self.slots.len() < NIL as usize,
+                    "policy slab beyond 2^32 - 1 slots"
+                );
                 self.slots.push((UNLINKED, value));
                 self.slots.len() - 1
             }
@@ -46,13 +51,13 @@ impl<T> Slab<T> {
 
     /// Slot `i` (off the list) may be reused.
     pub(super) fn release(&mut self, i: usize) {
-        self.free.push(i);
+        self.free.push(i as u32);
     }
 
     /// Heap bytes (approximate: allocated capacity).
     pub(super) fn heap_bytes(&self) -> u64 {
         crate::map::vec_bytes::<(Links, T)>(self.slots.capacity())
-            + crate::map::vec_bytes::<usize>(self.free.capacity())
+            + crate::map::vec_bytes::<u32>(self.free.capacity())
     }
 
     /// Slots ever allocated (used and free).
@@ -78,8 +83,8 @@ impl<T> IndexMut<usize> for Slab<T> {
 /// The list's ends; the slots hold the links.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct List {
-    first: usize,
-    last: usize,
+    first: u32,
+    last: u32,
 }
 
 impl List {
@@ -94,12 +99,12 @@ impl List {
         if prev == NIL {
             self.first = next;
         } else {
-            slab.slots[prev].0.next = next;
+            slab.slots[prev as usize].0.next = next;
         }
         if next == NIL {
             self.last = prev;
         } else {
-            slab.slots[next].0.prev = prev;
+            slab.slots[next as usize].0.prev = prev;
         }
         slab.slots[i].0 = UNLINKED;
     }
@@ -110,17 +115,18 @@ impl List {
             prev: self.last,
             next: NIL,
         };
+        let i32 = i as u32; // below NIL: `put` checks the slab's size
         if self.last == NIL {
-            self.first = i;
+            self.first = i32;
         } else {
-            slab.slots[self.last].0.next = i;
+            slab.slots[self.last as usize].0.next = i32;
         }
-        self.last = i;
+        self.last = i32;
     }
 
     /// Move slot `i` (on the list) to its end.
     pub(super) fn move_last<T>(&mut self, slab: &mut Slab<T>, i: usize) {
-        if self.last != i {
+        if self.last as usize != i {
             self.unlink(slab, i);
             self.push_last(slab, i);
         }
@@ -130,7 +136,7 @@ impl List {
     pub(super) fn iter<'a, T>(&self, slab: &'a Slab<T>) -> impl Iterator<Item = usize> + 'a {
         let mut i = self.first;
         std::iter::from_fn(move || {
-            let at = i;
+            let at = i as usize;
             i = slab.slots.get(at)?.0.next;
             Some(at)
         })
