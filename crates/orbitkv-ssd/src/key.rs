@@ -2,7 +2,7 @@
 
 /// Identity of one KV block on the SSD tier. The full key is stored in every on-disk
 /// header and compared on every read.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SsdKey {
     /// Model/config fingerprint.
     pub fingerprint: [u8; 32],
@@ -18,6 +18,25 @@ pub struct SsdKey {
 
 /// Encoded size of a key in headers and journal records.
 pub const KEY_BYTES: usize = 32 + 4 + 32 + 8 + 32;
+
+/// Every field, as integers: 14 word writes instead of three length-prefixed
+/// byte slices (recovery hashes millions of keys). Consistent with `Eq`.
+impl std::hash::Hash for SsdKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        fn words<H: std::hash::Hasher>(b: &[u8; 32], state: &mut H) {
+            for w in b.chunks_exact(8) {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(w);
+                state.write_u64(u64::from_le_bytes(a));
+            }
+        }
+        words(&self.hash, state);
+        state.write_u64(self.generation);
+        state.write_u32(self.shard);
+        words(&self.fingerprint, state);
+        words(&self.salt, state);
+    }
+}
 
 impl SsdKey {
     /// Little-endian fixed encoding (fingerprint, shard, salt, generation, hash).

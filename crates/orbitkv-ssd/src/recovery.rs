@@ -155,14 +155,9 @@ impl SsdTier {
         let oldest_first = || by_seq.iter().filter_map(|&(_, i)| placed.get(i as usize));
         let (journal, seq) = open_journal(&cfg, &rp, oldest_first(), placed.len(), &dropped, &mut report)?;
         lap.mark("journal");
-        report.recovered = oldest_first().map(|r| (r.key, r.len)).collect();
-        let st = Arc::new(Mutex::new(State::load(
-            alloc,
-            seq,
-            journal,
-            oldest_first(),
-            placed.len(),
-        )));
+        let (st, recovered) = State::load(alloc, seq, journal, oldest_first(), placed.len());
+        report.recovered = recovered;
+        let st = Arc::new(Mutex::new(st));
         lap.mark("index");
         let engine = Arc::new(engine);
         let background = if cfg.verify_on_open == RecoveryVerify::Background {

@@ -54,34 +54,60 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// The index of `n` recovered blocks, `placed` oldest first (their LRU order).
-    pub(crate) fn load<'a>(
+    /// The index of `n` recovered blocks, `placed` oldest first (their LRU order), and
+    /// their keys and lengths in that order (`RecoveryReport::recovered`). The hash
+    /// index is built on a second thread while this one builds the LRU map and the list.
+    pub(crate) fn load<'a, I>(
         alloc: ExtentAllocator,
         seq: u64,
         journal: Journal,
-        placed: impl Iterator<Item = &'a JournalRecord>,
+        placed: I,
         n: usize,
-    ) -> State {
-        let mut index = HashMap::with_capacity_and_hasher(n, Default::default());
-        let mut used_bytes = 0u64;
-        // Ticks 1..=n in order: the LRU map is collected from sorted pairs (built in bulk).
-        let lru: BTreeMap<u64, SsdKey> = placed
-            .zip(1u64..)
-            .map(|(r, tick)| {
-                let e = Entry {
-                    off: r.offset,
-                    len: r.len,
-                    seq: r.seq,
-                    sum: r.payload_sum,
-                    tick,
-                };
+    ) -> (State, Vec<(SsdKey, u64)>)
+    where
+        I: Iterator<Item = &'a JournalRecord> + Clone + Send,
+    {
+        let entry = |r: &JournalRecord, tick: u64| Entry {
+            off: r.offset,
+            len: r.len,
+            seq: r.seq,
+            sum: r.payload_sum,
+            tick,
+        };
+        let build_index = |it: I| {
+            let mut index: HashMap<SsdKey, Entry, _> =
+                HashMap::with_capacity_and_hasher(n, Default::default());
+            let mut used_bytes = 0u64;
+            for (r, tick) in it.zip(1u64..) {
+                let e = entry(r, tick);
                 used_bytes += e.units() * SECTOR;
                 index.insert(r.key, e);
-                (tick, r.key)
-            })
-            .collect();
+            }
+            (index, used_bytes)
+        };
+        let rest = |it: I| {
+            // Ticks 1..=n in order: the LRU map is collected from sorted pairs (in bulk).
+            let lru: BTreeMap<u64, SsdKey> = it.clone().zip(1u64..).map(|(r, t)| (t, r.key)).collect();
+            let recovered: Vec<(SsdKey, u64)> = it.map(|r| (r.key, r.len)).collect();
+            (lru, recovered)
+        };
+        let ((index, used_bytes), (lru, recovered)) = std::thread::scope(|s| {
+            let side = std::thread::Builder::new()
+                .name("orbitkv-ssd-index".into())
+                .spawn_scoped(s, {
+                    let it = placed.clone();
+                    move || build_index(it)
+                });
+            let (lru, recovered) = rest(placed.clone());
+            let built = match side {
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                // No thread to be had: build it here.
+                Err(_) => build_index(placed),
+            };
+            (built, (lru, recovered))
+        });
         let tick = lru.len() as u64;
-        State {
+        let st = State {
             index,
             alloc,
             lru,
@@ -91,7 +117,8 @@ impl State {
             deferred: HashMap::new(),
             used_bytes,
             journal,
-        }
+        };
+        (st, recovered)
     }
 
     fn release(&mut self, off: u64, units: u64) {
