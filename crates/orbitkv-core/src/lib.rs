@@ -10,6 +10,7 @@ mod cache;
 pub mod keys;
 mod map;
 pub mod policy;
+mod table;
 
 pub use arena::{ALIGN, ArenaAllocator, aligned_len};
 pub use cache::{

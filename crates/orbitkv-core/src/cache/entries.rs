@@ -41,6 +41,9 @@ pub(super) struct Entry {
     pub(super) doomed: bool,
 }
 
+// The index's slab holds `Option<(BlockKey, Entry)>`: 72 bytes, no tag word.
+const _: () = assert!(std::mem::size_of::<Option<(BlockKey, Entry)>>() == 72);
+
 /// A DRAM slot's segment (high 24 bits) and 4 KiB page (low 40 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PackedSlot(u64);

@@ -47,6 +47,7 @@ use crate::arena::ArenaAllocator;
 use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
 use crate::map::Map;
 use crate::policy::{Policy, PolicyHeap, PolicyKind};
+use crate::table::SlabMap;
 use concurrent::{HotCounters, LeaseTable, PolicyCell, TouchLog};
 
 pub use entries::PresenceSink;
@@ -204,7 +205,7 @@ impl HeapBytes {
 pub struct CacheState {
     arena: ArenaAllocator,
     policy: PolicyCell,
-    index: Map<BlockKey, Entry>,
+    index: SlabMap<BlockKey, Entry>,
     namespaces: HashMap<NsId, NsInfo>,
     ns_by_key: HashMap<NamespaceKey, NsId>,
     generations: HashMap<Fingerprint, u64>,
@@ -245,7 +246,7 @@ impl CacheState {
         CacheState {
             arena,
             policy: PolicyCell::new(policy),
-            index: Map::default(),
+            index: SlabMap::default(),
             namespaces: HashMap::new(),
             ns_by_key: HashMap::new(),
             generations: HashMap::new(),
@@ -349,6 +350,11 @@ impl CacheState {
             }
             return Ok((id, generation));
         }
+        // The arena holds at most this many blocks of this size: room for them
+        // in the index now, not a re-index of millions under the lock later.
+        let fit = self.arena.capacity() / crate::arena::aligned_len(block_bytes);
+        self.index
+            .reserve_index(usize::try_from(fit).unwrap_or(usize::MAX));
         let id = NsId(u32::try_from(self.namespaces.len() + 1).unwrap_or(u32::MAX));
         self.namespaces.insert(id, NsInfo { key, block_bytes });
         self.ns_by_key.insert(key, id);
@@ -440,7 +446,7 @@ impl CacheState {
             + table_bytes::<NsId, NsInfo>(self.namespaces.capacity())
             + table_bytes::<NamespaceKey, NsId>(self.ns_by_key.capacity());
         HeapBytes {
-            index: table_bytes::<BlockKey, Entry>(self.index.capacity()),
+            index: self.index.heap_bytes(),
             policy: self.policy.policy_heap(),
             arena: self.arena.heap_bytes(),
             leases: self.leases.lease_bytes(),

@@ -12,7 +12,6 @@ mod ghost;
 mod lru;
 mod s3fifo;
 mod slab;
-mod table;
 mod tinylfu;
 
 use std::fmt;

@@ -18,7 +18,7 @@ use std::hash::{BuildHasher, Hash};
 
 use super::ghost::Ghost;
 use super::slab::{List, Slab};
-use super::table::SlotTable;
+use crate::table::SlotTable;
 
 const MAX_FREQ: u8 = 3;
 
