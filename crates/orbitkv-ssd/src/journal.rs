@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::dir::FILE_MODE;
 use crate::format::{DecodeError, JOURNAL_RECORD_SIZE, JournalRecord, RecordKind};
+use crate::index::PassThrough;
 use crate::key::SsdKey;
 
 pub(crate) const JOURNAL_FILE: &str = "journal.okvj";
@@ -50,24 +51,6 @@ struct Digest(foldhash::fast::RandomState);
 impl Digest {
     fn of(&self, k: &SsdKey) -> u64 {
         self.0.hash_one(k)
-    }
-}
-
-/// The digest is already a keyed hash: use it as the table's hash unchanged.
-#[derive(Default, Clone, Copy)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
     }
 }
 

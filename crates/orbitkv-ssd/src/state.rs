@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::alloc::ExtentAllocator;
 use crate::format::{FORMAT_VERSION, JournalRecord, RecordKind, SECTOR, extent_bytes};
+use crate::index::KeyIndex;
 use crate::journal::Journal;
 use crate::key::SsdKey;
 
@@ -37,9 +38,7 @@ impl Entry {
 }
 
 pub(crate) struct State {
-    /// Keys are hashed with foldhash (seeded per process), not SipHash: recovery
-    /// inserts millions of them at open.
-    pub(crate) index: HashMap<SsdKey, Entry, foldhash::fast::RandomState>,
+    pub(crate) index: KeyIndex,
     pub(crate) alloc: ExtentAllocator,
     /// tick -> key, oldest first.
     pub(crate) lru: BTreeMap<u64, SsdKey>,
@@ -75,8 +74,7 @@ impl State {
             tick,
         };
         let build_index = |it: I| {
-            let mut index: HashMap<SsdKey, Entry, _> =
-                HashMap::with_capacity_and_hasher(n, Default::default());
+            let mut index = KeyIndex::with_capacity(n);
             let mut used_bytes = 0u64;
             for (r, tick) in it.zip(1u64..) {
                 let e = entry(r, tick);
