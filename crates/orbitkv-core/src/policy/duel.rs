@@ -122,6 +122,15 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         (tracked, ghost, shadows)
     }
 
+    /// Room for `n` tracked entries (the shadows: their 1/`SAMPLE` share).
+    pub fn reserve(&mut self, n: usize) {
+        self.s3.reserve(n);
+        let shadow_n = n / SAMPLE as usize;
+        for sh in &mut self.shadows {
+            sh.reserve(shadow_n);
+        }
+    }
+
     /// The weight `key` is tracked with.
     pub fn weight(&self, key: &K) -> Option<u64> {
         self.s3.weight(key)

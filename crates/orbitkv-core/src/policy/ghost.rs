@@ -14,10 +14,11 @@
 
 use std::collections::VecDeque;
 
-/// Element numbers are kept modulo this (`u32::MAX` marks an empty table slot),
-/// so at most `MODULUS - 1` elements are held at once.
+/// Element numbers are kept modulo this, so at most `MODULUS - 1` elements are
+/// held at once; a table slot holds the number + 1, and 0 when empty (so a new
+/// table is `calloc`ed memory, zeroed by the kernel as it is first touched).
 const MODULUS: u64 = u32::MAX as u64;
-const EMPTY: u32 = u32::MAX;
+const EMPTY: u32 = 0;
 /// Weights above this are remembered as this (blocks are at most 1 GiB).
 const MAX_WEIGHT: u64 = (u32::MAX >> 1) as u64;
 
@@ -28,7 +29,7 @@ pub(super) struct Ghost {
     /// Element weight `<< 1`, `| 1` when it was evicted from main.
     weights: VecDeque<u32>,
     head: u64,
-    /// Open-addressing index: element number modulo [`MODULUS`], or [`EMPTY`].
+    /// Open-addressing index: element number modulo [`MODULUS`] + 1, or [`EMPTY`].
     table: Vec<u32>,
     /// Elements the index points at.
     indexed: usize,
@@ -56,7 +57,7 @@ impl Ghost {
         if self.hashes.len() as u64 >= MODULUS - 1 {
             self.pop_front();
         }
-        let number = ((self.head + self.hashes.len() as u64) % MODULUS) as u32;
+        let number = ((self.head + self.hashes.len() as u64) % MODULUS) as u32 + 1;
         if self.hashes.len() == self.hashes.capacity() {
             // Grow by a quarter, not double: the history is the policy's largest part.
             let more = self.hashes.len() / 4 + 16;
@@ -91,7 +92,7 @@ impl Ghost {
         let (Some(h), Some(wf)) = (self.hashes.pop_front(), self.weights.pop_front()) else {
             return;
         };
-        let number = (self.head % MODULUS) as u32;
+        let number = (self.head % MODULUS) as u32 + 1;
         self.head += 1;
         self.bytes -= u64::from(wf >> 1);
         // The element is gone from the rings: find its slot by number, probing
@@ -106,9 +107,20 @@ impl Ghost {
         }
     }
 
-    /// Ring offset of element `number` (held).
+    /// Ring offset of the held element whose table slot holds `number`.
     fn offset(&self, number: u32) -> usize {
-        ((u64::from(number) + MODULUS - self.head % MODULUS) % MODULUS) as usize
+        ((u64::from(number - 1) + MODULUS - self.head % MODULUS) % MODULUS) as usize
+    }
+
+    /// Room for `n` elements without growing the table or the rings.
+    pub(super) fn reserve(&mut self, n: usize) {
+        let want = n.saturating_mul(5).div_ceil(4);
+        if want > self.table.len() {
+            self.rebuild(want);
+        }
+        let more = n.saturating_sub(self.hashes.len());
+        self.hashes.reserve_exact(more);
+        self.weights.reserve_exact(more);
     }
 
     fn home(&self, hash: u64) -> usize {
@@ -164,7 +176,10 @@ impl Ghost {
     }
 
     fn grow(&mut self) {
-        let size = (self.table.len() * 3 / 2).max(16);
+        self.rebuild((self.table.len() * 3 / 2).max(16));
+    }
+
+    fn rebuild(&mut self, size: usize) {
         let old = std::mem::replace(&mut self.table, vec![EMPTY; size]);
         for v in old.into_iter().filter(|&v| v != EMPTY) {
             let mut at = self.home(self.hashes[self.offset(v)]);

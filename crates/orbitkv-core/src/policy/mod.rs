@@ -178,6 +178,14 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
         }
     }
 
+    fn reserve(&mut self, n: usize) {
+        match self {
+            Inner::S3Fifo(p) => p.reserve(n),
+            Inner::Duel(p) => p.reserve(n),
+            Inner::Lru(_) | Inner::TinyLfu(_) => {}
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             Inner::S3Fifo(p) => p.len(),
@@ -382,6 +390,12 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             h.shadows += th.shadows;
         }
         h
+    }
+
+    /// Room for `n` DRAM-resident blocks (S3-FIFO kinds and `duel`: their
+    /// index and ghost history), so that no table grows under load.
+    pub fn reserve(&mut self, n: usize) {
+        self.dram.reserve(n);
     }
 
     /// DRAM-resident blocks tracked.

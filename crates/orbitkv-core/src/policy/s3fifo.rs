@@ -136,6 +136,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         (tracked, self.ghost.heap_bytes())
     }
 
+    /// Room for `n` entries (and the ghost history their weight implies)
+    /// without growing a table under load.
+    pub fn reserve(&mut self, n: usize) {
+        self.entries.reserve(n);
+        let ghost_x = self.ghost_limit.div_ceil(self.capacity);
+        self.ghost
+            .reserve(n.saturating_mul(usize::try_from(ghost_x).unwrap_or(usize::MAX)));
+    }
+
     /// Move the small queue's target to `small_pct` percent of the capacity
     /// (1..=90); the queues drift to it through later evictions.
     pub fn set_small_pct(&mut self, small_pct: u64) {
@@ -218,11 +227,11 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.entries.insert(h, i);
         match queue {
             Queue::Small => {
-                self.small.push_back((i, seq));
+                enqueue(&mut self.small, (i, seq));
                 self.small_bytes += weight;
             }
             Queue::Main => {
-                self.main.push_back((i, seq));
+                enqueue(&mut self.main, (i, seq));
                 self.main_bytes += weight;
             }
         }
@@ -411,6 +420,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             self.main.retain(alive);
         }
     }
+}
+
+/// Append a new element, growing a full queue by a quarter (not double: at
+/// millions of entries a doubled queue would be up to half spare).
+fn enqueue(q: &mut VecDeque<(usize, u64)>, x: (usize, u64)) {
+    if q.len() == q.capacity() {
+        q.reserve_exact(q.len() / 4 + 16);
+    }
+    q.push_back(x);
 }
 
 #[cfg(test)]
