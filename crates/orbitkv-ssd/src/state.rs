@@ -54,8 +54,8 @@ pub(crate) struct State {
 
 impl State {
     /// The index of `n` recovered blocks, `placed` oldest first (their LRU order), and
-    /// their keys and lengths in that order (`RecoveryReport::recovered`). The hash
-    /// index is built on a second thread while this one builds the LRU map and the list.
+    /// their keys and lengths in that order (`RecoveryReport::recovered`), built on
+    /// three threads.
     pub(crate) fn load<'a, I>(
         alloc: ExtentAllocator,
         seq: u64,
@@ -83,26 +83,30 @@ impl State {
             }
             (index, used_bytes)
         };
-        let rest = |it: I| {
-            // Ticks 1..=n in order: the LRU map is collected from sorted pairs (in bulk).
-            let lru: BTreeMap<u64, SsdKey> = it.clone().zip(1u64..).map(|(r, t)| (t, r.key)).collect();
-            let recovered: Vec<(SsdKey, u64)> = it.map(|r| (r.key, r.len)).collect();
-            (lru, recovered)
-        };
-        let ((index, used_bytes), (lru, recovered)) = std::thread::scope(|s| {
-            let side = std::thread::Builder::new()
-                .name("orbitkv-ssd-index".into())
-                .spawn_scoped(s, {
-                    let it = placed.clone();
-                    move || build_index(it)
-                });
-            let (lru, recovered) = rest(placed.clone());
+        let ((index, used_bytes), lru, recovered) = std::thread::scope(|s| {
+            // Three independent builds from the same records: the index and the recovered
+            // list on helper threads (each built here instead if no thread can be had),
+            // the LRU map (ticks 1..=n in order, collected in bulk) on this one.
+            let spawn = |name: &str| std::thread::Builder::new().name(name.into());
+            let side = spawn("orbitkv-ssd-index").spawn_scoped(s, {
+                let it = placed.clone();
+                move || build_index(it)
+            });
+            let list = |it: I| it.map(|r| (r.key, r.len)).collect::<Vec<(SsdKey, u64)>>();
+            let listed = spawn("orbitkv-ssd-list").spawn_scoped(s, {
+                let it = placed.clone();
+                move || list(it)
+            });
+            let lru: BTreeMap<u64, SsdKey> = placed.clone().zip(1u64..).map(|(r, t)| (t, r.key)).collect();
+            let recovered = match listed {
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(_) => list(placed.clone()),
+            };
             let built = match side {
                 Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                // No thread to be had: build it here.
                 Err(_) => build_index(placed),
             };
-            (built, (lru, recovered))
+            (built, lru, recovered)
         });
         let tick = lru.len() as u64;
         let st = State {
