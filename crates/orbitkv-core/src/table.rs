@@ -167,6 +167,9 @@ impl<K, V> Default for SlabMap<K, V> {
 }
 
 type Pair<'a, K, V> = (&'a K, &'a V);
+type PairOf<K, V> = for<'a> fn(&'a Option<(K, V)>) -> Option<Pair<'a, K, V>>;
+/// The entries of a [`SlabMap`], in slab order.
+pub(crate) type Iter<'m, K, V> = std::iter::FilterMap<std::slice::Iter<'m, Option<(K, V)>>, PairOf<K, V>>;
 
 fn pair<K, V>(s: &Option<(K, V)>) -> Option<Pair<'_, K, V>> {
     s.as_ref().map(|(k, v)| (k, v))
@@ -240,15 +243,8 @@ impl<K: Hash + Eq, V> SlabMap<K, V> {
         self.slots[i].take().map(|(_, v)| v)
     }
 
-    pub(crate) fn iter(
-        &self,
-    ) -> std::iter::FilterMap<
-        std::slice::Iter<'_, Option<(K, V)>>,
-        for<'a> fn(&'a Option<(K, V)>) -> Option<Pair<'a, K, V>>,
-    > {
-        self.slots
-            .iter()
-            .filter_map(pair as for<'a> fn(&'a Option<(K, V)>) -> Option<Pair<'a, K, V>>)
+    pub(crate) fn iter(&self) -> Iter<'_, K, V> {
+        self.slots.iter().filter_map(pair as PairOf<K, V>)
     }
 
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
@@ -258,10 +254,7 @@ impl<K: Hash + Eq, V> SlabMap<K, V> {
 
 impl<'m, K: Hash + Eq, V> IntoIterator for &'m SlabMap<K, V> {
     type Item = Pair<'m, K, V>;
-    type IntoIter = std::iter::FilterMap<
-        std::slice::Iter<'m, Option<(K, V)>>,
-        for<'a> fn(&'a Option<(K, V)>) -> Option<Pair<'a, K, V>>,
-    >;
+    type IntoIter = Iter<'m, K, V>;
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
     }
@@ -288,7 +281,7 @@ mod tests {
             let k = (x >> 16) % 5000;
             let found = t.get(hash(k), |s| keys[s] == Some(k));
             assert_eq!(found, reference.get(&k).copied(), "step {step}");
-            if x % 2 == 0 {
+            if x.is_multiple_of(2) {
                 if found.is_none() {
                     let s = free.pop().unwrap_or_else(|| {
                         keys.push(None);

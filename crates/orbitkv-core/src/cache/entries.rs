@@ -56,7 +56,7 @@ impl PackedSlot {
         let page = slot.offset / ALIGN;
         // Arenas have at most 16,384 segments (the Manager refuses more at start-up)
         // and a segment far below 4 PiB, so both always fit.
-        debug_assert!(slot.offset % ALIGN == 0 && page < 1 << Self::PAGE_BITS);
+        debug_assert!(slot.offset.is_multiple_of(ALIGN) && page < 1 << Self::PAGE_BITS);
         debug_assert!(u64::from(slot.segment) < (1 << (64 - Self::PAGE_BITS)) - 1);
         PackedSlot(u64::from(slot.segment) << Self::PAGE_BITS | page)
     }

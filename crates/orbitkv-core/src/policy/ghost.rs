@@ -240,7 +240,7 @@ mod tests {
             // Few distinct hashes (repeats and stale elements), some colliding homes.
             let h = ((x >> 20) % 3000).wrapping_mul(0x9e37_79b9_7f4a_7c15) | (x >> 63);
             let limit = if step < 150_000 { 20_000 } else { 5_000 };
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(g.take(h), r.take(h), "step {step}");
             } else {
                 let w = 1 + (x >> 40) % 20;
