@@ -182,10 +182,11 @@ impl<K: Hash + Eq, V> SlabMap<K, V> {
             + self.table.heap_bytes()
     }
 
-    /// Room for `n` entries in the index without growing it (the slab grows by
-    /// reallocation, which moves no entry one by one).
+    /// Room for `n` entries without growing the index or the slab (the slab's
+    /// room is address space until entries are written to it).
     pub(crate) fn reserve_index(&mut self, n: usize) {
         self.table.reserve(n);
+        self.slots.reserve_exact(n.saturating_sub(self.slots.len()));
     }
 
     fn slot_of(&self, key: &K) -> Option<usize> {

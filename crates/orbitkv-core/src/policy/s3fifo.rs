@@ -140,6 +140,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// without growing a table under load.
     pub fn reserve(&mut self, n: usize) {
         self.entries.reserve(n);
+        self.slots.reserve(n);
         let ghost_x = self.ghost_limit.div_ceil(self.capacity);
         self.ghost
             .reserve(n.saturating_mul(usize::try_from(ghost_x).unwrap_or(usize::MAX)));

@@ -49,6 +49,11 @@ impl<T> Slab<T> {
         }
     }
 
+    /// Room for `n` slots without growing (address space until written).
+    pub(super) fn reserve(&mut self, n: usize) {
+        self.slots.reserve_exact(n.saturating_sub(self.slots.len()));
+    }
+
     /// Slot `i` (off the list) may be reused.
     pub(super) fn release(&mut self, i: usize) {
         self.free.push(i as u32);
