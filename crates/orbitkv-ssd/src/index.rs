@@ -86,22 +86,40 @@ impl KeyIndex {
         self.items.iter().map(|(k, e)| (k, e))
     }
 
-    /// Insert or replace; returns the entry replaced.
+    /// Insert or replace; returns the entry replaced. One table probe when the key's
+    /// digest is free (recovery's bulk inserts).
     pub(crate) fn insert(&mut self, k: SsdKey, e: Entry) -> Option<Entry> {
-        if let Some(i) = self.find(&k)
+        let n = self.items.len();
+        let d = self.digest(&k);
+        let at = match self.by_digest.entry(d) {
+            Slot::Occupied(o) => {
+                let i = *o.get();
+                if self.items.get(i).is_some_and(|(ik, _)| *ik == k) {
+                    Some(i)
+                } else {
+                    match self.spill.get(&k) {
+                        Some(&i) => Some(i),
+                        None => {
+                            self.spill.insert(k, n);
+                            None
+                        }
+                    }
+                }
+            }
+            // The key may sit in `spill` (another key held this digest when it came,
+            // and has gone since).
+            Slot::Vacant(v) => match (!self.spill.is_empty()).then(|| self.spill.get(&k)).flatten() {
+                Some(&i) => Some(i),
+                None => {
+                    v.insert(n);
+                    None
+                }
+            },
+        };
+        if let Some(i) = at
             && let Some((_, old)) = self.items.get_mut(i)
         {
             return Some(std::mem::replace(old, e));
-        }
-        let i = self.items.len();
-        let d = self.digest(&k);
-        match self.by_digest.entry(d) {
-            Slot::Vacant(v) => {
-                v.insert(i);
-            }
-            Slot::Occupied(_) => {
-                self.spill.insert(k, i);
-            }
         }
         self.items.push((k, e));
         None
