@@ -3,7 +3,7 @@
 //! Blocks live in one preallocated data file as 4 KiB-aligned extents, each a 4 KiB
 //! header (format version, full key, length, payload checksum) followed by the payload.
 //! An append-only journal of checksummed fixed-size records maps keys to extents and is
-//! compacted at open and whenever it grows past twice the live set. Reads check the
+//! compacted whenever it grows past twice the live set (checked at open too). Reads check the
 //! header key and the payload checksum and never return unverified bytes. I/O runs on
 //! io_uring threads, or on a pread/pwrite pool when io_uring is unavailable.
 //! See README.md for the format and the crash-safety argument.
