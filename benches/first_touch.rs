@@ -32,12 +32,8 @@ fn main() -> Result<(), String> {
             .filter(|&n| n > 0)
             .ok_or(format!("kind {k:?} must be shm, shm:K or anon"))?,
     };
-    let regions: Vec<(usize, usize)> = if files == 0 {
-        // Reserved, not yet touched: the kernel hands out zero pages on first write.
-        anon.reserve_exact(size);
-        vec![(anon.as_mut_ptr() as usize, anon.capacity())]
-    } else {
-        let each = size / files / 4096 * 4096;
+    let regions: Vec<(usize, usize)> = if let Some(each) = size.checked_div(files) {
+        let each = each / 4096 * 4096;
         for _ in 0..files {
             let fd = rustix::fs::memfd_create("first-touch", rustix::fs::MemfdFlags::CLOEXEC)
                 .map_err(|e| e.to_string())?;
@@ -45,11 +41,17 @@ fn main() -> Result<(), String> {
             maps.push(Mapping::map(&fd, each as u64, false).map_err(|e| e.to_string())?);
         }
         maps.iter().map(|m| (m.as_ptr() as usize, m.len())).collect()
+    } else {
+        // Reserved, not yet touched: the kernel hands out zero pages on first write.
+        anon.reserve_exact(size);
+        vec![(anon.as_mut_ptr() as usize, anon.capacity())]
     };
     const CHUNK: usize = 64 << 20;
     let chunks: Vec<(usize, usize)> = regions
         .iter()
-        .flat_map(|&(p, len)| (0..len.div_ceil(CHUNK)).map(move |c| (p + c * CHUNK, CHUNK.min(len - c * CHUNK))))
+        .flat_map(|&(p, len)| {
+            (0..len.div_ceil(CHUNK)).map(move |c| (p + c * CHUNK, CHUNK.min(len - c * CHUNK)))
+        })
         .collect();
     let len: usize = regions.iter().map(|r| r.1).sum();
     let next = AtomicUsize::new(0);
