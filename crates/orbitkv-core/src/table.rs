@@ -178,7 +178,8 @@ fn pair<K, V>(s: &Option<(K, V)>) -> Option<Pair<'_, K, V>> {
 impl<K: Hash + Eq, V> SlabMap<K, V> {
     /// Heap bytes (allocated capacity).
     pub(crate) fn heap_bytes(&self) -> u64 {
-        (self.slots.capacity() * std::mem::size_of::<Option<(K, V)>>() + self.free.capacity() * 4) as u64
+        // Slots past `len` were never written: address space, not memory.
+        (self.slots.len() * std::mem::size_of::<Option<(K, V)>>() + self.free.capacity() * 4) as u64
             + self.table.heap_bytes()
     }
 

@@ -57,6 +57,15 @@ impl Ghost {
         if self.hashes.len() as u64 >= MODULUS - 1 {
             self.pop_front();
         }
+        let w = weight.min(MAX_WEIGHT);
+        // Make room before the push: the same elements leave as when the new
+        // one is pushed first (an older element of the same hash is then
+        // unindexed here and indexed anew below: the same end state), and the
+        // rings never outgrow `limit` by one element (a reserved ring would
+        // grow by a quarter and, as it cycles, touch all of it).
+        while self.bytes + w > limit && !self.hashes.is_empty() {
+            self.pop_front();
+        }
         let number = ((self.head + self.hashes.len() as u64) % MODULUS) as u32 + 1;
         if self.hashes.len() == self.hashes.capacity() {
             // Grow by a quarter, not double: the history is the policy's largest part.
@@ -64,7 +73,6 @@ impl Ghost {
             self.hashes.reserve_exact(more);
             self.weights.reserve_exact(more);
         }
-        let w = weight.min(MAX_WEIGHT);
         self.hashes.push_back(hash);
         self.weights.push_back((w as u32) << 1 | u32::from(from_main));
         self.bytes += w;
@@ -82,6 +90,7 @@ impl Ghost {
                 self.indexed += 1;
             }
         }
+        // Only the new element itself, when it alone weighs more than `limit`.
         while self.bytes > limit && !self.hashes.is_empty() {
             self.pop_front();
         }

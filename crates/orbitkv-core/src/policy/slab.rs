@@ -43,6 +43,11 @@ impl<T> Slab<T> {
                     self.slots.len() < NIL as usize,
                     "policy slab beyond 2^32 - 1 slots"
                 );
+                if self.slots.len() == self.slots.capacity() {
+                    // A quarter, not double: at millions of entries a doubled
+                    // slab would be up to half spare.
+                    self.slots.reserve_exact(self.slots.len() / 4 + 16);
+                }
                 self.slots.push((UNLINKED, value));
                 self.slots.len() - 1
             }
@@ -61,7 +66,8 @@ impl<T> Slab<T> {
 
     /// Heap bytes (approximate: allocated capacity).
     pub(super) fn heap_bytes(&self) -> u64 {
-        crate::map::vec_bytes::<(Links, T)>(self.slots.capacity())
+        // Slots past `len` were never written: address space, not memory.
+        crate::map::vec_bytes::<(Links, T)>(self.slots.len())
             + crate::map::vec_bytes::<u32>(self.free.capacity())
     }
 
