@@ -236,11 +236,15 @@ fn full_ssd_filesystem_spills_fail_quietly_and_restart_serves() {
         assert_eq!(*n, 1u64 << i, "warnings are the 1st, 2nd, 4th …: {counts:?}");
     }
 
-    // Restart on the full disk: comes up, says once that compaction waits, serves chain A.
+    // Restart on the full disk: comes up and serves chain A. Its journal (16
+    // live records) is within the compaction limit, so it is kept and appended
+    // to, not rewritten: nothing needs disk space at open and nothing is
+    // deferred. (A journal past the limit on a full disk defers its rewrite,
+    // said once: orbitkv-ssd's tests/disk_full.rs.)
     let m2 = Manager::start(work.path(), "second", &ssd);
     restore_exact(&m2, &a, 0);
     let log2 = m2.kill();
-    assert_eq!(log2.matches("journal compaction deferred").count(), 1, "{log2}");
+    assert_eq!(log2.matches("journal compaction deferred").count(), 0, "{log2}");
     let mut names: Vec<String> = std::fs::read_dir(&ssd)
         .expect("list")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
