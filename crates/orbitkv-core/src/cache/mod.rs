@@ -353,8 +353,9 @@ impl CacheState {
         // The arena holds at most this many blocks of this size: room for them
         // in the index now, not a re-index of millions under the lock later.
         let fit = self.arena.capacity() / crate::arena::aligned_len(block_bytes);
-        self.index
-            .reserve_index(usize::try_from(fit).unwrap_or(usize::MAX));
+        let fit = usize::try_from(fit).unwrap_or(usize::MAX);
+        self.index.reserve_index(fit);
+        self.policy.get().reserve(fit);
         let id = NsId(u32::try_from(self.namespaces.len() + 1).unwrap_or(u32::MAX));
         self.namespaces.insert(id, NsInfo { key, block_bytes });
         self.ns_by_key.insert(key, id);

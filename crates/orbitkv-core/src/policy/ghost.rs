@@ -38,9 +38,10 @@ pub(super) struct Ghost {
 }
 
 impl Ghost {
-    /// Heap bytes (allocated capacity).
+    /// Heap bytes: the table's allocation; the rings count by the elements held: their room is reserved for what
+    /// the byte limit implies (`reserve`), so at steady state the two agree.
     pub(super) fn heap_bytes(&self) -> u64 {
-        (self.hashes.capacity() * 8 + self.weights.capacity() * 4 + self.table.capacity() * 4) as u64
+        (self.hashes.len() * 8 + self.weights.len() * 4 + self.table.capacity() * 4) as u64
     }
 
     /// Forget `hash`; `Some(from_main)` when it was remembered.
