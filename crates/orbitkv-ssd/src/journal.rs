@@ -333,7 +333,7 @@ mod tests {
                 } else if model.get(&r.key).is_some_and(|e| e.seq <= seq) {
                     model.remove(&r.key);
                 }
-                let d = if narrow { u64::from(k % 4) } else { u64::from(k) * 0x9e37_79b9_7f4a_7c15 };
+                let d = if narrow { u64::from(k % 4) } else { u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15) };
                 order.push((d, recs.len() as u32));
                 recs.push(r);
             }
