@@ -386,8 +386,62 @@ fn check(t: &SsdTier, o: &Opts, i: u64, buf: &mut Aligned, want: &mut [u8]) -> G
     }
 }
 
+/// Flags that take a value, and flags alone: anything else is refused, so a
+/// typo or `--help` never starts a fill of tens of GiB.
+const VALUE_FLAGS: &[&str] = &[
+    "--dir",
+    "--blocks",
+    "--block-bytes",
+    "--writers",
+    "--batch",
+    "--mode",
+    "--engine",
+    "--io-threads",
+    "--queue-depth",
+    "--sample",
+    "--verify",
+];
+const BARE_FLAGS: &[&str] = &[
+    "--no-sync",
+    "--keep",
+    "--child",
+    "--reopen-only",
+    "--no-header-reopen",
+];
+
+fn check_args(args: &[String]) -> Result<(), String> {
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if VALUE_FLAGS.contains(&a) {
+            if args.get(i + 1).is_none() {
+                return Err(format!("{a} needs a value"));
+            }
+            i += 2;
+        } else if BARE_FLAGS.contains(&a) || (i == 1 && !a.starts_with('-')) {
+            i += 1;
+        } else {
+            return Err(format!("unknown argument {a:?}"));
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Err(e) = check_args(&args) {
+        let usage: String = include_str!("ssd_scale.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .map(|l| format!("{}\n", l.trim_start_matches("//!").trim_start()))
+            .collect();
+        eprintln!("ssd_scale: {e}\n\n{usage}");
+        std::process::exit(if args.iter().any(|a| a == "--help" || a == "-h") {
+            0
+        } else {
+            2
+        });
+    }
     let o = parse(&args);
     if args.iter().any(|a| a == "--child") {
         child(&o);
