@@ -77,6 +77,16 @@ impl ArenaAllocator {
         &self.segment_sizes
     }
 
+    /// Usable bytes of the largest segment: no block may be larger (a block is
+    /// one extent of one segment).
+    pub fn largest_segment(&self) -> u64 {
+        self.segment_sizes
+            .iter()
+            .map(|s| s / ALIGN * ALIGN)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Allocate `bytes` (rounded up to [`ALIGN`]); `None` when no free extent fits.
     pub fn alloc(&mut self, bytes: u64) -> Option<Slot> {
         let len = aligned_len(bytes.max(1));

@@ -539,7 +539,9 @@ fn cache_code(e: &CacheError) -> ErrorCode {
     match e {
         CacheError::UnknownSession(_) | CacheError::SessionClosed(_) => ErrorCode::SessionClosed,
         CacheError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
-        CacheError::BlockBytesMismatch { .. } | CacheError::BadBlockBytes(_) => ErrorCode::InvalidArgument,
+        CacheError::BlockBytesMismatch { .. }
+        | CacheError::BadBlockBytes(_)
+        | CacheError::BlockLargerThanSegment { .. } => ErrorCode::InvalidArgument,
         CacheError::UnknownLease(_) | CacheError::UnknownSave(_) => ErrorCode::NotFound,
         CacheError::NotOwner { .. } => ErrorCode::NotOwner,
         CacheError::Busy { .. } => ErrorCode::Busy,

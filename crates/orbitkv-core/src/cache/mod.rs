@@ -78,6 +78,11 @@ pub enum CacheError {
     BlockBytesMismatch { existing: u64, requested: u64 },
     #[error("block_bytes must be between 1 and {MAX_BLOCK_BYTES}, got {0}")]
     BadBlockBytes(u64),
+    #[error(
+        "block_bytes {block_bytes} exceeds the largest arena segment ({segment} bytes): no block of this \
+         size could ever be stored; use smaller blocks or start the Manager with a larger --segment-size"
+    )]
+    BlockLargerThanSegment { block_bytes: u64, segment: u64 },
     #[error("unknown lease {0:?}")]
     UnknownLease(LeaseId),
     #[error("unknown pending save {0:?}")]
@@ -338,6 +343,10 @@ impl CacheState {
     ) -> Result<(NsId, u64), CacheError> {
         if block_bytes == 0 || block_bytes > MAX_BLOCK_BYTES {
             return Err(CacheError::BadBlockBytes(block_bytes));
+        }
+        let segment = self.arena.largest_segment();
+        if crate::arena::aligned_len(block_bytes) > segment {
+            return Err(CacheError::BlockLargerThanSegment { block_bytes, segment });
         }
         let generation = *self.generations.entry(key.fingerprint).or_insert(0);
         if let Some(&id) = self.ns_by_key.get(&key) {
