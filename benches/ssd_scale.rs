@@ -148,6 +148,18 @@ fn tier_cfg(o: &Opts, verify: RecoveryVerify) -> SsdConfig {
     c
 }
 
+/// Write the payloads of blocks `a .. a + n` into `buf` (one per `st` bytes)
+/// and return them keyed, ready for `write_batch`.
+fn fill_batch(buf: &mut Aligned, st: usize, a: u64, n: usize, block_bytes: usize) -> Vec<(SsdKey, &[u8])> {
+    for (j, chunk) in buf.as_mut().chunks_mut(st).take(n).enumerate() {
+        fill_payload(a + j as u64, &mut chunk[..block_bytes]);
+    }
+    let buf: &Aligned = buf;
+    (0..n)
+        .map(|j| (key(a + j as u64), &buf.as_ref()[j * st..j * st + block_bytes]))
+        .collect()
+}
+
 fn stride(block_bytes: usize) -> usize {
     block_bytes.next_multiple_of(4096)
 }
@@ -167,12 +179,7 @@ fn write_range(t: &SsdTier, o: &Opts, lo: u64, hi: u64, done: &AtomicU64, failed
                     }
                     let b = (a + o.batch as u64).min(hi);
                     let n = (b - a) as usize;
-                    for (j, chunk) in buf.as_mut().chunks_mut(st).take(n).enumerate() {
-                        fill_payload(a + j as u64, &mut chunk[..o.block_bytes]);
-                    }
-                    let items: Vec<(SsdKey, &[u8])> = (0..n)
-                        .map(|j| (key(a + j as u64), &buf.as_ref()[j * st..j * st + o.block_bytes]))
-                        .collect();
+                    let items = fill_batch(&mut buf, st, a, n, o.block_bytes);
                     for (j, r) in t.write_batch(&items).into_iter().enumerate() {
                         if let Err(e) = r {
                             eprintln!("write of block {} failed: {e}", a + j as u64);
@@ -232,12 +239,7 @@ fn child(o: &Opts) {
     while a < o.blocks + TAIL_BLOCKS {
         let b = (a + o.batch as u64).min(o.blocks + TAIL_BLOCKS);
         let n = (b - a) as usize;
-        for (j, chunk) in buf.as_mut().chunks_mut(st).take(n).enumerate() {
-            fill_payload(a + j as u64, &mut chunk[..o.block_bytes]);
-        }
-        let items: Vec<(SsdKey, &[u8])> = (0..n)
-            .map(|j| (key(a + j as u64), &buf.as_ref()[j * st..j * st + o.block_bytes]))
-            .collect();
+        let items = fill_batch(&mut buf, st, a, n, o.block_bytes);
         let _ = writeln!(out, "B {a} {b}");
         let _ = out.flush();
         let ok = t.write_batch(&items).iter().all(|r| r.is_ok());
