@@ -98,13 +98,7 @@ impl SlotTable {
                 break;
             }
             let k = self.home((b >> 32) as u32);
-            // `b` stays unless its home lies cyclically outside (at, j].
-            let stays = if at <= j {
-                at < k && k <= j
-            } else {
-                at < k || k <= j
-            };
-            if !stays {
+            if !home_in(at, k, j) {
                 self.buckets[at] = b;
                 self.buckets[j] = EMPTY;
                 at = j;
@@ -262,10 +256,30 @@ impl<'m, K: Hash + Eq, V> IntoIterator for &'m SlabMap<K, V> {
     }
 }
 
+/// Backward-shift deletion in a linear-probing table: whether an entry whose
+/// home is `k`, found at `j` while closing the hole at `at`, may stay where it
+/// is (its home lies cyclically in `(at, j]`, so moving it to `at` would put it
+/// before its home).
+pub(crate) fn home_in(at: usize, k: usize, j: usize) -> bool {
+    if at <= j {
+        at < k && k <= j
+    } else {
+        at < k || k <= j
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// One xorshift64 step: the tests' cheap deterministic stream.
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
 
     #[test]
     fn behaves_like_a_hash_map() {
@@ -277,9 +291,7 @@ mod tests {
         let hash = |k: u64| (k % 97) << 40 | k;
         let mut x = 0x2545_f491_4f6c_dd1d_u64;
         for step in 0..200_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             let k = (x >> 16) % 5000;
             let found = t.get(hash(k), |s| keys[s] == Some(k));
             assert_eq!(found, reference.get(&k).copied(), "step {step}");
@@ -311,9 +323,7 @@ mod tests {
         let mut reference: HashMap<u64, u64> = HashMap::new();
         let mut x = 0x9e37_79b9_7f4a_7c15_u64;
         for step in 0..100_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             let k = (x >> 16) % 3000;
             match x % 4 {
                 0 | 1 => assert_eq!(m.insert(k, step), reference.insert(k, step)),

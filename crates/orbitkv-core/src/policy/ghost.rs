@@ -172,12 +172,7 @@ impl Ghost {
             }
             let k = self.home(self.hashes[self.offset(v)]);
             // Move `v` back to `at` unless its home lies cyclically in (at, j].
-            let stays = if at <= j {
-                at < k && k <= j
-            } else {
-                at < k || k <= j
-            };
-            if !stays {
+            if !crate::table::home_in(at, k, j) {
                 self.table[at] = v;
                 self.table[j] = EMPTY;
                 at = j;
