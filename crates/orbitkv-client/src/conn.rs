@@ -233,14 +233,20 @@ fn check_server(stream: &UnixStream, path: &Path, trusted: Option<u32>) -> Resul
     )))
 }
 
-/// Read one whole frame and the fds that arrived with its bytes.
-fn recv_frame_with_fds(stream: &UnixStream) -> std::io::Result<(Header, Vec<u8>, Vec<OwnedFd>)> {
+/// Read one whole frame and the fds that arrived with its bytes. A header this
+/// build cannot read (another protocol version) is a `Protocol` error, as on
+/// any other frame; a socket failure is `Unavailable`, its text after `what`.
+fn recv_frame_with_fds(
+    stream: &UnixStream,
+    what: impl Fn(&std::io::Error) -> String,
+) -> Result<(Header, Vec<u8>, Vec<OwnedFd>), ClientError> {
+    let io = |e: std::io::Error| ClientError::Unavailable(what(&e));
     let mut raw = [0u8; HEADER_LEN];
-    let mut fds = recv_with_fds(stream, &mut raw)?;
-    let header = Header::decode(&raw).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut fds = recv_with_fds(stream, &mut raw).map_err(io)?;
+    let header = Header::decode(&raw).map_err(|e| ClientError::Protocol(e.to_string()))?;
     let mut body = vec![0u8; header.len as usize];
     if !body.is_empty() {
-        fds.extend(recv_with_fds(stream, &mut body)?);
+        fds.extend(recv_with_fds(stream, &mut body).map_err(io)?);
     }
     Ok((header, body, fds))
 }
@@ -255,14 +261,14 @@ fn map_segments(
 ) -> Result<Vec<SegmentView>, ClientError> {
     let mut maps: Vec<SegmentView> = Vec::with_capacity(segments.len());
     while maps.len() < segments.len() {
-        let (header, body, fds) = recv_frame_with_fds(stream).map_err(|e| {
-            ClientError::Unavailable(format!(
+        let (header, body, fds) = recv_frame_with_fds(stream, |e| {
+            format!(
                 "handshake with {} failed after {} of {} arena segments: {e}{}",
                 path.display(),
                 maps.len(),
                 segments.len(),
-                fd_hint(&e)
-            ))
+                fd_hint(e)
+            )
         })?;
         let (first, count) = match decode_response(header.kind, &body) {
             Ok(Response::ArenaFds { first, count }) => (first as usize, count as usize),
@@ -356,8 +362,8 @@ impl Conn {
             return Err(io_err(e));
         }
 
-        let (header, body, mut fds) = recv_frame_with_fds(&stream).map_err(|e| {
-            ClientError::Unavailable(format!("handshake with {} failed: {e}", path.display()))
+        let (header, body, mut fds) = recv_frame_with_fds(&stream, |e| {
+            format!("handshake with {} failed: {e}", path.display())
         })?;
         let resp = decode_response(header.kind, &body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let (session, segments, presence_slots) = match resp {
