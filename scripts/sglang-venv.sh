@@ -22,6 +22,9 @@
 #   4. ninja (SGLang JIT-builds its SHA-256 page-hash extension on first use; that
 #      needs g++ and the OpenSSL headers from the system).
 set -euo pipefail
+# The venv is the cache: a second copy of every wheel in pip's own cache (several GB per
+# torch stack) is what filled the CI disk before the last pin could be built.
+export PIP_NO_CACHE_DIR="${PIP_NO_CACHE_DIR:-1}"
 
 SGLANG_PIN="${ORBITKV_SGLANG_PIN:-0.5.21}"
 PIN_CLOSURE=()
@@ -89,7 +92,7 @@ command -v g++ >/dev/null 2>&1 \
 mkdir -p "$(dirname "$VENV")"
 avail_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print $4}')"
 if [[ -n "$avail_kb" ]] && (( avail_kb < 10 * 1024 * 1024 )); then
-    fail "needs ~8 GB free under $(dirname "$VENV") (only $((avail_kb / 1024)) MiB free)"
+    fail "needs 10 GiB free under $(dirname "$VENV") (the venv takes 5-6 GB and pip unpacks beside it; only $((avail_kb / 1024)) MiB free)"
 fi
 if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
     fail "$VENV exists and is not a virtual environment; refusing to replace it"

@@ -5,10 +5,10 @@
 #   3. Python: ruff, source-only tests, real-process tests through the wheel
 #      (as root, 8 huge pages are reserved for the run when fewer are free)
 #   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0), each in its
-#      own cached venv under .cache/venvs, git-ignored (8.4 GB each; a cold build of
-#      both took ~15 min on this 2-core box) — see docs/adapters.md
+#      own cached venv under .cache/venvs, git-ignored (8.5 / 9.5 GB; a cold build of
+#      both took ~8 min on this 2-core box; pip keeps no second copy of the wheels) — see docs/adapters.md
 #   5. the SGLang adapter suite on each qualified pin (0.5.21, 0.5.23), each in its own
-#      cached venv (~5-6 min / 5-6 GB each the first time) — see docs/adapters.md
+#      cached venv (~2-4 min / 5.3 and 6.0 GB the first time) — see docs/adapters.md
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
 cd "$ROOT"

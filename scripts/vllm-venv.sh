@@ -12,6 +12,9 @@
 # A stamp file records a completed install; an interrupted install is rebuilt.
 # Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
 set -euo pipefail
+# The venv is the cache: a second copy of every wheel in pip's own cache (several GB per
+# torch stack) is what filled the CI disk before the last pin could be built.
+export PIP_NO_CACHE_DIR="${PIP_NO_CACHE_DIR:-1}"
 
 # The qualified pins; python/orbitkv/vllm/compat/ has one module per pin.
 QUALIFIED_PINS=(0.31.0 0.33.0)
@@ -63,13 +66,13 @@ esac
 mkdir -p "$(dirname "$VENV")"
 avail_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print $4}')"
 if [[ -n "$avail_kb" ]] && (( avail_kb < 10 * 1024 * 1024 )); then
-    fail "needs ~9 GB free under $(dirname "$VENV") (only $((avail_kb / 1024)) MiB free)"
+    fail "needs 10 GiB free under $(dirname "$VENV") (the venv takes 8.5-9.5 GB; only $((avail_kb / 1024)) MiB free)"
 fi
 
 if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
     fail "$VENV exists and is not a virtual environment; refusing to replace it"
 fi
-echo "vllm-venv: building $VENV (vllm==$VLLM_PIN, ~3 min, ~8.4 GB)" >&2
+echo "vllm-venv: building $VENV (vllm==$VLLM_PIN, ~4 min, 8.5-9.5 GB)" >&2
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV" || fail "python -m venv failed"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2 || fail "pip upgrade failed (is PyPI reachable?)"
