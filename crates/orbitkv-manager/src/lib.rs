@@ -3,7 +3,7 @@
 //! Threads: an accept loop on the Unix socket, one thread per session, a
 //! quarantine reaper, and the loopback metrics endpoint. Cache policy lives in
 //! `orbitkv_core::CacheState` behind one mutex; this crate adds I/O only.
-#![deny(unsafe_code)] // allowed only in `tier.rs`, for arena slices handed to the SSD engine, and `checksum.rs`, for AVX2 intrinsics
+#![deny(unsafe_code)] // allowed only in `tier/ssd.rs` and `tier/peer_slots.rs`, for arena slices handed to the SSD engine and to peer transfers, and `checksum.rs`, for AVX2 intrinsics
 
 pub mod checksum;
 pub mod config;

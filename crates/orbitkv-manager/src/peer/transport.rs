@@ -1,6 +1,6 @@
 //! Manager↔Manager connections: TCP, plain on literal loopback, mutual TLS
 //! (rustls, TLS 1.3 only, ring provider) when TLS files are configured. The
-//! config refuses any other address without TLS files (`config::peer_settings`).
+//! config refuses any other address without TLS files (`config::peer::peer_settings`).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};

@@ -1,0 +1,268 @@
+//! The sources of the settings: the command line of `orbitkv serve` (with its
+//! `ORBITKV_*` environment variables) and the keys of the TOML file.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// Command line of `orbitkv serve` / `orbitkv-manager`.
+#[derive(Debug, Parser, Default)]
+#[command(
+    name = "orbitkv serve",
+    about = "Run the OrbitKV Manager (one per host).",
+    after_help = "Limits, each checked at start-up (a clear error names the flag to change; \
+docs/operations.md, Limits):\n  \
+- at most 16384 arena segments (--segment-size; auto keeps at most 64)\n  \
+- open files: segments + 2 x --max-connections + 256 within the hard RLIMIT_NOFILE \
+(the soft limit is raised to it)\n  \
+- vm.max_map_count: segments + 8192 mappings in every process that maps the arena\n  \
+- huge pages: dram_size / page size free pages of that size (--hugepages)\n  \
+- a client needs 32 free file descriptors during its handshake, whatever the segment count"
+)]
+pub struct Args {
+    /// Unix socket path [default: $XDG_RUNTIME_DIR/orbitkv/manager.sock or /tmp/orbitkv-<uid>/manager.sock]
+    #[arg(long, env = "ORBITKV_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Total DRAM arena size, e.g. 4GiB [default: 1GiB]
+    #[arg(long, env = "ORBITKV_DRAM_SIZE")]
+    pub dram_size: Option<String>,
+    /// Arena segment size, or "auto": 256MiB, larger for arenas above 16GiB so there are at most
+    /// 64 segments (rounded to whole huge pages). At most 16384 segments: a smaller size is
+    /// refused at start-up [default: auto]
+    #[arg(long, env = "ORBITKV_SEGMENT_SIZE")]
+    pub segment_size: Option<String>,
+    /// Back the arena with reserved huge pages: off, 2MiB or 1GiB (reserve them first, e.g.
+    /// `sysctl vm.nr_hugepages`; too few free is an error) [default: off]
+    #[arg(long, env = "ORBITKV_HUGEPAGES")]
+    pub hugepages: Option<String>,
+    /// Prometheus endpoint address (loopback only), or "off" [default: 127.0.0.1:9464]
+    #[arg(long, env = "ORBITKV_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// File holding a shared token every client must present
+    #[arg(long, env = "ORBITKV_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Also accept peers with this uid (requires --token-file)
+    #[arg(long = "allow-uid")]
+    pub allow_uid: Vec<u32>,
+    /// Socket file mode, octal [default: 600]
+    #[arg(long)]
+    pub socket_mode: Option<String>,
+    /// Most client connections served at once (one thread each); more are refused with Busy
+    /// [default: 1024]
+    #[arg(long, env = "ORBITKV_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Most bytes of incomplete frame bodies buffered across all connections, beyond the first
+    /// 64 KiB of each frame; a frame that needs more is answered Busy and its connection closed
+    /// [default: 64MiB]
+    #[arg(long, env = "ORBITKV_MAX_BUFFERED")]
+    pub max_buffered_bytes: Option<String>,
+    /// A new connection must deliver its whole Hello within this many milliseconds of being
+    /// accepted (an absolute deadline) [default: 5000]
+    #[arg(long)]
+    pub hello_timeout_ms: Option<u64>,
+    /// Once a frame's first byte has arrived, the whole frame must arrive within this many
+    /// milliseconds (an idle connection between frames has no deadline) [default: 10000]
+    #[arg(long)]
+    pub frame_timeout_ms: Option<u64>,
+    /// After answering a request, a session's thread polls its socket for up to this many
+    /// microseconds before it sleeps: a client's next message (a quiet release, the next
+    /// lookup) then costs no wake-up, for CPU spent polling. 0 to 1000 [default: 0]
+    #[arg(long)]
+    pub session_spin_us: Option<u64>,
+    /// Accept InjectFault requests (tests only)
+    #[arg(long)]
+    pub enable_fault_injection: bool,
+    /// Accept tensor-parallel query control: one TP lookup over every shard of a TP
+    /// group, its lease redeemed by each rank's worker (contract T1) [default: off]
+    #[arg(long)]
+    pub enable_query_control: bool,
+    /// A TP lease whose parts are not all redeemed within this many milliseconds
+    /// releases the rest (a rank died before loading) [default: 300000]
+    #[arg(long)]
+    pub tp_lease_ttl_ms: Option<u64>,
+    /// Enable the SSD tier in this directory (must not be tmpfs in direct mode)
+    #[arg(long, env = "ORBITKV_SSD_DIR")]
+    pub ssd_dir: Option<PathBuf>,
+    /// Enable the SSD tier in the default directory ($XDG_CACHE_HOME/orbitkv/ssd or ~/.cache/orbitkv/ssd)
+    #[arg(long)]
+    pub ssd: bool,
+    /// SSD tier capacity (preallocated; checked against free space) [default: 16GiB]
+    #[arg(long, env = "ORBITKV_SSD_CAPACITY")]
+    pub ssd_capacity: Option<String>,
+    /// SSD I/O mode: direct (O_DIRECT) or kernel (buffered) [default: direct]
+    #[arg(long, env = "ORBITKV_SSD_MODE")]
+    pub ssd_mode: Option<String>,
+    /// SSD I/O engine: auto (io_uring, psync fallback reported in status), uring, psync [default: auto]
+    #[arg(long, env = "ORBITKV_SSD_ENGINE")]
+    pub ssd_engine: Option<String>,
+    /// Spill a DRAM block to SSD only once it was hit this many times (a block saved again
+    /// after eviction counts one hit) [default: 0]
+    #[arg(long)]
+    pub ssd_admit_hits: Option<u32>,
+    /// When to write to SSD: evict (blocks about to be evicted) or eager (every admitted block,
+    /// write-behind; a restart recovers more) [default: evict]
+    #[arg(long)]
+    pub ssd_write_policy: Option<String>,
+    /// Which DRAM blocks leave first: duel, s3fifo-adaptive, s3fifo, s3fifo-chain, lru,
+    /// lru-chain or tinylfu (docs/performance.md compares them on traces) [default: duel]
+    #[arg(long, env = "ORBITKV_CACHE_POLICY")]
+    pub cache_policy: Option<String>,
+    /// Seed of the policy's random choices (a u64; `duel`'s key sample, `tinylfu`'s sketch
+    /// hash): the same seed decides the same in every run, for reproducible measurements.
+    /// Unset, the seed is random per process, so clients cannot aim keys at the sample
+    /// [default: random]
+    #[arg(long, env = "ORBITKV_CACHE_POLICY_SEED")]
+    pub cache_policy_seed: Option<u64>,
+    /// Slots of the presence table clients read to answer "certainly absent" without a
+    /// message: a power of two (1024..=268435456), `auto` (twice the 4 KiB extents of DRAM
+    /// and SSD: it cannot fill up) or `off` [default: auto]
+    #[arg(long, env = "ORBITKV_PRESENCE_SLOTS")]
+    pub presence_slots: Option<String>,
+    /// Serve this Manager's blocks to peer Managers on this TCP address (host:port). Only a
+    /// literal loopback address (127.0.0.0/8, [::1]) runs without TLS; any other needs
+    /// --peer-tls-cert/--peer-tls-key/--peer-tls-ca (mutual TLS) [default: off]
+    #[arg(long, env = "ORBITKV_PEER_LISTEN")]
+    pub peer_listen: Option<String>,
+    /// A peer Manager to ask on a local miss (host:port of its --peer-listen); repeatable.
+    /// Anything but a literal loopback address needs mutual TLS
+    #[arg(long = "peer")]
+    pub peer: Vec<String>,
+    /// PEM certificate chain this Manager presents to peers (mutual TLS)
+    #[arg(long, env = "ORBITKV_PEER_TLS_CERT")]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// PEM private key of --peer-tls-cert (mode 0600 or tighter)
+    #[arg(long, env = "ORBITKV_PEER_TLS_KEY")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) a peer's certificate must chain to (both directions)
+    #[arg(long, env = "ORBITKV_PEER_TLS_CA")]
+    pub peer_tls_ca: Option<PathBuf>,
+    /// Deadline of one peer operation (connect, a frame, the bytes of one fetch, the
+    /// reader's completion report) in milliseconds [default: 5000]
+    #[arg(long)]
+    pub peer_timeout_ms: Option<u64>,
+    /// etcd v3 endpoints for membership, comma-separated: http://IP:port on literal loopback
+    /// only, or https://HOST:PORT (needs --etcd-tls-ca); peers register under --etcd-prefix
+    /// with a lease [default: off]
+    #[arg(long, env = "ORBITKV_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Option<String>,
+    /// PEM CA certificate(s) the etcd server's certificate must chain to (https endpoints)
+    #[arg(long, env = "ORBITKV_ETCD_TLS_CA")]
+    pub etcd_tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain presented to etcd (with --etcd-tls-key; for etcd's
+    /// --client-cert-auth)
+    #[arg(long, env = "ORBITKV_ETCD_TLS_CERT")]
+    pub etcd_tls_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-tls-cert (mode 0600 or tighter)
+    #[arg(long, env = "ORBITKV_ETCD_TLS_KEY")]
+    pub etcd_tls_key: Option<PathBuf>,
+    /// Key prefix of the membership records in etcd [default: /orbitkv/]
+    #[arg(long)]
+    pub etcd_prefix: Option<String>,
+    /// TTL in seconds of this Manager's etcd lease (kept alive at a third of it) [default: 10]
+    #[arg(long)]
+    pub etcd_ttl_s: Option<u64>,
+    /// Address other Managers reach this one's --peer-listen at, registered in etcd
+    /// [default: the --peer-listen address]
+    #[arg(long)]
+    pub peer_advertise: Option<String>,
+    /// Tensor parallelism across Managers (contract T1): the worker of TP shard SHARD
+    /// (its TP rank) is a client of the peer Manager at HOST:PORT (its --peer-listen), given
+    /// as SHARD=HOST:PORT; repeatable. A TP lookup here pins those shards there. Needs
+    /// --enable-query-control; anything but literal loopback needs mutual TLS [default: none]
+    #[arg(long = "tp-shard-peer")]
+    pub tp_shard_peer: Vec<String>,
+    /// Most queries to peer Managers in flight at once for one TP lookup [default: 8]
+    #[arg(long)]
+    pub tp_peer_parallel: Option<usize>,
+    /// On a local miss with several peers to ask: probe at most this many at once and
+    /// fetch from the longest hit; 1 asks them one at a time [default: 4]
+    #[arg(long)]
+    pub peer_fill_parallel: Option<usize>,
+    /// Checksum peer transfers of 4 MiB or more on a helper thread while the next
+    /// block moves: on, off, or auto (on with 4 or more CPUs available) [default: auto]
+    #[arg(long)]
+    pub peer_hash_thread: Option<String>,
+    /// Split a fetch from one peer of 16 MiB or more over up to this many connections
+    /// (ranges of at least 8 MiB, received in parallel, committed together) [default: 4 with
+    /// 8 or more CPUs available, else 1]
+    #[arg(long)]
+    pub peer_fill_streams: Option<usize>,
+    /// TOML config file (keys as the long flags with underscores)
+    #[arg(long, env = "ORBITKV_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log level: error, warn, info, debug
+    #[arg(long, env = "ORBITKV_LOG")]
+    pub log_level: Option<String>,
+}
+
+/// The keys of the `--config` TOML file (those of the long flags, with underscores).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileConfig {
+    pub(super) socket: Option<PathBuf>,
+    pub(super) dram_size: Option<String>,
+    pub(super) segment_size: Option<String>,
+    pub(super) hugepages: Option<String>,
+    pub(super) metrics_addr: Option<String>,
+    pub(super) token_file: Option<PathBuf>,
+    pub(super) allow_uid: Option<Vec<u32>>,
+    pub(super) socket_mode: Option<String>,
+    pub(super) enable_fault_injection: Option<bool>,
+    pub(super) enable_query_control: Option<bool>,
+    pub(super) tp_lease_ttl_ms: Option<u64>,
+    pub(super) max_connections: Option<usize>,
+    pub(super) max_buffered_bytes: Option<String>,
+    pub(super) hello_timeout_ms: Option<u64>,
+    pub(super) frame_timeout_ms: Option<u64>,
+    pub(super) session_spin_us: Option<u64>,
+    pub(super) log_level: Option<String>,
+    pub(super) ssd_dir: Option<PathBuf>,
+    pub(super) ssd: Option<bool>,
+    pub(super) ssd_capacity: Option<String>,
+    pub(super) ssd_mode: Option<String>,
+    pub(super) ssd_engine: Option<String>,
+    pub(super) ssd_admit_hits: Option<u32>,
+    pub(super) ssd_write_policy: Option<String>,
+    pub(super) presence_slots: Option<String>,
+    pub(super) cache_policy: Option<String>,
+    pub(super) cache_policy_seed: Option<u64>,
+    pub(super) peer_listen: Option<String>,
+    pub(super) peer: Option<Vec<String>>,
+    pub(super) peer_tls_cert: Option<PathBuf>,
+    pub(super) peer_tls_key: Option<PathBuf>,
+    pub(super) peer_tls_ca: Option<PathBuf>,
+    pub(super) peer_timeout_ms: Option<u64>,
+    pub(super) etcd_endpoints: Option<String>,
+    pub(super) etcd_tls_ca: Option<PathBuf>,
+    pub(super) etcd_tls_cert: Option<PathBuf>,
+    pub(super) etcd_tls_key: Option<PathBuf>,
+    pub(super) etcd_prefix: Option<String>,
+    pub(super) etcd_ttl_s: Option<u64>,
+    pub(super) peer_advertise: Option<String>,
+    pub(super) tp_shard_peer: Option<Vec<String>>,
+    pub(super) tp_peer_parallel: Option<usize>,
+    pub(super) peer_fill_parallel: Option<usize>,
+    pub(super) peer_hash_thread: Option<String>,
+    pub(super) peer_fill_streams: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_help_names_every_start_up_limit() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        for limit in [
+            "16384 arena segments",
+            "RLIMIT_NOFILE",
+            "vm.max_map_count",
+            "huge pages",
+            "32 free file descriptors",
+        ] {
+            assert!(help.contains(limit), "--help does not name {limit:?}:\n{help}");
+        }
+    }
+}

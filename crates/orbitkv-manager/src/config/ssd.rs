@@ -1,0 +1,76 @@
+//! SSD-tier settings: the directory (`--ssd-dir`, or the default one with
+//! `--ssd`), capacity, I/O mode and engine, admission and write policy.
+
+use std::path::PathBuf;
+
+use super::{ConfigError, parse_size};
+
+/// Validated SSD-tier settings.
+#[derive(Debug, Clone)]
+pub struct SsdSettings {
+    pub dir: PathBuf,
+    pub capacity: u64,
+    pub mode: orbitkv_ssd::IoMode,
+    pub engine: orbitkv_ssd::EnginePref,
+    pub admit_hits: u32,
+    pub write_policy: orbitkv_core::SpillPolicy,
+}
+
+pub(super) fn default_ssd_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    base.join("orbitkv").join("ssd")
+}
+
+/// Validated SSD-tier settings for `dir`, from the other `ssd_*` settings
+/// (flag or file; unset: the defaults).
+pub(super) fn settings(
+    dir: PathBuf,
+    capacity: Option<String>,
+    mode: Option<String>,
+    engine: Option<String>,
+    admit_hits: Option<u32>,
+    write_policy: Option<String>,
+) -> Result<SsdSettings, ConfigError> {
+    let capacity = parse_size(capacity.as_deref().unwrap_or("16GiB"))?;
+    let mode = match mode.as_deref().unwrap_or("direct") {
+        "direct" => orbitkv_ssd::IoMode::Direct,
+        "kernel" => orbitkv_ssd::IoMode::Kernel,
+        m => {
+            return Err(ConfigError::Invalid(format!(
+                "ssd_mode {m:?} must be direct or kernel"
+            )));
+        }
+    };
+    let engine = match engine.as_deref().unwrap_or("auto") {
+        "auto" => orbitkv_ssd::EnginePref::Auto,
+        "uring" | "io_uring" => orbitkv_ssd::EnginePref::Uring,
+        "psync" => orbitkv_ssd::EnginePref::Psync,
+        e => {
+            return Err(ConfigError::Invalid(format!(
+                "ssd_engine {e:?} must be auto, uring or psync"
+            )));
+        }
+    };
+    let admit_hits = admit_hits.unwrap_or(0);
+    let write_policy = match write_policy.as_deref().unwrap_or("evict") {
+        "evict" => orbitkv_core::SpillPolicy::Evict,
+        "eager" => orbitkv_core::SpillPolicy::Eager,
+        p => {
+            return Err(ConfigError::Invalid(format!(
+                "ssd_write_policy {p:?} must be evict or eager"
+            )));
+        }
+    };
+    Ok(SsdSettings {
+        dir,
+        capacity,
+        mode,
+        engine,
+        admit_hits,
+        write_policy,
+    })
+}

@@ -1,0 +1,297 @@
+//! The answer to each kind of request of a session: namespaces, lookups (with a
+//! peer fill on a local miss), restores (staging SSD-only blocks first), saves,
+//! releases, generations, stats and fault injection.
+
+use std::sync::atomic::Ordering;
+
+use orbitkv_core::{
+    AcquireStep, CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionId,
+};
+use orbitkv_proto::{ErrorCode, Request, Response, SaveItem};
+
+use crate::shared::{ServerCounters, Shared};
+use crate::stats;
+
+/// `ReleaseQuiet`: release each lease as `Release` would, answer nothing. A
+/// lease that cannot be released (already ended, another session's) is
+/// counted and logged; the client asked not to wait, so it is not told.
+pub(super) fn release_quiet(shared: &Shared, s: SessionId, pid: i32, leases: &[u64]) {
+    for &l in leases {
+        ServerCounters::inc(&shared.counters.quiet_releases);
+        if let Err(e) = release(shared, s, LeaseId(l)) {
+            let n = ServerCounters::inc(&shared.counters.quiet_release_failures);
+            warn_sampled!(n, "session {} (pid {pid}): quiet release of lease {l}: {e}", s.0);
+        }
+    }
+}
+
+/// Release one lease: the shared-lock path when ending it frees nothing.
+fn release(shared: &Shared, s: SessionId, l: LeaseId) -> Result<(), CacheError> {
+    // Bound first: the shared guard must be gone before the exclusive path
+    // below takes the lock (a match scrutinee's temporaries live to its end).
+    let fast = shared.cache_shared().try_release_shared(s, l);
+    match fast {
+        Ok(true) => Ok(()),
+        // A doomed block to reap or a TP part to end: the exclusive path.
+        Ok(false) => shared.cache().release(s, l),
+        Err(e) => Err(e),
+    }
+}
+
+fn cache_code(e: &CacheError) -> ErrorCode {
+    match e {
+        CacheError::UnknownSession(_) | CacheError::SessionClosed(_) => ErrorCode::SessionClosed,
+        CacheError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+        CacheError::BlockBytesMismatch { .. }
+        | CacheError::BadBlockBytes(_)
+        | CacheError::BlockLargerThanSegment { .. } => ErrorCode::InvalidArgument,
+        CacheError::UnknownLease(_) | CacheError::UnknownSave(_) => ErrorCode::NotFound,
+        CacheError::NotOwner { .. } => ErrorCode::NotOwner,
+        CacheError::Busy { .. } => ErrorCode::Busy,
+        CacheError::NoStagingSpace { .. } => ErrorCode::RestoreFailed,
+        CacheError::TpGroup(_) => ErrorCode::InvalidArgument,
+        CacheError::UnknownTpLease => ErrorCode::NotFound,
+    }
+}
+
+pub(super) fn map(r: Result<Response, CacheError>) -> Response {
+    r.unwrap_or_else(|e| Response::error(cache_code(&e), e.to_string()))
+}
+
+pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
+    match req {
+        Request::Hello { .. } => Response::error(ErrorCode::BadFrame, "Hello sent twice"),
+        Request::RegisterNamespace {
+            fingerprint,
+            shard,
+            salt,
+            block_bytes,
+        } => {
+            let key = NamespaceKey {
+                fingerprint: Fingerprint(fingerprint),
+                shard,
+                salt,
+            };
+            map(shared
+                .cache()
+                .register_namespace(key, block_bytes)
+                .map(|(ns, generation)| Response::Namespace {
+                    ns: ns.0,
+                    generation,
+                    presence_key: shared.presence.as_ref().map_or([0; 16], |p| p.namespace_key(ns)),
+                }))
+        }
+        Request::Lookup { ns, hashes } => {
+            map(lookup(shared, s, NsId(ns), &hashes).map(|r| Response::LookupOk {
+                lease: r.lease.map_or(0, |l| l.0),
+                hit_blocks: r.hit_blocks,
+                generation: r.generation,
+                ssd_blocks: r.ssd_blocks,
+            }))
+        }
+        Request::Acquire { lease } => {
+            if let Some(resp) = acquire_from_dram(shared, s, lease) {
+                return resp;
+            }
+            let mut cache = shared.cache();
+            let injected = shared
+                .restore_faults
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if injected {
+                // Nothing was handed out, so no copy can be in flight: retire now.
+                ServerCounters::inc(&shared.counters.restore_failures_injected);
+                let released = cache.release(s, LeaseId(lease));
+                return match released {
+                    Ok(()) => Response::error(
+                        ErrorCode::RestoreFailed,
+                        format!("restore of lease {lease} failed: injected fault; lease released"),
+                    ),
+                    Err(e) => map(Err(e)),
+                };
+            }
+            drop(cache);
+            acquire(shared, s, LeaseId(lease))
+        }
+        Request::Release { lease } => map(release(shared, s, LeaseId(lease)).map(|_| Response::Ok)),
+        Request::BeginSave { ns, hashes } => {
+            map(shared
+                .cache()
+                .begin_save(s, NsId(ns), &hashes)
+                .map(|(id, st)| Response::SaveBegun {
+                    save: id.0,
+                    items: st
+                        .into_iter()
+                        .map(|x| match x {
+                            SaveStatus::Allocated(slot) => SaveItem::Allocated {
+                                segment: slot.segment,
+                                offset: slot.offset,
+                            },
+                            SaveStatus::Present => SaveItem::Present,
+                            SaveStatus::Refused => SaveItem::Refused,
+                        })
+                        .collect(),
+                }))
+        }
+        Request::CommitSave { save } => {
+            let mut cache = shared.cache();
+            let injected = shared
+                .commit_faults
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if injected {
+                ServerCounters::inc(&shared.counters.commit_failures_injected);
+                return match cache.abort_save(s, SaveId(save)) {
+                    Ok(()) => Response::error(
+                        ErrorCode::SaveFailed,
+                        format!(
+                            "commit of save {save} failed: injected fault; the save was aborted, nothing became visible"
+                        ),
+                    ),
+                    Err(e) => map(Err(e)),
+                };
+            }
+            map(cache
+                .commit_save(s, SaveId(save))
+                .map(|blocks| Response::Committed { blocks }))
+        }
+        Request::AbortSave { save } => map(shared.cache().abort_save(s, SaveId(save)).map(|_| Response::Ok)),
+        Request::ResetGeneration { ns } => {
+            let mut cache = shared.cache();
+            let r = cache.bump_generation(NsId(ns));
+            if let Ok(g) = &r {
+                log!(Info, "namespace {ns}: moved to generation {g}");
+                if let Some(ssd) = &shared.config.ssd {
+                    // Durable before the reply: a restart must never serve the old generation.
+                    if let Err(e) = crate::tier::persist_generations(&ssd.dir, &cache.generation_table()) {
+                        log!(Error, "persisting generations in {}: {e}", ssd.dir.display());
+                        return Response::error(
+                            ErrorCode::Internal,
+                            format!(
+                                "generation {g} applied but not persisted in {}: {e}",
+                                ssd.dir.display()
+                            ),
+                        );
+                    }
+                }
+            }
+            map(r.map(|generation| Response::Generation { generation }))
+        }
+        Request::Stats => Response::StatsOk {
+            json: stats::json(shared),
+        },
+        Request::InjectFault {
+            restore_failures,
+            commit_failures,
+        } => {
+            if !shared.config.enable_fault_injection {
+                return Response::error(
+                    ErrorCode::FaultInjectionDisabled,
+                    "fault injection is disabled; start the Manager with --enable-fault-injection",
+                );
+            }
+            shared.restore_faults.store(restore_failures, Ordering::Release);
+            shared.commit_faults.store(commit_failures, Ordering::Release);
+            Response::Ok
+        }
+        Request::Close => Response::Ok, // handled in the loop
+        Request::ReleaseQuiet { .. } => {
+            Response::error(ErrorCode::Internal, "ReleaseQuiet reached the answering handler") // the loop handles it
+        }
+        Request::LookupTp { .. } | Request::RedeemTp { .. } | Request::ReleaseTp { .. } => {
+            Response::error(ErrorCode::Internal, "TP request reached the plain handler") // tp::handle answers these
+        }
+    }
+}
+
+/// A lookup; on a local miss (partial or whole) with peers configured, the
+/// missing suffix is filled from a peer into this Manager's DRAM first
+/// (`peer::PeerTier::fill`) and the lookup runs again, so the reply is an
+/// ordinary local hit. The local prefix stays pinned by the first lease while
+/// the peer blocks are stored (they must not evict it), then that lease is
+/// released in favour of the second lookup's.
+fn lookup(
+    shared: &Shared,
+    s: SessionId,
+    ns: NsId,
+    hashes: &[orbitkv_core::BlockHash],
+) -> Result<orbitkv_core::LookupResult, CacheError> {
+    let first = {
+        let cache = shared.cache_shared();
+        let r = cache.lookup_shared(s, ns, hashes);
+        // The policy thread replays the touch log; if it is far behind, this
+        // lookup does (unless another replay runs: no lookup waits for one).
+        cache.apply_touches_shared(false);
+        r
+    }?;
+    let Some(peers) = shared.peers.as_ref() else {
+        return Ok(first);
+    };
+    let hit = first.hit_blocks as usize;
+    if hit >= hashes.len() || peers.fill(shared, ns, &hashes[hit..]) == 0 {
+        return Ok(first);
+    }
+    let mut cache = shared.cache();
+    let second = cache.lookup(s, ns, hashes);
+    if let Some(l) = first.lease {
+        let _ = cache.release(s, l);
+    }
+    second
+}
+
+/// The common restore under the shared lock: every block in DRAM and no
+/// fault armed. `None` when the lease needs the exclusive path (`acquire`).
+fn acquire_from_dram(shared: &Shared, s: SessionId, lease: u64) -> Option<Response> {
+    if shared.restore_faults.load(Ordering::Acquire) != 0 {
+        return None;
+    }
+    let fast = shared.cache_shared().try_acquire_shared(s, LeaseId(lease));
+    match fast {
+        Ok(Some(slots)) => {
+            ServerCounters::inc(&shared.counters.leases_acquired);
+            Some(Response::Slots {
+                slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
+            })
+        }
+        Ok(None) => None,
+        Err(e) => Some(map(Err(e))),
+    }
+}
+
+/// Hand out a lease's source slots, staging SSD-only blocks into DRAM first.
+/// A block that fails its integrity checks is dropped (a miss from now on)
+/// and the restore fails, with the lease retired: no copy was handed out.
+fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
+    loop {
+        let mut cache = shared.cache();
+        match cache.acquire(s, l) {
+            Ok(AcquireStep::Ready(slots)) => {
+                ServerCounters::inc(&shared.counters.leases_acquired);
+                return Response::Slots {
+                    slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
+                };
+            }
+            Ok(AcquireStep::Wait) => {
+                shared.wait_staged(cache);
+            }
+            Ok(AcquireStep::Lost { blocks }) => {
+                return Response::error(
+                    ErrorCode::RestoreFailed,
+                    format!(
+                        "restore of lease {}: {blocks} block(s) failed integrity checks on SSD and were dropped; lease released",
+                        l.0
+                    ),
+                );
+            }
+            Ok(AcquireStep::Stage(jobs)) => {
+                drop(cache); // the reads run outside the lock; the guard inside reports back
+                crate::tier::stage_for_lease(shared, jobs);
+            }
+            Err(e @ CacheError::NoStagingSpace { .. }) => {
+                let _ = cache.release(s, l);
+                return Response::error(ErrorCode::RestoreFailed, format!("{e}; lease released"));
+            }
+            Err(e) => return map(Err(e)),
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Sections of the cache's counters and gauges (`orbitkv_core`), with the
+//! server's counters of the same events: lookups, saves, sessions, DRAM, TP
+//! leases and the cache's state.
+
+use orbitkv_core::{Counters, Gauges};
+
+use super::{Metric, ld};
+use crate::shared::{ServerCounters, Shared};
+
+/// Lookups and the leases they grant.
+pub(super) fn lookups(c: &Counters, sc: &ServerCounters) -> Vec<Metric> {
+    vec![
+        ("lookups_total", "Lookup requests", "counter", c.lookups),
+        (
+            "lookup_blocks_total",
+            "Blocks asked for by lookups",
+            "counter",
+            c.lookup_blocks,
+        ),
+        (
+            "hit_blocks_total",
+            "Blocks found (longest contiguous prefix)",
+            "counter",
+            c.hit_blocks,
+        ),
+        (
+            "ssd_hit_blocks_total",
+            "Of the hit blocks, those held on SSD only at lookup time",
+            "counter",
+            c.ssd_hit_blocks,
+        ),
+        (
+            "leases_granted_total",
+            "Leases granted (hit blocks pinned)",
+            "counter",
+            c.leases_granted,
+        ),
+        (
+            "leases_acquired_total",
+            "Leases whose sources were handed out for copying",
+            "counter",
+            ld(&sc.leases_acquired),
+        ),
+        (
+            "leases_retired_total",
+            "Leases retired (copies drained, pins released)",
+            "counter",
+            c.leases_retired,
+        ),
+        (
+            "policy_touches_dropped_total",
+            "Hits the eviction policy never saw: lookups outpaced its replay and found the touch log full",
+            "counter",
+            c.policy_touches_dropped,
+        ),
+    ]
+}
+
+/// Saves, evictions and generation resets.
+pub(super) fn saves(c: &Counters) -> Vec<Metric> {
+    vec![
+        ("saves_begun_total", "Save requests", "counter", c.saves_begun),
+        (
+            "blocks_committed_total",
+            "Blocks made visible",
+            "counter",
+            c.blocks_committed,
+        ),
+        (
+            "blocks_present_total",
+            "Save blocks skipped because already visible",
+            "counter",
+            c.blocks_present,
+        ),
+        (
+            "blocks_refused_total",
+            "Save blocks refused by admission (no evictable space)",
+            "counter",
+            c.blocks_refused,
+        ),
+        (
+            "blocks_aborted_total",
+            "Allocated save blocks discarded without commit",
+            "counter",
+            c.blocks_aborted,
+        ),
+        (
+            "blocks_duplicate_on_commit_total",
+            "Committed blocks that lost a race to an equal key",
+            "counter",
+            c.blocks_duplicate_on_commit,
+        ),
+        (
+            "evictions_total",
+            "Blocks evicted from DRAM",
+            "counter",
+            c.evictions,
+        ),
+        (
+            "evicted_bytes_total",
+            "Bytes evicted from DRAM",
+            "counter",
+            c.evicted_bytes,
+        ),
+        (
+            "generation_bumps_total",
+            "Namespace generation resets",
+            "counter",
+            c.generation_bumps,
+        ),
+        (
+            "generation_purged_blocks_total",
+            "Blocks dropped by generation resets",
+            "counter",
+            c.generation_purged_blocks,
+        ),
+    ]
+}
+
+/// Sessions opened, ended and quarantined.
+pub(super) fn sessions(c: &Counters, sc: &ServerCounters) -> Vec<Metric> {
+    vec![
+        (
+            "sessions_opened_total",
+            "Sessions opened",
+            "counter",
+            ld(&sc.sessions_opened),
+        ),
+        (
+            "sessions_closed_clean_total",
+            "Sessions closed after drain",
+            "counter",
+            ld(&sc.sessions_closed_clean),
+        ),
+        (
+            "sessions_vanished_total",
+            "Sessions whose connection dropped without Close",
+            "counter",
+            ld(&sc.sessions_vanished),
+        ),
+        (
+            "sessions_quarantined_total",
+            "Vanished sessions that held leases or slots",
+            "counter",
+            c.sessions_quarantined,
+        ),
+        (
+            "sessions_unquarantined_total",
+            "Quarantined sessions released after process exit",
+            "counter",
+            c.sessions_released_from_quarantine,
+        ),
+    ]
+}
+
+/// The DRAM arena and the leases on it.
+pub(super) fn dram(g: &Gauges) -> Vec<Metric> {
+    vec![
+        (
+            "dram_capacity_bytes",
+            "DRAM arena capacity",
+            "gauge",
+            g.capacity_bytes,
+        ),
+        (
+            "dram_free_bytes",
+            "Unallocated DRAM arena bytes",
+            "gauge",
+            g.free_bytes,
+        ),
+        (
+            "dram_visible_blocks",
+            "Visible blocks in DRAM",
+            "gauge",
+            g.visible_blocks,
+        ),
+        (
+            "dram_visible_bytes",
+            "Bytes of visible blocks in DRAM",
+            "gauge",
+            g.visible_bytes,
+        ),
+        (
+            "dram_pinned_blocks",
+            "Visible blocks pinned by leases",
+            "gauge",
+            g.pinned_blocks,
+        ),
+        (
+            "dram_pending_save_bytes",
+            "Allocated, not yet committed save bytes",
+            "gauge",
+            g.pending_save_bytes,
+        ),
+        ("live_leases", "Leases not yet retired", "gauge", g.live_leases),
+    ]
+}
+
+/// Tensor-parallel leases.
+pub(super) fn tp(c: &Counters, g: &Gauges) -> Vec<Metric> {
+    vec![
+        (
+            "live_tp_leases",
+            "TP leases not yet ended (some rank has not reported done)",
+            "gauge",
+            g.live_tp_leases,
+        ),
+        (
+            "tp_lookups_total",
+            "TP lookups (one per request over every shard)",
+            "counter",
+            c.tp_lookups,
+        ),
+        (
+            "tp_leases_granted_total",
+            "TP leases granted (common prefix pinned in every shard)",
+            "counter",
+            c.tp_leases_granted,
+        ),
+        (
+            "tp_parts_redeemed_total",
+            "TP lease parts redeemed by rank workers",
+            "counter",
+            c.tp_parts_redeemed,
+        ),
+        (
+            "tp_leases_completed_total",
+            "TP leases ended because every rank reported done",
+            "counter",
+            c.tp_leases_completed,
+        ),
+        (
+            "tp_leases_released_total",
+            "TP leases ended by their owner",
+            "counter",
+            c.tp_leases_released,
+        ),
+        (
+            "tp_leases_expired_total",
+            "TP leases ended by --tp-lease-ttl-ms with parts never redeemed",
+            "counter",
+            c.tp_leases_expired,
+        ),
+    ]
+}
+
+/// Open saves, sessions and quarantine; namespaces, the arena's shape and uptime.
+pub(super) fn state(shared: &Shared, g: &Gauges, unprovable: u64) -> Vec<Metric> {
+    vec![
+        (
+            "live_saves",
+            "Saves not yet committed or aborted",
+            "gauge",
+            g.live_saves,
+        ),
+        (
+            "sessions",
+            "Sessions known to the cache (open or quarantined)",
+            "gauge",
+            g.sessions,
+        ),
+        (
+            "quarantined_sessions",
+            "Sessions held until their process is proven gone",
+            "gauge",
+            g.quarantined_sessions,
+        ),
+        (
+            "quarantined_bytes",
+            "Arena bytes held by quarantined saves",
+            "gauge",
+            g.quarantined_bytes,
+        ),
+        (
+            "quarantined_unprovable_sessions",
+            "Quarantined sessions whose process cannot be watched (no pidfd)",
+            "gauge",
+            unprovable,
+        ),
+        ("namespaces", "Registered namespaces", "gauge", g.namespaces),
+        (
+            "segments",
+            "Arena segments",
+            "gauge",
+            shared.segments.len() as u64,
+        ),
+        (
+            "dram_page_bytes",
+            "Page size backing the arena (4096, or a huge page size)",
+            "gauge",
+            shared.config.page_size.bytes(),
+        ),
+        (
+            "uptime_seconds",
+            "Seconds since start",
+            "gauge",
+            shared.started.elapsed().as_secs(),
+        ),
+    ]
+}

@@ -1,0 +1,171 @@
+//! Sections of what lies beside the DRAM arena: the SSD tier and the
+//! presence table clients read.
+
+use orbitkv_core::{Counters, Gauges};
+use orbitkv_shm::presence::PresenceStats;
+use orbitkv_ssd::SsdStats;
+
+use super::Metric;
+
+/// The SSD tier: spills, staging, recovery, integrity checks and I/O.
+pub(super) fn ssd_tier(c: &Counters, g: &Gauges, ssd: &SsdStats) -> Vec<Metric> {
+    vec![
+        (
+            "ssd_spilled_blocks_total",
+            "Blocks copied to SSD (write-behind)",
+            "counter",
+            c.spilled_blocks,
+        ),
+        (
+            "ssd_spill_failures_total",
+            "Spills that failed (block stays DRAM-only)",
+            "counter",
+            c.spill_failures,
+        ),
+        (
+            "ssd_staged_blocks_total",
+            "SSD-only blocks read back into DRAM for a lease",
+            "counter",
+            c.staged_blocks,
+        ),
+        (
+            "ssd_stage_failures_total",
+            "Staging reads that failed integrity checks or I/O (dropped, a miss)",
+            "counter",
+            c.stage_failures,
+        ),
+        (
+            "ssd_demotions_total",
+            "DRAM slots freed while the SSD copy keeps the block",
+            "counter",
+            c.demotions,
+        ),
+        (
+            "ssd_evicted_unspilled_blocks_total",
+            "DRAM evictions of blocks the SSD tier would have kept, before their spill was written",
+            "counter",
+            c.evicted_unspilled,
+        ),
+        (
+            "ssd_dropped_blocks_total",
+            "SSD copies deleted to make room",
+            "counter",
+            c.ssd_dropped_blocks,
+        ),
+        (
+            "ssd_adopted_blocks_total",
+            "Recovered SSD blocks adopted by a registered namespace",
+            "counter",
+            c.ssd_adopted_blocks,
+        ),
+        (
+            "ssd_rejected_blocks_total",
+            "Recovered SSD blocks rejected (generation, namespace or size mismatch)",
+            "counter",
+            c.ssd_rejected_blocks,
+        ),
+        (
+            "ssd_checksum_failures_total",
+            "SSD reads rejected by the payload checksum",
+            "counter",
+            ssd.checksum_failures,
+        ),
+        (
+            "ssd_header_failures_total",
+            "SSD reads rejected by header, version, length or key checks",
+            "counter",
+            ssd.header_failures,
+        ),
+        (
+            "ssd_header_check_blocks",
+            "Recovered SSD blocks the header check after start-up has to check",
+            "gauge",
+            ssd.header_check_total,
+        ),
+        (
+            "ssd_header_checked_blocks",
+            "Recovered SSD blocks whose header the check after start-up has read",
+            "gauge",
+            ssd.header_check_checked,
+        ),
+        (
+            "ssd_header_check_dropped_total",
+            "Recovered SSD blocks dropped by the header check after start-up (torn or stale header)",
+            "counter",
+            ssd.header_check_dropped,
+        ),
+        (
+            "ssd_read_errors_total",
+            "SSD reads that failed with an I/O error",
+            "counter",
+            ssd.read_errors,
+        ),
+        (
+            "ssd_write_errors_total",
+            "SSD writes that failed with an I/O error",
+            "counter",
+            ssd.write_errors,
+        ),
+        (
+            "ssd_bytes_written_total",
+            "Payload bytes written to SSD",
+            "counter",
+            ssd.bytes_written,
+        ),
+        (
+            "ssd_bytes_read_total",
+            "Payload bytes read (and verified) from SSD",
+            "counter",
+            ssd.bytes_read,
+        ),
+        ("ssd_blocks", "Blocks stored on SSD", "gauge", ssd.blocks),
+        (
+            "ssd_used_bytes",
+            "SSD data file bytes in use",
+            "gauge",
+            ssd.used_bytes,
+        ),
+        (
+            "ssd_capacity_bytes",
+            "SSD tier capacity",
+            "gauge",
+            ssd.capacity_bytes,
+        ),
+        (
+            "ssd_only_blocks",
+            "Visible blocks whose only copy is on SSD",
+            "gauge",
+            g.ssd_only_blocks,
+        ),
+        (
+            "ssd_dormant_blocks",
+            "Recovered SSD blocks waiting for their namespace to register",
+            "gauge",
+            g.dormant_ssd_blocks,
+        ),
+    ]
+}
+
+/// The presence table clients read.
+pub(super) fn presence_table(presence: Option<PresenceStats>) -> Vec<Metric> {
+    vec![
+        (
+            "presence_slots",
+            "Slots of the presence table clients read (0: none published)",
+            "gauge",
+            presence.map_or(0, |p| p.slots),
+        ),
+        (
+            "presence_entries",
+            "Visible blocks in the presence table",
+            "gauge",
+            presence.map_or(0, |p| p.entries),
+        ),
+        (
+            "presence_saturated",
+            "1 once the presence table refused an insert (clients then ask the Manager for every lookup)",
+            "gauge",
+            presence.map_or(0, |p| u64::from(p.saturated)),
+        ),
+    ]
+}

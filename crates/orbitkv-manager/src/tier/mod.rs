@@ -1,0 +1,292 @@
+//! Tiers below the DRAM arena: the [`Tier`] interface and the guards that end
+//! every stage and spill the cache started. Cache decisions stay in
+//! `orbitkv_core` (`spill_candidates`, `acquire`, `ssd_droppable`,
+//! `take_ssd_removals`); this module only moves bytes and reports back.
+//!
+//! - `ssd.rs`: the SSD tier behind that interface (opening and recovering its
+//!   directory, staging reads and spill writes);
+//! - `generations.rs`: the generations file (persisted generations);
+//! - `write_behind.rs`: the write-behind worker (deletions, spills, making room);
+//! - `peer_slots.rs`: the peer tier's slot borrowing.
+//!
+//! The peer tier (`crate::peer`) fills DRAM on a miss rather than staging
+//! blocks the cache already knows, so it is not an `impl Tier`; its byte moves
+//! into and out of arena slots are the functions of `peer_slots.rs`.
+//!
+//! The only `unsafe` of the Manager, in `ssd.rs` and `peer_slots.rs`: borrowing
+//! arena slots as slices for the SSD engine and for peer transfers, each under
+//! the cache-protocol right that freezes the slot.
+
+mod generations;
+mod peer_slots;
+mod ssd;
+mod write_behind;
+
+use orbitkv_core::{CacheState, SpillJob, StageJob, TierKey};
+use orbitkv_shm::Segment;
+use orbitkv_ssd::SsdStats;
+
+use crate::shared::Shared;
+pub use generations::persist_generations;
+pub use peer_slots::{recv_into_save_slot, recv_into_save_slot_hashed, send_leased_slot};
+pub use ssd::open;
+pub use write_behind::worker;
+
+/// What became of one block handed to [`Tier::spill`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spilled {
+    /// The tier holds a durable copy.
+    Durable,
+    /// The tier had no room; the worker makes room and tries once more.
+    Full,
+    /// Any other failure (already logged by the tier).
+    Failed,
+}
+
+/// What `orbitkv status` and `/metrics` report about a tier.
+#[derive(Debug, Clone, Default)]
+pub struct TierStatus {
+    pub stats: SsdStats,
+    /// The I/O engine in use (`"io_uring"`, `"psync"`).
+    pub engine: &'static str,
+    /// Why the preferred engine was not used, if it was not.
+    pub fallback_reason: Option<String>,
+}
+
+/// A storage tier below the DRAM arena (the SSD today, peer Managers later).
+///
+/// The tier only moves bytes. Which blocks move, and when a slot may be
+/// read or written, is decided by `orbitkv_core::CacheState`: every job a tier
+/// sees comes from the cache, and its slot is frozen until the guard that
+/// carries the job reports back ([`StageGuard`], [`SpillGuard`]).
+pub trait Tier: Send + Sync {
+    /// Read each job's copy into its staging slot: per job, whether the slot
+    /// now holds the block, verified (checksum, key and length).
+    fn stage(&self, segments: &[Segment], jobs: &[StageJob]) -> Vec<bool>;
+    /// Copy each job's slot into the tier: one outcome per job.
+    fn spill(&self, segments: &[Segment], jobs: &[SpillJob]) -> Vec<Spilled>;
+    /// Delete copies (only keys the cache gave up: `take_ssd_removals`, `ssd_droppable`).
+    fn remove(&self, keys: &[TierKey]);
+    /// Up to `n` least recently used copies, proposed to the cache when full.
+    fn oldest(&self, n: usize) -> Vec<TierKey>;
+    /// Copies the tier lost on its own since the last call (the SSD tier's header
+    /// check after start-up drops blocks whose header disagrees with the journal):
+    /// the cache forgets them, so they stop being reported present.
+    fn take_lost(&self) -> Vec<TierKey> {
+        Vec::new()
+    }
+    fn status(&self) -> TierStatus;
+}
+
+/// A move between DRAM and a tier that the cache started and must hear the end
+/// of exactly once: a staging read (`AcquireStep::Stage`) or a spill
+/// (`spill_candidates`).
+pub trait TierMove {
+    /// For the log line of a move dropped without a result.
+    const WHAT: &'static str;
+    /// Report the move's outcome to the cache.
+    fn end(cache: &mut CacheState, job: &Self, ok: bool);
+}
+
+impl TierMove for StageJob {
+    const WHAT: &'static str = "staging";
+    fn end(cache: &mut CacheState, job: &Self, ok: bool) {
+        cache.finish_stage(job, ok);
+    }
+}
+
+impl TierMove for SpillJob {
+    const WHAT: &'static str = "spill";
+    fn end(cache: &mut CacheState, job: &Self, ok: bool) {
+        cache.spill_done(job, ok);
+    }
+}
+
+/// Moves the cache started, ended exactly once: with the I/O's results through
+/// [`MoveGuard::finish`], or, if the guard is dropped first (a panic between
+/// the two), as failures, so no block is left staging forever with other
+/// leases waiting on it and no slot stays frozen (`Busy::Spilling` cannot be
+/// evicted).
+pub struct MoveGuard<'a, J: TierMove> {
+    shared: &'a Shared,
+    jobs: Vec<J>,
+}
+
+/// Staging reads of a lease's SSD-only blocks.
+pub type StageGuard<'a> = MoveGuard<'a, StageJob>;
+/// Write-behind spills of one batch.
+pub type SpillGuard<'a> = MoveGuard<'a, SpillJob>;
+
+impl<'a, J: TierMove> MoveGuard<'a, J> {
+    /// `jobs` must come from the cache (`AcquireStep::Stage` / `spill_candidates`);
+    /// the cache lock must not be held by this thread while the guard lives (its
+    /// drop takes it).
+    pub fn new(shared: &'a Shared, jobs: Vec<J>) -> Self {
+        MoveGuard { shared, jobs }
+    }
+
+    pub fn jobs(&self) -> &[J] {
+        &self.jobs
+    }
+
+    /// Report the moves (`ok[i]` for `jobs()[i]`; missing results are failures)
+    /// and wake the acquires waiting on staged blocks.
+    pub fn finish(mut self, ok: &[bool]) {
+        self.report(ok);
+    }
+
+    fn report(&mut self, ok: &[bool]) {
+        let jobs = std::mem::take(&mut self.jobs);
+        if jobs.is_empty() {
+            return;
+        }
+        let mut cache = self.shared.cache();
+        for (i, j) in jobs.iter().enumerate() {
+            J::end(&mut cache, j, ok.get(i).copied().unwrap_or(false));
+        }
+        drop(cache);
+        self.shared.notify_staged();
+    }
+}
+
+impl<J: TierMove> Drop for MoveGuard<'_, J> {
+    fn drop(&mut self) {
+        if !self.jobs.is_empty() {
+            log!(
+                Error,
+                "{} of {} block(s) ended without a result (a panic?); treated as failed",
+                J::WHAT,
+                self.jobs.len()
+            );
+            self.report(&[]);
+        }
+    }
+}
+
+/// Stage a lease's SSD-only blocks into DRAM (from `AcquireStep::Stage`) and
+/// report the results to the cache, whatever happens in between.
+pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
+    let staging = StageGuard::new(shared, jobs);
+    let ok = match shared.tier.as_deref() {
+        Some(tier) => tier.stage(&shared.segments, staging.jobs()),
+        // Unreachable by construction (SSD-only blocks need a tier); fail closed.
+        None => Vec::new(),
+    };
+    staging.finish(&ok);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use orbitkv_core::{
+        AcquireStep, BlockHash, Fingerprint, NamespaceKey, NsId, SaveStatus, SessionId, SpillPolicy,
+    };
+    use orbitkv_shm::PageSize;
+
+    use super::write_behind::spill_batch;
+    use super::*;
+    use crate::config::ManagerConfig;
+
+    /// A tier whose every operation panics: fault injection for the guards.
+    struct PanickingTier;
+
+    impl Tier for PanickingTier {
+        fn stage(&self, _: &[Segment], _: &[StageJob]) -> Vec<bool> {
+            panic!("injected: staging read panicked")
+        }
+        fn spill(&self, _: &[Segment], _: &[SpillJob]) -> Vec<Spilled> {
+            panic!("injected: spill write panicked")
+        }
+        fn remove(&self, _: &[TierKey]) {}
+        fn oldest(&self, _: usize) -> Vec<TierKey> {
+            Vec::new()
+        }
+        fn status(&self) -> TierStatus {
+            TierStatus::default()
+        }
+    }
+
+    const BLOCK: u64 = 4096;
+
+    fn h(i: u8) -> BlockHash {
+        [i; 32]
+    }
+
+    /// A Manager state with `slots` DRAM slots of one block, the SSD tier
+    /// bookkeeping on (every block spilled eagerly) and a panicking tier.
+    fn shared(slots: u64) -> (Shared, SessionId, NsId) {
+        let config =
+            ManagerConfig::from_argv(["x", "--socket", "/nonexistent/orbitkv-test.sock"]).expect("config");
+        let segment = Segment::create("orbitkv-tier-test", slots * BLOCK, PageSize::Base).expect("memfd");
+        let mut cache = CacheState::new(&[slots * BLOCK]);
+        cache.enable_ssd_with(0, SpillPolicy::Eager);
+        let s = cache.open_session();
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([9; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        let (ns, _) = cache.register_namespace(key, BLOCK).expect("namespace");
+        let shared = Shared::new(config, vec![segment], cache, Some(Box::new(PanickingTier)));
+        (shared, s, ns)
+    }
+
+    fn save(c: &mut CacheState, s: SessionId, ns: NsId, hs: &[BlockHash]) {
+        let (id, _) = c.begin_save(s, ns, hs).expect("begin");
+        c.commit_save(s, id).expect("commit");
+    }
+
+    #[test]
+    fn a_panic_while_staging_leaves_no_block_staging() {
+        let (shared, s, ns) = shared(2);
+        let lease = {
+            let mut c = shared.cache();
+            save(&mut c, s, ns, &[h(1)]);
+            for j in c.spill_candidates(8) {
+                c.spill_done(&j, true);
+            }
+            save(&mut c, s, ns, &[h(2), h(3)]); // demotes h(1) to SSD-only
+            c.lookup(s, ns, &[h(1)]).expect("lookup").lease.expect("hit")
+        };
+        let jobs = match shared.cache().acquire(s, lease).expect("acquire") {
+            AcquireStep::Stage(jobs) => jobs,
+            other => panic!("stage expected, got {other:?}"),
+        };
+        let r = catch_unwind(AssertUnwindSafe(|| stage_for_lease(&shared, jobs)));
+        assert!(r.is_err(), "the injected panic propagates");
+        let mut c = shared.cache();
+        // Not `Wait` (the block would be staging forever): the unfinished read
+        // counts as failed, the block is dropped and the lease retired.
+        assert!(
+            matches!(
+                c.acquire(s, lease).expect("acquire"),
+                AcquireStep::Lost { blocks: 1 }
+            ),
+            "a block whose staging did not finish must not stay staging"
+        );
+        assert!(!c.is_visible(ns, &h(1)));
+        assert_eq!(c.counters().stage_failures, 1);
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn a_panic_while_spilling_leaves_no_slot_frozen() {
+        let (shared, s, ns) = shared(1);
+        save(&mut shared.cache(), s, ns, &[h(1)]);
+        let jobs = shared.cache().spill_candidates(8);
+        assert_eq!(jobs.len(), 1);
+        let r = catch_unwind(AssertUnwindSafe(|| spill_batch(&shared, &PanickingTier, jobs)));
+        assert!(r.is_err(), "the injected panic propagates");
+        let mut c = shared.cache();
+        assert_eq!(c.counters().spill_failures, 1);
+        // A spilling slot cannot be evicted: the next save would be refused.
+        let (id, st) = c.begin_save(s, ns, &[h(2)]).expect("begin");
+        assert!(
+            matches!(st[..], [SaveStatus::Allocated(_)]),
+            "the slot of a spill that did not finish must be evictable again, got {st:?}"
+        );
+        c.commit_save(s, id).expect("commit");
+        c.check_invariants().expect("invariants");
+    }
+}

@@ -1,0 +1,86 @@
+//! The write-behind worker: hands the SSD tier the deletions the cache gave up
+//! and the spills it chose, and makes room when the tier is full.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbitkv_core::SpillJob;
+
+use super::{SpillGuard, Spilled, Tier};
+use crate::shared::Shared;
+
+/// Blocks per spill batch: several × the ring depth, so the device never idles.
+const SPILL_BATCH: usize = 64;
+
+/// The write-behind worker: deletions first, then spills, until shutdown.
+pub fn worker(shared: Arc<Shared>) {
+    let Some(tier) = shared.tier.as_deref() else {
+        return;
+    };
+    while !shared.is_shutting_down() {
+        // Copies the tier dropped itself (header check after start-up): the cache
+        // forgets them (SSD-only blocks leave the index, so lookups miss; a block
+        // with a DRAM copy keeps it); busy or pinned ones are skipped here and fail
+        // their staging read instead. What it returns is deleted (already gone, or a
+        // copy spilled again since, which the cache no longer counts).
+        let lost = tier.take_lost();
+        if !lost.is_empty() {
+            let forgotten = shared.cache().ssd_droppable(&lost);
+            tier.remove(&forgotten);
+        }
+        let removals = shared.cache().take_ssd_removals();
+        tier.remove(&removals);
+        let jobs = shared.cache().spill_candidates(SPILL_BATCH);
+        // Copies the policy gave up to make room for these spills go first.
+        let made_room = shared.cache().take_ssd_removals();
+        tier.remove(&made_room);
+        if jobs.is_empty() {
+            if removals.is_empty() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            continue;
+        }
+        spill_batch(&shared, tier, jobs);
+    }
+}
+
+/// Spill one batch from `spill_candidates` and report it, whatever happens in
+/// between. A full tier gets one chance to make room, then the rest fail.
+pub(super) fn spill_batch(shared: &Shared, tier: &dyn Tier, jobs: Vec<SpillJob>) {
+    let spilling = SpillGuard::new(shared, jobs);
+    let jobs = spilling.jobs();
+    let mut ok = vec![false; jobs.len()];
+    let mut todo: Vec<usize> = (0..jobs.len()).collect();
+    for attempt in 0..2 {
+        let batch: Vec<SpillJob> = todo.iter().map(|&i| jobs[i]).collect();
+        let results = tier.spill(&shared.segments, &batch);
+        let mut full = Vec::new();
+        for (&i, r) in todo.iter().zip(results) {
+            match r {
+                Spilled::Durable => ok[i] = true,
+                Spilled::Full => full.push(i),
+                Spilled::Failed => {}
+            }
+        }
+        if full.is_empty() || attempt == 1 {
+            break;
+        }
+        make_room(shared, tier, full.len() * 2);
+        todo = full;
+    }
+    spilling.finish(&ok);
+}
+
+/// The tier is full: delete copies the cache can spare.
+fn make_room(shared: &Shared, tier: &dyn Tier, n: usize) {
+    // The policy's order first (the copies DRAM + SSD value least), then the
+    // store's least recently used (without tiers, or none left to give up).
+    let ranked = shared.cache().ssd_make_room(n.max(8));
+    if !ranked.is_empty() {
+        tier.remove(&ranked);
+        return;
+    }
+    let proposed = tier.oldest(n.max(8));
+    let droppable = shared.cache().ssd_droppable(&proposed);
+    tier.remove(&droppable);
+}
