@@ -58,6 +58,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests" / "vllm"))
+sys.path.insert(0, str(ROOT / "python" / "tests" / "support"))  # host_copier: the byte oracle
 sys.path.insert(0, str(ROOT / "benches"))  # null_connector, by kv_connector_module_path
 
 import vllm_env  # noqa: E402  (sets the CPU/offline environment before vLLM loads)
@@ -67,6 +68,7 @@ if vllm_env.UNAVAILABLE:
     raise SystemExit(f"vllm_overhead: {vllm_env.UNAVAILABLE}")
 
 import torch  # noqa: E402
+from host_copier import HostCopier  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm_harness import (  # noqa: E402
     Engine,
@@ -374,7 +376,9 @@ def layout_probe(model_dir: Path, socket_path: str, blocks: int, reps: int) -> d
         for layout in order:
             conn, kv, save_s, load_s = setups[layout]
             side = conn.worker_side
-            copier = side.copier
+            pages = side.cpu_pages
+            assert pages is not None
+            copier = HostCopier(pages.geometry, pages.flat)
             for t in kv.values():
                 raw = t.view(torch.uint8)
                 raw.copy_(torch.from_numpy(rng.integers(0, 256, raw.shape, np.uint8)))
@@ -397,7 +401,7 @@ def layout_probe(model_dir: Path, socket_path: str, blocks: int, reps: int) -> d
         nbytes = blocks * side.session.block_bytes
         out[layout] = {
             "block_bytes": side.session.block_bytes,
-            "direct_block_copies": side.copier.geometry.block_span,
+            "direct_block_copies": side.cpu_pages.geometry.block_span,
             "save_gbps_median": nbytes / statistics.median(save_s) / 1e9,
             "restore_gbps_median": nbytes / statistics.median(load_s) / 1e9,
             "save_us_per_block": statistics.median(save_s) / blocks * 1e6,

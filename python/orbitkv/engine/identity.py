@@ -1,4 +1,4 @@
-"""Namespace identity for the vLLM adapter (contracts K1, K2, K4).
+"""Namespace identity shared by the engine adapters (contracts K1, K2, K4).
 
 The namespace fingerprint (`orbitkv.hashing.fingerprint`, the one definition) is
 SHA-256 over a domain tag and a canonical JSON document (sorted keys, no
@@ -6,7 +6,9 @@ whitespace, ASCII) holding everything that makes two engines' KV bytes
 interchangeable: model identity, dtypes, KV layout and geometry, block size, parallel
 rank/size, attention backend and the static LoRA fingerprint. It depends on nothing
 process-local (no PYTHONHASHSEED, no object ids, no dict order), so every process that
-is given the same configuration computes the same 32 bytes. No vLLM import here.
+is given the same configuration computes the same 32 bytes. Each adapter decides what
+goes into its document (its own schema tag); the helpers here hash the files that
+document binds (LoRA adapters, a local model's config). No engine import here.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ __all__ = [
     "sha256_file",
     "static_lora_identity",
 ]
-
-SCHEMA = "orbitkv.vllm.namespace/1"
 
 # Files of a local PEFT adapter that determine its computation.
 _ADAPTER_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".model")

@@ -73,7 +73,7 @@ class CopyEngine:
 
     A cached block is the concatenation, over `layers` in the given order, of that
     layer's page bytes in logical (`shape`) order - the format of the CPU path
-    (`orbitkv.vllm.layout.HostCopier`). Not thread-safe: drive it from one thread.
+    (`python/tests/support/host_copier.py`). Not thread-safe: drive it from one thread.
     """
 
     def __init__(self, layers: Sequence[LayerPages], arena: ArenaView, *, kernel: str = "auto") -> None:

@@ -16,7 +16,6 @@ before it runs; in 0.5.23 a load that does not land aborts its request with HTTP
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,8 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
+from orbitkv.engine.identity import adapter_digest, model_config_digest
+from orbitkv.engine.session import ReconnectBackoff, connection_lost
 from orbitkv.kvcopy.layout import LayerPages, backing_bytes
 from orbitkv.sglang.config import OrbitKVSGLangConfigError, SGLangSettings
 
@@ -139,8 +140,6 @@ def lora_identity(lora: Any) -> dict[str, Any] | None:
     it on). Each startup adapter's files are hashed (local PEFT directories only); the
     backend and target modules are bound. Runtime-loaded adapters get random ids from
     SGLang and are not part of the identity ("stop, change artifacts, restart")."""
-    from orbitkv.vllm.identity import adapter_digest  # no vLLM import: hashing helpers only
-
     enabled = bool(getattr(lora, "enable_lora", False))
     refs = list(getattr(lora, "lora_paths", None) or [])
     if not enabled and not refs:
@@ -170,8 +169,6 @@ def lora_identity(lora: Any) -> dict[str, Any] | None:
 def _model_identity(server_args: Any, settings: SGLangSettings) -> Any:
     if settings.model_identity is not None:
         return settings.model_identity
-    from orbitkv.vllm.identity import model_config_digest
-
     path = getattr(server_args, "model_path", None)
     return {
         "path": path,
@@ -286,8 +283,7 @@ class LinkerCore:
         self.layer_done_counter = _LayerCounter(self)
         self._session: _Session | None = None
         self._old_sessions: list[_Session] = []
-        self._retry_at = 0.0
-        self._backoff = 0.0
+        self._backoff = ReconnectBackoff(logger)
         self._queries: dict[str, _Query] = {}
         self._queued: list[_Load] = []
         self._batches: deque[_Batch] = deque()
@@ -327,21 +323,14 @@ class LinkerCore:
         self._reap_sessions()
         if s is not None:
             return s
-        now = time.monotonic()
-        if now < self._retry_at:
+        if self._backoff.wait_left() > 0:
             return None
         try:
             s = _Session(self.settings, self.fingerprint, self.geometry)
         except Exception as exc:
-            self._backoff = min(max(2 * self._backoff, 0.5), 30.0)
-            self._retry_at = time.monotonic() + self._backoff
-            logger.warning(
-                "orbitkv: cannot reach the Manager (%s); requests miss the external cache, next attempt in %.1fs",
-                exc,
-                self._backoff,
-            )
+            self._backoff.failed(exc)
             return None
-        self._backoff = 0.0
+        self._backoff.succeeded()
         self._session = s
         return s
 
@@ -355,7 +344,7 @@ class LinkerCore:
         self._old_sessions = keep
 
     def _failed(self, s: _Session, what: str, exc: BaseException) -> None:
-        if isinstance(exc, s.native.ManagerUnavailable) or isinstance(exc, s.native.ProtocolError):
+        if connection_lost(exc):
             s.broken = True
         logger.warning("orbitkv: %s failed (%s); the request recomputes", what, exc)
 

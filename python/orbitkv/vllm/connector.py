@@ -27,10 +27,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
+from orbitkv.engine.identity import fingerprint
 from orbitkv.vllm import compat
 from orbitkv.vllm.config import OrbitKVSettings, parse_settings
 from orbitkv.vllm.failures import ensure_recompute_policy
-from orbitkv.vllm.identity import fingerprint
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
 from orbitkv.vllm.native import ManagerSession
 from orbitkv.vllm.profile import block_bytes, check_profile, identity_document

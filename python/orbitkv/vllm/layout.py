@@ -1,4 +1,4 @@
-"""Byte geometry of vLLM 0.31.0 KV pages and the host (CPU) copy path.
+"""Byte geometry of vLLM's KV pages, which defines the cached block format.
 
 vLLM hands `register_kv_caches` one strided view per layer, `[B, H, N, C]` of the
 KV dtype, over a single int8 backing allocation ordered by `KVCacheLayout`
@@ -10,17 +10,15 @@ that layer's page for the block, each page in its physical byte order (logical
 [ratio, H, N, C] order when a page is not one dense run: LHBNC, BHLNC). For
 block-outermost layouts whose pages are contiguous (BLHNC, BLNHC) that concatenation
 is exactly the block's contiguous span in the backing buffer (`block_views`).
-`gather_to`/`scatter_from` copy between pages and block-sized raw addresses (a
-staging buffer). The worker does not use them for arena slots: it hands the same
-`BlockGeometry` to the native client (`orbitkv.vllm.native.page_layout`), whose
-bounds-checked `save_pages`/`restore_pages` copy pages <-> slots once; a GPU
+The worker hands `BlockGeometry` to the native client (`orbitkv.vllm.native.page_layout`),
+whose bounds-checked `save_pages`/`restore_pages` copy pages <-> slots once; the GPU
 copy engine (`orbitkv.kvcopy`, geometry from `block_geometry`) consumes the same
-geometry on CUDA pages, and this CPU path is its oracle.
+geometry on CUDA pages. The tests' pure-Python copier (`python/tests/support/
+host_copier.py`) is the oracle both are checked against.
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -62,13 +60,13 @@ def _flat_bytes(t: torch.Tensor) -> np.ndarray:
 
 def describe(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> tuple[BlockGeometry, np.ndarray]:
     """Derive the block geometry of the released per-layer CPU views, plus the flat
-    bytes the host copy path (`HostCopier`) works on."""
+    bytes of their backing buffer (what the native client copies from and to)."""
     if not kv_caches:
         raise LayoutError("register_kv_caches received no KV views")
     for name, t in kv_caches.items():
         if t.device.type != "cpu":
             raise LayoutError(
-                f"layer {name!r} lives on {t.device}; the host copy path (HostCopier) needs CPU "
+                f"layer {name!r} lives on {t.device}; the native host copy path needs CPU "
                 "pages - copy CUDA pages with orbitkv.kvcopy.CopyEngine (geometry: block_geometry())"
             )
     geometry = block_geometry(kv_caches, num_blocks)
@@ -120,94 +118,32 @@ def block_geometry(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> Bl
     return BlockGeometry(ordered, num_blocks, total, span)
 
 
-class HostCopier:
-    """Gathers cached blocks from, and scatters them into, CPU KV pages.
+class CpuPages:
+    """Registered CPU pages: their geometry and the flat bytes of the KV buffer.
 
-    Copies go page by page to or from raw block-sized addresses (Manager arena slots,
-    or a staging buffer), with `ctypes.memmove` for dense pages: no Python object is
-    allocated per block or page, so a step's saves add no garbage-collector work to
-    the engine process (numpy views per page did, and GC passes over vLLM's heap
-    showed up as a slower Scheduler). Every source range is proven inside the KV
-    buffer once, here; destinations are the caller's to size (`block_bytes` each).
-    """
+    The native client copies between these pages and arena slots (`save_pages`,
+    `restore_pages`, or `restore` into `block_views` when blocks are single spans).
+    Every range `block_views` returns is proven inside the buffer here."""
 
     def __init__(self, geometry: BlockGeometry, flat: np.ndarray) -> None:
         self.geometry = geometry
-        self._flat = flat
-        self._base = int(flat.ctypes.data)
+        self.flat = flat
         last = geometry.num_blocks - 1
         for page in geometry.pages:
             reach = sum((n - 1) * st for n, st in zip(page.shape, page.strides, strict=True)) + 1
             if page.base < 0 or page.base + last * page.block_stride + reach > flat.nbytes:
                 raise LayoutError(f"layer {page.layer!r}: pages reach past the {flat.nbytes}-byte KV buffer")
 
-    def _check(self, block_ids: Sequence[int]) -> None:
-        for b in block_ids:
-            if not 0 <= b < self.geometry.num_blocks:
-                raise IndexError(f"block id {b} outside [0, {self.geometry.num_blocks})")
-
-    def _page(self, page: PageGeometry, block: int) -> np.ndarray:
-        start = page.base + block * page.block_stride
-        if page.contiguous:
-            return self._flat[start : start + page.page_bytes]
-        return np.lib.stride_tricks.as_strided(
-            self._flat[start:], shape=page.shape, strides=page.strides, writeable=True
-        )
-
     def block_views(self, block_ids: Sequence[int]) -> list[np.ndarray] | None:
         """Writable per-block views when every block is one contiguous span, else None."""
         g = self.geometry
         if not g.block_span:
             return None
-        self._check(block_ids)
+        for b in block_ids:
+            if not 0 <= b < g.num_blocks:
+                raise IndexError(f"block id {b} outside [0, {g.num_blocks})")
         first = g.pages[0]
         return [
-            self._flat[first.base + b * first.block_stride : first.base + b * first.block_stride + g.block_bytes]
+            self.flat[first.base + b * first.block_stride : first.base + b * first.block_stride + g.block_bytes]
             for b in block_ids
         ]
-
-    def gather(self, block_ids: Sequence[int]) -> np.ndarray:
-        """Copy blocks into one staging buffer of len(block_ids) * block_bytes."""
-        bb = self.geometry.block_bytes
-        out = np.empty((len(block_ids), bb), dtype=np.uint8)
-        base = int(out.ctypes.data)
-        self.gather_to([base + i * bb for i in range(len(block_ids))], block_ids)
-        return out
-
-    def scatter(self, staging: np.ndarray, block_ids: Sequence[int]) -> None:
-        """Copy blocks from a staging buffer (as produced by `gather`) into pages."""
-        bb = self.geometry.block_bytes
-        src = np.ascontiguousarray(staging, dtype=np.uint8).reshape(-1)
-        if src.nbytes != len(block_ids) * bb:
-            raise ValueError(f"staging holds {src.nbytes} bytes, {len(block_ids)} blocks need {len(block_ids) * bb}")
-        base = int(src.ctypes.data)
-        self.scatter_from([base + i * bb for i in range(len(block_ids))], block_ids)
-
-    def gather_to(self, dst: Sequence[int], block_ids: Sequence[int]) -> None:
-        """Copy each block to its address in `dst` (`block_bytes` writable bytes each)."""
-        self._check(block_ids)
-        for addr, b in zip(dst, block_ids, strict=True):
-            off = 0
-            for page in self.geometry.pages:
-                if page.contiguous:
-                    ctypes.memmove(addr + off, self._base + page.base + b * page.block_stride, page.page_bytes)
-                else:
-                    _raw(addr + off, page.page_bytes).reshape(page.shape)[...] = self._page(page, b)
-                off += page.page_bytes
-
-    def scatter_from(self, src: Sequence[int], block_ids: Sequence[int]) -> None:
-        """Copy each block from its address in `src` (`block_bytes` bytes each) into its pages."""
-        self._check(block_ids)
-        for addr, b in zip(src, block_ids, strict=True):
-            off = 0
-            for page in self.geometry.pages:
-                if page.contiguous:
-                    ctypes.memmove(self._base + page.base + b * page.block_stride, addr + off, page.page_bytes)
-                else:
-                    self._page(page, b)[...] = _raw(addr + off, page.page_bytes).reshape(page.shape)
-                off += page.page_bytes
-
-
-def _raw(address: int, nbytes: int) -> np.ndarray:
-    """A uint8 view of `nbytes` at `address` (the caller proved the range)."""
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))

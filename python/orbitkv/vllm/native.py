@@ -6,13 +6,11 @@ The native module is imported the first time a role actually talks to the Manage
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
-import time
-from types import ModuleType
 from typing import TYPE_CHECKING
 
+from orbitkv.engine.session import ReconnectBackoff, connection_lost, is_error, native
 from orbitkv.vllm.config import OrbitKVSettings
 
 if TYPE_CHECKING:
@@ -21,21 +19,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("orbitkv.vllm")
 
-_native: ModuleType | None = None
-
-
-def native() -> ModuleType:
-    """Import `orbitkv._native` on first use."""
-    global _native
-    if _native is None:
-        _native = importlib.import_module("orbitkv._native")
-    return _native
-
-
-def is_error(exc: BaseException, name: str) -> bool:
-    """True when `exc` is the native error class `name` (or a subclass)."""
-    cls = getattr(native(), name, None)
-    return cls is not None and isinstance(exc, cls)
+__all__ = ["ManagerSession", "is_error", "native", "page_layout"]
 
 
 class ManagerSession:
@@ -69,10 +53,8 @@ class ManagerSession:
         self._namespaces: dict[bytes, Namespace] = {}
         self._shard_namespaces: dict[bytes, list[Namespace]] = {}
         self._lock = threading.Lock()
-        # After a broken or refused connection, calls fail fast until this time, so an
-        # unreachable Manager costs one connect attempt per back-off, not one per step.
-        self._retry_at = 0.0
-        self._backoff = 0.0
+        # After a broken or refused connection, calls fail fast until the back-off ends.
+        self._backoff = ReconnectBackoff(logger)
 
     @property
     def connected(self) -> bool:
@@ -82,11 +64,9 @@ class ManagerSession:
         with self._lock:
             if self._client is None:
                 mod = native()
-                now = time.monotonic()
-                if now < self._retry_at:
-                    raise mod.ManagerUnavailable(
-                        f"Manager unreachable; next connection attempt in {self._retry_at - now:.2f}s"
-                    )
+                wait = self._backoff.wait_left()
+                if wait > 0:
+                    raise mod.ManagerUnavailable(f"Manager unreachable; next connection attempt in {wait:.2f}s")
                 try:
                     self._client = mod.Client(
                         self.settings.socket_path,
@@ -95,17 +75,9 @@ class ManagerSession:
                         map_arena=self.map_arena,
                     )
                 except Exception as exc:
-                    self._backoff = min(max(2 * self._backoff, 0.5), 30.0)
-                    self._retry_at = time.monotonic() + self._backoff
-                    # Visible, once per attempt: requests miss the external cache meanwhile.
-                    logger.warning(
-                        "orbitkv: cannot reach the Manager (%s); requests miss the external cache, "
-                        "next attempt in %.1fs",
-                        exc,
-                        self._backoff,
-                    )
+                    self._backoff.failed(exc)
                     raise
-                self._backoff = 0.0
+                self._backoff.succeeded()
                 logger.info("orbitkv: connected to Manager at %s", self._client.socket_path)
             return self._client
 
@@ -174,7 +146,7 @@ class ManagerSession:
     def drop_if_broken(self, exc: BaseException) -> bool:
         """Drop the connection when `exc` says it is gone (the Manager died, restarted or
         broke the protocol), so that the next call reconnects (L7). True when dropped."""
-        if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+        if connection_lost(exc):
             self.drop_client()
             return True
         return False

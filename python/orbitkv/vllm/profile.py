@@ -19,12 +19,15 @@ from vllm.v1.kv_cache_interface import (
     get_kv_cache_spec_kind,
 )
 
+from orbitkv.engine.identity import model_config_digest, static_lora_identity
 from orbitkv.vllm import compat
 from orbitkv.vllm.block_hashes import BlockHashError, block_hash_identity, check_hash_algo
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.errors import UnsupportedProfileError
-from orbitkv.vllm.identity import SCHEMA, model_config_digest, static_lora_identity
 from orbitkv.vllm.tp import parallel_rejection
+
+# The schema tag of the vLLM adapter's identity document (SGLang's has its own).
+SCHEMA = "orbitkv.vllm.namespace/1"
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -34,7 +34,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from orbitkv.vllm.config import OrbitKVSettings
-from orbitkv.vllm.layout import BlockGeometry, HostCopier, LayoutError, block_geometry, describe
+from orbitkv.vllm.layout import BlockGeometry, CpuPages, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, is_error, page_layout
 from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, OrbitKVConnectorStats
@@ -121,7 +121,7 @@ class OrbitKVWorker:
         self._save_reqs: dict[str, _ReqSaves] = {}  # SaveSpec seen since the last preemption
         self._finishing: set[str] = set()  # finished, reported once their saves drained
         self._batch_saves: dict[int, int] = {}  # save batch -> saves still in flight
-        self.copier: HostCopier | None = None
+        self.cpu_pages: CpuPages | None = None  # registered CPU pages (native copy path)
         self._kv: np.ndarray | None = None  # the whole KV backing buffer, as bytes
         self._layout: PageLayout | None = None  # native geometry, built on first transfer (O4)
         self._pool: ThreadPoolExecutor | None = None
@@ -161,7 +161,7 @@ class OrbitKVWorker:
                 f"registered KV pages hold {geometry.block_bytes} bytes per block but the "
                 f"KV cache config implies {self.session.block_bytes}"
             )
-        self.copier = HostCopier(geometry, flat)
+        self.cpu_pages = CpuPages(geometry, flat)
         self._kv = flat
         self._layout = None
         return geometry
@@ -225,16 +225,16 @@ class OrbitKVWorker:
 
     def _pages(self) -> tuple[PageLayout, np.ndarray]:
         """The native page layout and the KV buffer it describes."""
-        copier = self._copier()
+        pages = self._cpu_pages()
         assert self._kv is not None
         if self._layout is None:
-            self._layout = page_layout(copier.geometry, self._kv.nbytes)
+            self._layout = page_layout(pages.geometry, self._kv.nbytes)
         return self._layout, self._kv
 
-    def _copier(self) -> HostCopier:
-        if self.copier is None:
+    def _cpu_pages(self) -> CpuPages:
+        if self.cpu_pages is None:
             raise RuntimeError("orbitkv: KV caches were not registered before a transfer")
-        return self.copier
+        return self.cpu_pages
 
     def _sync_epoch(self, meta: OrbitKVConnectorMetadata) -> None:
         if meta.epoch != self._epoch:
@@ -361,7 +361,7 @@ class OrbitKVWorker:
 
     def _load(self, spec: LoadSpec) -> _LoadOutcome:
         out = _LoadOutcome(spec.req_id)
-        copier = self._copier()
+        pages = self._cpu_pages()
         try:
             client = self.session.client()
             ns = self.session.namespace(spec.salt)
@@ -378,7 +378,7 @@ class OrbitKVWorker:
             n = min(lease.hit_blocks, len(spec.block_ids))
             if n > 0:
                 dst_ids = list(spec.block_ids[:n])
-                views = copier.block_views(dst_ids)
+                views = pages.block_views(dst_ids)
                 if views is not None:
                     # One contiguous span per block: the native client copies
                     # arena -> pages directly, GIL released.
@@ -628,7 +628,7 @@ class OrbitKVWorker:
             engine.wait_saves()  # device-side: the next forward waits until the saves read
 
     def _save_one(self, spec: SaveSpec) -> None:
-        self._copier()  # KV caches unregistered is a bug, not a cache failure
+        self._cpu_pages()  # KV caches unregistered is a bug, not a cache failure
         try:
             client = self.session.client()
             ns = self.session.namespace(spec.salt)

@@ -16,10 +16,11 @@ if not torch.cuda.is_available():
 
 import kv_layouts  # noqa: E402
 import numpy as np  # noqa: E402
+from host_copier import HostCopier  # noqa: E402
 from kv_layouts import LAYOUTS, Shape  # noqa: E402
 
 from orbitkv.kvcopy import ArenaView, CopyEngine, layer_pages, pinned_segments  # noqa: E402
-from orbitkv.vllm.layout import HostCopier, describe  # noqa: E402
+from orbitkv.vllm.layout import describe  # noqa: E402
 
 pytestmark = pytest.mark.native
 DEV = torch.device("cuda", torch.cuda.current_device())

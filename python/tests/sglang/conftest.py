@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine_manager import manager_in_short_dir
 from sglang_env import PINNED_SGLANG, UNAVAILABLE, ManagerProcess
 
 
@@ -20,12 +19,5 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture
 def orbit_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]:
-    d = Path(tmp_path_factory.mktemp("mgr", numbered=True))
-    short = Path("/tmp") / f"okv-sgl-{os.getpid()}-{d.name}"
-    short.mkdir(mode=0o700, exist_ok=True)
-    mgr = ManagerProcess(short / "m.sock", d / "manager.log")
-    try:
+    with manager_in_short_dir(Path(tmp_path_factory.mktemp("mgr", numbered=True)), "okv-sgl") as mgr:
         yield mgr
-    finally:
-        mgr.stop()
-        shutil.rmtree(short, ignore_errors=True)

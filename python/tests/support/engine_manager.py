@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from orbitkv.launch import serve_command
@@ -100,3 +103,18 @@ class ManagerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+@contextmanager
+def manager_in_short_dir(log_dir: Path, prefix: str, fault_injection: bool = True) -> Iterator[ManagerProcess]:
+    """A Manager whose socket lives in a short private directory under /tmp (Unix socket
+    paths are limited to ~107 bytes; the Manager refuses a socket directory others may
+    write), its log in `log_dir`; stopped and the directory removed on exit."""
+    short = Path("/tmp") / f"{prefix}-{os.getpid()}-{log_dir.name}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    mgr = ManagerProcess(short / "m.sock", log_dir / "manager.log", fault_injection=fault_injection)
+    try:
+        yield mgr
+    finally:
+        mgr.stop()
+        shutil.rmtree(short, ignore_errors=True)

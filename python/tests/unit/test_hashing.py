@@ -43,9 +43,9 @@ def test_fingerprint_is_canonical() -> None:
 
 
 def test_one_fingerprint_definition() -> None:
-    """The vLLM adapter's identity fingerprint is the package's one definition."""
+    """The adapters' identity fingerprint is the package's one definition."""
     from orbitkv import hashing
-    from orbitkv.vllm import identity
+    from orbitkv.engine import identity
 
     assert identity.fingerprint is hashing.fingerprint
     assert identity.canonical_json is hashing.canonical_json

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine_manager import manager_in_short_dir
 from vllm_env import PINNED_VLLM, UNAVAILABLE, ManagerProcess
 
 
@@ -22,16 +21,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture
 def orbit_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]:
-    # Unix socket paths are limited to ~107 bytes: keep the directory short.
-    d = Path(tmp_path_factory.mktemp("mgr", numbered=True))
-    short = Path("/tmp") / f"okv-{os.getpid()}-{d.name}"
-    short.mkdir(mode=0o700, exist_ok=True)  # the Manager refuses a socket directory others may write
-    mgr = ManagerProcess(short / "m.sock", d / "manager.log", fault_injection=True)
-    try:
+    with manager_in_short_dir(Path(tmp_path_factory.mktemp("mgr", numbered=True)), "okv") as mgr:
         yield mgr
-    finally:
-        mgr.stop()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.fixture

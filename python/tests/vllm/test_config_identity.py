@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from vllm_env import REPO_PYTHON
 
+from orbitkv.engine.identity import adapter_digest, canonical_json, fingerprint, static_lora_identity
 from orbitkv.vllm.config import Mode, OrbitKVConfigError, parse_settings
-from orbitkv.vllm.identity import adapter_digest, canonical_json, fingerprint, static_lora_identity
 
 pytestmark = pytest.mark.vllm
 

@@ -31,7 +31,7 @@ from vllm.v1.request import RequestStatus
 from vllm_env import ManagerProcess
 from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens
 
-from orbitkv.vllm.identity import fingerprint
+from orbitkv.engine.identity import fingerprint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.native]
 

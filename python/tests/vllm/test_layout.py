@@ -16,11 +16,12 @@ skip_module_if_unavailable()
 import numpy as np
 import pytest
 import torch
+from host_copier import HostCopier
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker.utils import allocate_kv_cache
 from vllm_harness import LAYERS, make_kv_cache_config
 
-from orbitkv.vllm.layout import HostCopier, describe
+from orbitkv.vllm.layout import describe
 
 pytestmark = pytest.mark.vllm
 

@@ -16,10 +16,11 @@ torch = pytest.importorskip("torch", reason="torch is not installed in this envi
 
 import kv_layouts  # noqa: E402
 import numpy as np  # noqa: E402
+from host_copier import HostCopier  # noqa: E402
 from kv_layouts import LAYOUTS, Shape  # noqa: E402
 
 from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, layer_pages, slots_array  # noqa: E402
-from orbitkv.vllm.layout import HostCopier, describe  # noqa: E402
+from orbitkv.vllm.layout import describe  # noqa: E402
 
 pytestmark = pytest.mark.native
 
