@@ -63,6 +63,7 @@ pub struct Manager {
 impl Manager {
     pub fn start(config: ManagerConfig) -> Result<Manager, ManagerError> {
         log::set_level(config.log_level);
+        log::set_format(config.log_format);
         let sizes = config.segment_sizes();
         let limits = limits::check(sizes.len() as u64, config.max_connections as u64)?;
         if let Some(free) = config.page_size.free_pages() {

@@ -194,6 +194,9 @@ pub struct Args {
     /// Log level: error, warn, info, debug
     #[arg(long, env = "ORBITKV_LOG")]
     pub log_level: Option<String>,
+    /// Log line format: text (RFC 3339 time, level, message) or json (one object a line)
+    #[arg(long, env = "ORBITKV_LOG_FORMAT")]
+    pub log_format: Option<String>,
 }
 
 /// The keys of the `--config` TOML file (those of the long flags, with underscores).
@@ -217,6 +220,7 @@ pub(super) struct FileConfig {
     pub(super) frame_timeout_ms: Option<u64>,
     pub(super) session_spin_us: Option<u64>,
     pub(super) log_level: Option<String>,
+    pub(super) log_format: Option<String>,
     pub(super) ssd_dir: Option<PathBuf>,
     pub(super) ssd: Option<bool>,
     pub(super) ssd_capacity: Option<String>,

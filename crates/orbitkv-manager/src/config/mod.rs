@@ -71,6 +71,7 @@ pub struct ManagerConfig {
     /// How long a session's thread polls for the next request before it sleeps.
     pub session_spin: std::time::Duration,
     pub log_level: crate::log::Level,
+    pub log_format: crate::log::Format,
     pub ssd: Option<SsdSettings>,
     /// DRAM eviction policy.
     pub cache_policy: orbitkv_core::policy::PolicyKind,
@@ -208,6 +209,9 @@ impl ManagerConfig {
         };
         let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
             .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
+        let log_format =
+            crate::log::Format::parse(a.log_format.or(file.log_format).as_deref().unwrap_or("text"))
+                .ok_or_else(|| ConfigError::Invalid("log_format must be text or json".into()))?;
         let ssd_dir = a
             .ssd_dir
             .or(file.ssd_dir)
@@ -290,6 +294,7 @@ impl ManagerConfig {
             frame_timeout,
             session_spin,
             log_level,
+            log_format,
         })
     }
 }
@@ -332,6 +337,16 @@ mod tests {
         let c =
             ManagerConfig::from_argv(["x", "--dram-size", "10MiB", "--segment-size", "4MiB"]).expect("ok");
         assert_eq!(c.segment_sizes(), vec![4 << 20, 4 << 20, 2 << 20]);
+    }
+
+    #[test]
+    fn log_format_text_by_default_json_on_request_anything_else_refused() {
+        let c = ManagerConfig::from_argv(["x"]).expect("defaults");
+        assert_eq!(c.log_format, crate::log::Format::Text);
+        let c = ManagerConfig::from_argv(["x", "--log-format", "json"]).expect("json");
+        assert_eq!(c.log_format, crate::log::Format::Json);
+        let e = ManagerConfig::from_argv(["x", "--log-format", "logfmt"]).expect_err("unknown");
+        assert!(e.to_string().contains("log_format must be text or json"), "{e}");
     }
 
     #[test]
