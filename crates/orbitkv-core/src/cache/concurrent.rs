@@ -22,9 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::Counters;
-use super::leases::Lease;
 use crate::keys::{BlockKey, LeaseId, SessionId};
-use crate::map::Map;
 use crate::policy::Policy;
 
 /// Chains waiting in the touch log at which a lookup replays them itself: the
@@ -45,107 +43,16 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
+pub(super) fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
     m.get_mut().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Shards of the lease table and of the touch log: enough that sessions
 /// running at once rarely meet on one.
-const SHARDS: usize = 64;
+pub(super) const SHARDS: usize = 64;
 
-fn shards<T: Default>() -> Box<[Mutex<T>]> {
+pub(super) fn shards<T: Default>() -> Box<[Mutex<T>]> {
     (0..SHARDS).map(|_| Mutex::new(T::default())).collect()
-}
-
-/// Every live lease, sharded by id. Under the exclusive lock the shards are
-/// reached without locking (`&mut self`).
-#[derive(Debug)]
-pub(super) struct LeaseTable {
-    shards: Box<[Mutex<Map<LeaseId, Lease>>]>,
-}
-
-impl Default for LeaseTable {
-    fn default() -> Self {
-        LeaseTable { shards: shards() }
-    }
-}
-
-impl LeaseTable {
-    fn shard(&self, id: LeaseId) -> &Mutex<Map<LeaseId, Lease>> {
-        &self.shards[(id.0 % SHARDS as u64) as usize]
-    }
-
-    pub(super) fn insert(&self, id: LeaseId, lease: Lease) {
-        lock(self.shard(id)).insert(id, lease);
-    }
-
-    pub(super) fn remove(&mut self, id: LeaseId) -> Option<Lease> {
-        let i = (id.0 % SHARDS as u64) as usize;
-        get_mut(&mut self.shards[i]).remove(&id)
-    }
-
-    pub(super) fn get_mut(&mut self, id: LeaseId) -> Option<&mut Lease> {
-        let i = (id.0 % SHARDS as u64) as usize;
-        get_mut(&mut self.shards[i]).get_mut(&id)
-    }
-
-    /// Run `f` on the lease under its shard's lock (`None`: no such lease).
-    pub(super) fn with<R>(&self, id: LeaseId, f: impl FnOnce(&mut Lease) -> R) -> Option<R> {
-        lock(self.shard(id)).get_mut(&id).map(f)
-    }
-
-    /// Remove the lease if `f` says so, deciding under its shard's lock (so no
-    /// other shared-lock caller can end it in between). `Ok(None)`: kept.
-    pub(super) fn take_if<E>(
-        &self,
-        id: LeaseId,
-        unknown: E,
-        f: impl FnOnce(&Lease) -> Result<bool, E>,
-    ) -> Result<Option<Lease>, E> {
-        let mut shard = lock(self.shard(id));
-        let lease = shard.get(&id).ok_or(unknown)?;
-        if f(lease)? {
-            Ok(shard.remove(&id))
-        } else {
-            Ok(None)
-        }
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
-    }
-
-    /// Approximate heap bytes: the shards' tables and each lease's key list.
-    pub(super) fn lease_bytes(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| {
-                let s = lock(s);
-                crate::map::table_bytes::<LeaseId, Lease>(s.capacity())
-                    + s.values()
-                        .map(|l| crate::map::vec_bytes::<BlockKey>(l.keys.capacity()))
-                        .sum::<u64>()
-            })
-            .sum()
-    }
-
-    /// Every lease (exclusive lock held: no shard lock taken).
-    pub(super) fn iter(&mut self) -> impl Iterator<Item = (&LeaseId, &Lease)> {
-        self.shards.iter_mut().flat_map(|s| get_mut(s).iter())
-    }
-
-    /// Visit every lease from `&self` (each shard locked in turn).
-    pub(super) fn try_for_each<E>(
-        &self,
-        mut f: impl FnMut(LeaseId, &Lease) -> Result<(), E>,
-    ) -> Result<(), E> {
-        for s in self.shards.iter() {
-            for (id, l) in lock(s).iter() {
-                f(*id, l)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The leases of one session. Only that session's thread adds to it under the

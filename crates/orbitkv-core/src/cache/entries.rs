@@ -4,6 +4,10 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+mod slots;
+
+pub(super) use slots::Slots;
+
 use super::CacheState;
 use crate::arena::{ALIGN, aligned_len};
 use crate::keys::{BlockKey, Slot};

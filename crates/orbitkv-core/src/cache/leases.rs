@@ -11,24 +11,16 @@
 //! methods run that same code first and fall back to the exclusive path, so
 //! every test of the `&mut` API also runs the shared path.
 
+mod records;
+
 use std::sync::atomic::Ordering;
 
 use super::concurrent::{DRAIN_AT, HotCounters, Touch};
 use super::entries::Entry;
-use super::tp::{TpPart, TpToken};
 use super::{AcquireStep, CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId, Slot};
-
-/// Lifecycle of a lease as the Manager can observe it (contract L2). The
-/// client-side facts (enqueue, per-layer readiness) are tracked by the client;
-/// the Manager sees "sources handed out" and "drained → retired".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseState {
-    /// Hit blocks pinned; no copy may have started yet.
-    Granted,
-    /// Source locations handed to the client: copies may be in flight.
-    Acquired,
-}
+pub(in crate::cache) use records::{Lease, LeaseTable, TpLease};
+pub use records::{LeaseState, TpPart, TpToken};
 
 #[derive(Debug, Clone)]
 pub struct LookupResult {
@@ -39,16 +31,6 @@ pub struct LookupResult {
     /// hit blocks in DRAM until it is released.
     pub ssd_blocks: Vec<u32>,
     pub generation: u64,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct Lease {
-    pub(super) session: SessionId,
-    pub(super) ns: NsId,
-    pub(super) keys: Vec<BlockKey>,
-    pub(super) state: LeaseState,
-    /// The TP lease this is one shard's part of (see `tp.rs`).
-    pub(super) tp: Option<TpToken>,
 }
 
 impl CacheState {
@@ -365,16 +347,10 @@ impl CacheState {
         // its last part.
         if let Some(token) = lease.tp
             && let Some(tp) = self.tp.get_mut(&token)
+            && tp.part_ended(l)
         {
-            for part in &mut tp.parts {
-                if matches!(*part, TpPart::Pending(x) | TpPart::Redeemed(x) if x == l) {
-                    *part = TpPart::Done;
-                }
-            }
-            if tp.parts.iter().all(|p| *p == TpPart::Done) {
-                self.tp.remove(&token);
-                self.counters.tp_leases_completed += 1;
-            }
+            self.tp.remove(&token);
+            self.counters.tp_leases_completed += 1;
         }
     }
 }

@@ -10,14 +10,17 @@
 //!    (`gauges`, `check_invariants`).
 //! 2. `tp.rs`: tensor-parallel leases — one lookup over every shard of a TP
 //!    group pins the common prefix under a token each rank's worker redeems.
-//! 3. `leases.rs`: pins — `lookup`, `acquire`, `release` and [`CacheState::end_lease`],
-//!    the only place a lease ends; and `saves.rs`: allocated-but-invisible
+//! 3. `leases.rs`: pins — `lookup`, `acquire`, `release` and [`CacheState::end_lease`] /
+//!    [`CacheState::try_release_shared`], the only places a lease ends (its
+//!    `records.rs` holds what a lease is and the lease table, whose removals only
+//!    `leases` can call); and `saves.rs`: allocated-but-invisible
 //!    slots — `begin_save`, `commit_save`, `abort_save` and `end_save`.
 //! 4. `tiers.rs`: moves between DRAM and SSD (spill, stage, SSD drop,
 //!    adoption) and *doomed* blocks, which are reaped once unpinned and idle.
 //! 5. `entries.rs`: the index of visible blocks and their DRAM slots —
 //!    allocation with eviction and [`CacheState::free_slot`], the only place a
-//!    slot returns to the arena.
+//!    slot returns to the arena (`entries/slots.rs`: the arena's `Slots`, whose
+//!    `alloc` and `free` only `entries` can call).
 //! 6. `registry.rs`: the session and namespace tables (liveness checks,
 //!    generations, on-disk block identity).
 //!
@@ -43,23 +46,22 @@ mod tp;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
-use crate::arena::ArenaAllocator;
 use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
 use crate::map::Map;
 use crate::policy::{Policy, PolicyHeap, PolicyKind};
 use crate::table::SlabMap;
-use concurrent::{HotCounters, LeaseTable, PolicyCell, TouchLog};
+use concurrent::{HotCounters, PolicyCell, TouchLog};
 
 pub use entries::PresenceSink;
-use entries::{Busy, Entry};
-pub use leases::{LeaseState, LookupResult};
+use entries::{Busy, Entry, Slots};
+pub use leases::{LeaseState, LookupResult, TpPart, TpToken};
+use leases::{LeaseTable, TpLease};
 use registry::{NsInfo, SessionInfo};
 use saves::PendingSave;
 pub use saves::SaveStatus;
 use tiers::TierState;
 pub use tiers::{AcquireStep, SpillJob, SpillPolicy, StageJob};
-use tp::TpLease;
-pub use tp::{MAX_TP_SHARDS, TpLookupResult, TpPart, TpRedeemed, TpToken};
+pub use tp::{MAX_TP_SHARDS, TpLookupResult, TpRedeemed};
 
 /// Largest block the arena accepts (a single extent).
 pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
@@ -208,7 +210,8 @@ impl HeapBytes {
 
 #[derive(Debug)]
 pub struct CacheState {
-    arena: ArenaAllocator,
+    /// The arena's slots: taken and given back only in `entries.rs`.
+    arena: Slots,
     policy: PolicyCell,
     index: SlabMap<BlockKey, Entry>,
     namespaces: HashMap<NsId, NsInfo>,
@@ -241,13 +244,13 @@ impl CacheState {
     /// A cache whose DRAM eviction follows `kind`, `duel`'s sample drawn with
     /// `seed` (`None`: random per process; see [`Policy::seeded`]).
     pub fn with_policy_seed(segment_sizes: &[u64], kind: PolicyKind, seed: Option<u64>) -> Self {
-        let capacity = ArenaAllocator::new(segment_sizes).capacity();
+        let capacity = Slots::new(segment_sizes).capacity();
         Self::with_policy_instance(segment_sizes, Policy::seeded(kind, capacity, seed))
     }
 
     /// A cache with a policy built by the caller (the simulator's parameter sweeps).
     pub fn with_policy_instance(segment_sizes: &[u64], policy: Policy<BlockKey>) -> Self {
-        let arena = ArenaAllocator::new(segment_sizes);
+        let arena = Slots::new(segment_sizes);
         CacheState {
             arena,
             policy: PolicyCell::new(policy),

@@ -17,48 +17,12 @@
 //! Layer 1: calls down into `leases` (pins) and `registry`, never up.
 
 use super::concurrent::HotCounters;
-use super::leases::{Lease, LeaseState};
+use super::leases::{Lease, LeaseState, TpLease, TpPart, TpToken};
 use super::{CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId};
 
 /// Most shards one TP lease may declare (TP ranks on one host).
 pub const MAX_TP_SHARDS: usize = 64;
-
-/// The unforgeable name of a TP lease: 128 random bits drawn by the Manager.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TpToken(pub [u8; 16]);
-
-impl std::fmt::Debug for TpToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print a whole token: it is a capability.
-        write!(f, "TpToken({:02x}{:02x}…)", self.0[0], self.0[1])
-    }
-}
-
-/// The part of one declared shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TpPart {
-    /// Pinned under the owner's lease; no worker took it yet.
-    Pending(LeaseId),
-    /// Redeemed: the lease belongs to the redeeming worker session.
-    Redeemed(LeaseId),
-    /// The rank reported done (its lease ended).
-    Done,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct TpLease {
-    pub(super) owner: SessionId,
-    /// The uid whose sessions may redeem parts (`None`: pinned for a peer
-    /// Manager; any session of this Manager holding the token).
-    pub(super) uid: Option<u32>,
-    /// One per declared shard: in shard order (`nss[i]` has shard `i`) for a
-    /// whole group, the shards this Manager holds for a group across Managers.
-    pub(super) nss: Vec<NsId>,
-    pub(super) parts: Vec<TpPart>,
-    /// Caller's clock (milliseconds): after it, parts still pending are released.
-    pub(super) expires_at_ms: u64,
-}
 
 /// Result of a TP lookup: the common prefix of every shard, pinned in all of
 /// them under `token` (None when the common prefix is empty).
