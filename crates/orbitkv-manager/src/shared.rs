@@ -79,6 +79,10 @@ pub struct Shared {
     /// Bytes of incomplete frame bodies charged to `--max-buffered-bytes`
     /// (see `framing::PeerReader`).
     pub frame_buffer_bytes: AtomicUsize,
+    /// Held by a generation reset from its bump to the end of its fsync, so the
+    /// generations file is written in the order of the bumps while the cache
+    /// lock is free for everyone else during the fsync ([`Shared::generation_writes`]).
+    generation_writes: Mutex<()>,
 }
 
 impl Shared {
@@ -105,7 +109,15 @@ impl Shared {
             started: Instant::now(),
             connections: AtomicUsize::new(0),
             frame_buffer_bytes: AtomicUsize::new(0),
+            generation_writes: Mutex::new(()),
         }
+    }
+
+    /// Serialises generation resets: take it before the bump and hold it until
+    /// the table is durable, so a later bump's table is never overwritten by an
+    /// earlier one, without holding the cache lock across the fsync.
+    pub fn generation_writes(&self) -> MutexGuard<'_, ()> {
+        self.generation_writes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The cache lock, exclusive. The policy first catches up with the hits

@@ -286,6 +286,39 @@ def test_namespace_size_mismatch_and_reset_generation_are_rejected_after_restart
     assert m2.stats()["ssd_rejected_blocks_total"] >= 8
 
 
+def test_concurrent_resets_persist_the_last_generation(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Resets from several sessions at once: the file is written in bump order (the
+    cache lock is not held across its fsync), so after a SIGKILL the Manager comes
+    back at the last generation any reply reported, never an earlier one."""
+    import threading
+
+    ssd = tmp_path / "ssd"
+    m = ssd_manager(manager_factory, ssd)
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def resets() -> None:
+        try:
+            c = m.client()
+            ns = c.register_namespace(FP, BB)
+            for _ in range(10):
+                seen.append(c.reset_generation(ns))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=resets) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(seen) == list(range(1, 41)), "each reset got its own generation"
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait()
+    m2 = ssd_manager(manager_factory, ssd)
+    assert m2.client().register_namespace(FP, BB).generation == 40
+
+
 def test_tmpfs_with_direct_mode_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm tmpfs on this machine")

@@ -157,13 +157,21 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
         }
         Request::AbortSave { save } => map(shared.cache().abort_save(s, SaveId(save)).map(|_| Response::Ok)),
         Request::ResetGeneration { ns } => {
-            let mut cache = shared.cache();
-            let r = cache.bump_generation(NsId(ns));
-            if let Ok(g) = &r {
+            // Resets are ordered (their tables are written in bump order); the
+            // cache lock is held only for the bump and the table's snapshot, not
+            // across the fsync, so lookups and saves go on meanwhile.
+            let _ordered = shared.generation_writes();
+            let (r, table) = {
+                let mut cache = shared.cache();
+                let r = cache.bump_generation(NsId(ns));
+                let table = r.is_ok().then(|| cache.generation_table());
+                (r, table)
+            };
+            if let (Ok(g), Some(table)) = (&r, table) {
                 log!(Info, "namespace {ns}: moved to generation {g}");
                 if let Some(ssd) = &shared.config.ssd {
                     // Durable before the reply: a restart must never serve the old generation.
-                    if let Err(e) = crate::tier::persist_generations(&ssd.dir, &cache.generation_table()) {
+                    if let Err(e) = crate::tier::persist_generations(&ssd.dir, &table) {
                         log!(Error, "persisting generations in {}: {e}", ssd.dir.display());
                         return Response::error(
                             ErrorCode::Internal,
