@@ -27,10 +27,13 @@
 //! here keeps a ghost history of 4× the capacity.
 //!
 //! Cost: a hit is one map lookup, a frequency bump and a move to the end of the
-//! recency list. A key's sample hash is taken once, at its insert, and kept with the
-//! entry; 1 in `SAMPLE` keys is also an access to the five shadows, which know
-//! a key by that 64-bit hash (cheaper to hash again than the key; two sampled
-//! keys colliding would only merge two shadow entries).
+//! recency list. A key's sample hash is taken at its insert; the entry keeps
+//! one bit, whether it is in the sample (a spare bit of its S3-FIFO slot, where
+//! the whole hash cost 8 bytes a block), and a hit on a sampled key (1 in
+//! `SAMPLE`) hashes it again, with the same hasher: the same hash. Such a hit
+//! is also an access to the five shadows, which know a key by that 64-bit hash
+//! (cheaper to hash again than the key; two sampled keys colliding would only
+//! merge two shadow entries).
 
 use std::hash::{BuildHasher, Hash};
 
@@ -244,15 +247,18 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         if Self::in_sample(hash) {
             self.sampled(hash, weight);
         }
-        self.s3.insert_tagged(key, weight, hash)
+        self.s3.insert_marked(key, weight, Self::in_sample(hash))
     }
 
     /// Record a hit.
     pub fn touch(&mut self, key: &K) -> bool {
-        let Some((weight, hash)) = self.s3.touch_tagged(key) else {
+        let Some((weight, sampled)) = self.s3.touch_marked(key) else {
             return false;
         };
-        if Self::in_sample(hash) {
+        if sampled {
+            // The hash taken at its insert (the sample's hasher never changes).
+            let hash = self.hasher.hash_one(key);
+            debug_assert!(Self::in_sample(hash));
             self.sampled(hash, weight);
         }
         true

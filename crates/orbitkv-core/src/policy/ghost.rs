@@ -3,11 +3,14 @@
 //!
 //! The history remembers several times more keys than are resident (`duel`:
 //! 4× the capacity), so its per-key cost dominates the policy's memory. Each
-//! element is 12 bytes (the hash and its weight with a from-main bit, in two
-//! rings) and the index is an open-addressing table of 4-byte element numbers
-//! (linear probing, backward-shift deletion, 53–80 % full), about 19 bytes per
-//! remembered key in all against ~50 in a `HashMap<u64, u64>` over a
-//! `VecDeque<(u64, u64)>`. The behaviour is the same: an element is found only
+//! element is 9 bytes: the hash, and its weight with a from-main bit as a
+//! one-byte code into a table of the distinct values seen (a cache has a few
+//! block sizes; past 256 distinct values the codes become the 4-byte values
+//! themselves, 12 bytes an element), in two rings. The index is an
+//! open-addressing table of 4-byte element numbers (linear probing,
+//! backward-shift deletion, 53–80 % full), about 15 bytes per remembered key in
+//! all against ~50 in a `HashMap<u64, u64>` over a `VecDeque<(u64, u64)>`.
+//! The behaviour is the same: an element is found only
 //! while the index points at it (a later eviction of the same hash, or a
 //! readmission, makes an older element stale), and stale elements still count
 //! towards the byte limit until they leave the front.
@@ -22,12 +25,95 @@ const EMPTY: u32 = 0;
 /// Weights above this are remembered as this (blocks are at most 1 GiB).
 const MAX_WEIGHT: u64 = (u32::MAX >> 1) as u64;
 
+/// The ring of element values (weight `<< 1`, `| 1` when evicted from main),
+/// oldest first.
+#[derive(Debug, Clone)]
+enum Values {
+    /// One byte an element: an index into `dict`, the distinct values seen
+    /// (at most 256; never shrinks). `last`: the code last pushed.
+    Coded {
+        codes: VecDeque<u8>,
+        dict: Vec<u32>,
+        last: u8,
+    },
+    /// The values themselves, once more than 256 distinct ones were seen.
+    Plain(VecDeque<u32>),
+}
+
+impl Default for Values {
+    fn default() -> Self {
+        Values::Coded {
+            codes: VecDeque::new(),
+            dict: Vec::new(),
+            last: 0,
+        }
+    }
+}
+
+impl Values {
+    fn get(&self, at: usize) -> u32 {
+        match self {
+            Values::Coded { codes, dict, .. } => dict[usize::from(codes[at])],
+            Values::Plain(v) => v[at],
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<u32> {
+        match self {
+            Values::Coded { codes, dict, .. } => codes.pop_front().map(|c| dict[usize::from(c)]),
+            Values::Plain(v) => v.pop_front(),
+        }
+    }
+
+    fn push_back(&mut self, value: u32) {
+        if let Values::Coded { codes, dict, last } = self {
+            let code = if dict.get(usize::from(*last)) == Some(&value) {
+                Some(*last)
+            } else if let Some(c) = dict.iter().position(|&d| d == value) {
+                Some(c as u8)
+            } else if dict.len() <= usize::from(u8::MAX) {
+                dict.push(value);
+                Some((dict.len() - 1) as u8)
+            } else {
+                None
+            };
+            if let Some(c) = code {
+                *last = c;
+                codes.push_back(c);
+                return;
+            }
+            // A 257th distinct value: hold the values themselves from now on.
+            let mut plain = VecDeque::with_capacity(codes.capacity());
+            plain.extend(codes.iter().map(|&c| dict[usize::from(c)]));
+            *self = Values::Plain(plain);
+        }
+        if let Values::Plain(v) = self {
+            v.push_back(value);
+        }
+    }
+
+    fn reserve_exact(&mut self, more: usize) {
+        match self {
+            Values::Coded { codes, .. } => codes.reserve_exact(more),
+            Values::Plain(v) => v.reserve_exact(more),
+        }
+    }
+
+    /// Heap bytes of `len` elements (and the dictionary).
+    fn heap_bytes(&self, len: usize) -> usize {
+        match self {
+            Values::Coded { dict, .. } => len + dict.capacity() * 4,
+            Values::Plain(_) => len * 4,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub(super) struct Ghost {
     /// Element hashes, oldest first; element `j` has number `head + j`.
     hashes: VecDeque<u64>,
     /// Element weight `<< 1`, `| 1` when it was evicted from main.
-    weights: VecDeque<u32>,
+    weights: Values,
     head: u64,
     /// Open-addressing index: element number modulo [`MODULUS`] + 1, or [`EMPTY`].
     table: Vec<u32>,
@@ -41,7 +127,8 @@ impl Ghost {
     /// Heap bytes: the table's allocation; the rings count by the elements held: their room is reserved for what
     /// the byte limit implies (`reserve`), so at steady state the two agree.
     pub(super) fn heap_bytes(&self) -> u64 {
-        (self.hashes.len() * 8 + self.weights.len() * 4 + self.table.capacity() * 4) as u64
+        (self.hashes.len() * 8 + self.weights.heap_bytes(self.hashes.len()) + self.table.capacity() * 4)
+            as u64
     }
 
     /// Forget `hash`; `Some(from_main)` when it was remembered.
@@ -49,7 +136,7 @@ impl Ghost {
         let at = self.find(hash)?;
         let off = self.offset(self.table[at]);
         self.remove_at(at);
-        Some(self.weights[off] & 1 == 1)
+        Some(self.weights.get(off) & 1 == 1)
     }
 
     /// Remember `hash` (evicted with `weight`, from main or not) as the newest
@@ -258,5 +345,45 @@ mod tests {
         for h in r.index.keys() {
             assert!(g.find(*h).is_some());
         }
+    }
+
+    /// Weights are held as one-byte codes while at most 256 distinct values
+    /// were seen, then as the values themselves; either way the history
+    /// behaves as the reference does.
+    #[test]
+    fn many_distinct_weights_switch_to_plain_values() {
+        let mut g = Ghost::default();
+        let mut r = Reference::default();
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        for step in 0..100_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let h = ((x >> 20) % 5000).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            // 2 block sizes (4 values with the from-main bit), then 300 more.
+            let w = if step < 50_000 {
+                [4096, 8192][(x >> 40) as usize % 2]
+            } else {
+                1 + (x >> 40) % 300
+            };
+            if x.is_multiple_of(4) {
+                assert_eq!(g.take(h), r.take(h), "step {step}");
+            } else {
+                g.add(h, w, x & 8 == 0, 1_000_000);
+                r.add(h, w, x & 8 == 0, 1_000_000);
+            }
+            assert_eq!(g.bytes, r.bytes);
+            assert_eq!(g.indexed, r.index.len());
+            if step == 49_999 {
+                assert!(matches!(&g.weights, Values::Coded { dict, .. } if dict.len() == 4));
+                let rings = g.heap_bytes() - g.table.capacity() as u64 * 4;
+                assert_eq!(rings, g.hashes.len() as u64 * 9 + 16, "9 bytes an element");
+            }
+        }
+        assert!(matches!(g.weights, Values::Plain(_)));
+        assert_eq!(
+            g.heap_bytes(),
+            (g.hashes.len() * 12 + g.table.capacity() * 4) as u64
+        );
     }
 }

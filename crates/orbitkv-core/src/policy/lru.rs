@@ -1,11 +1,13 @@
 //! Least recently used, weighted by bytes: the reference policy of the trace
 //! simulator and a candidate. O(1) per operation: a doubly linked list threaded
-//! through a slab of nodes (least recent first, [`super::slab`]), indexed by key.
+//! through a slab of nodes (least recent first, [`super::slab`]), indexed by key
+//! in a [`SlotTable`] (8 bytes a bucket: the node holds the key; a `HashMap`
+//! from key to node held the key again, 57 bytes a bucket for a `BlockKey`).
 
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 use super::slab::{List, Slab};
-use crate::map::Map;
+use crate::table::SlotTable;
 
 #[derive(Debug, Clone)]
 struct Node<K> {
@@ -15,7 +17,10 @@ struct Node<K> {
 
 #[derive(Debug, Clone)]
 pub struct Lru<K> {
-    index: Map<K, usize>,
+    /// Key → its node in `nodes`.
+    index: SlotTable,
+    /// Hashes keys for `index` (per process, random).
+    hasher: foldhash::fast::RandomState,
     nodes: Slab<Node<K>>,
     order: List,
     bytes: u64,
@@ -24,7 +29,8 @@ pub struct Lru<K> {
 impl<K: Copy + Eq + Hash + Ord> Lru<K> {
     pub fn new() -> Self {
         Lru {
-            index: Map::default(),
+            index: SlotTable::default(),
+            hasher: foldhash::fast::RandomState::default(),
             nodes: Slab::new(),
             order: List::EMPTY,
             bytes: 0,
@@ -37,7 +43,7 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
 
     /// Approximate heap bytes.
     pub fn heap_bytes(&self) -> u64 {
-        crate::map::table_bytes::<K, usize>(self.index.capacity()) + self.nodes.heap_bytes()
+        self.index.heap_bytes() + self.nodes.heap_bytes()
     }
 
     /// The tracked entries' weight.
@@ -46,29 +52,38 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len() == 0
     }
 
     pub fn contains(&self, key: &K) -> bool {
-        self.index.contains_key(key)
+        self.node_of(key).is_some()
+    }
+
+    /// The node tracking `key`.
+    fn node_of(&self, key: &K) -> Option<usize> {
+        let nodes = &self.nodes;
+        self.index
+            .get(self.hasher.hash_one(key), |i| nodes[i].key == *key)
     }
 
     /// A tracked entry's weight.
     pub fn weight(&self, key: &K) -> Option<u64> {
-        self.index.get(key).map(|&i| self.nodes[i].weight)
+        self.node_of(key).map(|i| self.nodes[i].weight)
     }
 
     /// Track a new entry of `weight` bytes as the most recently used (an entry
     /// already tracked takes the new weight and becomes the most recent).
     pub fn insert(&mut self, key: K, weight: u64) {
-        if let Some(&i) = self.index.get(&key) {
+        let h = self.hasher.hash_one(key);
+        let nodes = &self.nodes;
+        if let Some(i) = self.index.get(h, |i| nodes[i].key == key) {
             self.bytes = self.bytes - self.nodes[i].weight + weight;
             self.nodes[i].weight = weight;
             self.order.move_last(&mut self.nodes, i);
             return;
         }
         let i = self.nodes.put(Node { key, weight });
-        self.index.insert(key, i);
+        self.index.insert(h, i);
         self.bytes += weight;
         self.order.push_last(&mut self.nodes, i);
     }
@@ -76,13 +91,17 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
     /// Record a hit: the entry becomes the most recently used. Returns its
     /// weight, `None` when it is not tracked.
     pub fn touch(&mut self, key: &K) -> Option<u64> {
-        let &i = self.index.get(key)?;
+        let i = self.node_of(key)?;
         self.order.move_last(&mut self.nodes, i);
         Some(self.nodes[i].weight)
     }
 
     pub fn remove(&mut self, key: &K) {
-        if let Some(i) = self.index.remove(key) {
+        let nodes = &self.nodes;
+        if let Some(i) = self
+            .index
+            .remove(self.hasher.hash_one(key), |i| nodes[i].key == *key)
+        {
             self.order.unlink(&mut self.nodes, i);
             self.bytes -= self.nodes[i].weight;
             self.nodes.release(i);

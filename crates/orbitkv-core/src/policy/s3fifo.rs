@@ -5,9 +5,10 @@
 //! main FIFO for entries that were hit while in the small queue, and a ghost
 //! FIFO of recently evicted keys; a key found in the ghost is admitted straight
 //! to main. Entries live in a slab; the small and main queues hold
-//! `(slot, seq)` and are cleaned lazily: an element is live only while the
-//! slot's current `seq` matches (a freed slot's is 0), so walking them hashes
-//! no key.
+//! `(slot, generation)` (8 bytes an element) and are cleaned lazily: an element
+//! is live only while its slot's current generation matches, so walking them
+//! hashes no key (see [`Elem`] for why a stale element is never taken for a
+//! live one).
 //!
 //! Optionally ([`S3Fifo::with_recency`]) the same entries are also threaded on
 //! a recency list, so they can leave in LRU order instead: `Duel` runs S3-FIFO
@@ -22,25 +23,101 @@ use crate::table::SlotTable;
 
 const MAX_FREQ: u8 = 3;
 
+/// [`Slot::meta`]: the frequency (0..=[`MAX_FREQ`]) in the low two bits, then
+/// the queue, the owner's mark, and the slot's generation above [`GEN_SHIFT`].
+const FREQ_BITS: u32 = 0b11;
+const IN_MAIN: u32 = 1 << 2;
+const MARK: u32 = 1 << 3;
+const GEN_SHIFT: u32 = 4;
+const FLAGS: u32 = (1 << GEN_SHIFT) - 1;
+/// The widest generation that fits above the flags: generations count modulo
+/// 2^28 (see [`Elem`]).
+const GEN_MASK: u32 = u32::MAX >> GEN_SHIFT;
+const _: () = assert!(MAX_FREQ as u32 <= FREQ_BITS);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Queue {
     Small,
     Main,
 }
 
-/// One tracked entry.
+/// One tracked entry: with a 48-byte `BlockKey` 56 bytes, 64 with its slab
+/// links (it was 72 + 8 with a `u64` seq, a `u64` tag and two flag bytes).
 #[derive(Debug, Clone)]
 struct Slot<K> {
     key: K,
-    /// At most `u32::MAX` (blocks are at most 1 GiB): 8 bytes less per slot.
+    /// At most `u32::MAX` (blocks are at most 1 GiB).
     weight: u32,
-    /// The entry's queue element's seq; 0 while the slot is free.
-    seq: u64,
-    freq: u8,
-    queue: Queue,
-    /// A value the owner keeps with the entry (`Duel`: the key's sample hash).
-    tag: u64,
+    /// `generation << GEN_SHIFT | mark | in_main | freq` (see [`FREQ_BITS`]).
+    /// The generation outlives the entry: a reused slot keeps it (see [`Elem`]).
+    meta: u32,
 }
+
+impl<K> Slot<K> {
+    fn freq(&self) -> u8 {
+        (self.meta & FREQ_BITS) as u8
+    }
+
+    fn set_freq(&mut self, freq: u8) {
+        self.meta = (self.meta & !FREQ_BITS) | u32::from(freq);
+    }
+
+    fn queue(&self) -> Queue {
+        if self.meta & IN_MAIN != 0 {
+            Queue::Main
+        } else {
+            Queue::Small
+        }
+    }
+
+    fn set_queue(&mut self, queue: Queue) {
+        self.meta = match queue {
+            Queue::Main => self.meta | IN_MAIN,
+            Queue::Small => self.meta & !IN_MAIN,
+        };
+    }
+
+    fn mark(&self) -> bool {
+        self.meta & MARK != 0
+    }
+
+    fn generation(&self) -> u32 {
+        self.meta >> GEN_SHIFT
+    }
+}
+
+/// A small or main queue element: slot `slot` as it was in generation `generation`.
+///
+/// It is live while the slot's generation is still `generation`. Each tracked entry
+/// has exactly one element, pushed when it is inserted and pushed again only
+/// right after it was popped. An entry that leaves through [`S3Fifo::evict_one`]
+/// has just had its element popped, so none is left and its slot keeps its
+/// generation; one that leaves while its element is still queued (a removal,
+/// an LRU-order eviction) bumps the slot's generation, which makes that element
+/// stale. So an element is live exactly when the entry that pushed it is still
+/// the slot's (what a global 64-bit sequence number per insert told before, at
+/// 16 bytes an element).
+///
+/// Generations count modulo 2^28 (`gen_mask` + 1), so a stale element could
+/// match again after 2^28 bumps of its slot. Every bump is counted
+/// (`stale_made`) since the last sweep that left no stale element able to
+/// match (`compact_if_sparse` dropping them, or this): at `gen_mask` bumps every
+/// stale element is turned into a [`TOMB`], which never matches (one pass over
+/// the queues per 2^28 - 1 removals at most). An element made stale by bump
+/// number `c` of a period (1 ≤ c ≤ `gen_mask`) sees at most
+/// `gen_mask` - c + 1 < 2^28 bumps of its slot before it is a tomb or gone, so
+/// its generation never comes round again while it is queued. Tombs keep their
+/// place: the queues hold the same elements in the same order as with sequence
+/// numbers, so eviction (whose work budget counts them) decides the same.
+#[derive(Debug, Clone, Copy)]
+struct Elem {
+    slot: u32,
+    generation: u32,
+}
+
+/// [`Elem::slot`] of a stale element that can never match (no slab has
+/// `u32::MAX` slots).
+const TOMB: u32 = u32::MAX;
 
 #[derive(Debug, Clone)]
 pub struct S3Fifo<K> {
@@ -53,8 +130,8 @@ pub struct S3Fifo<K> {
     /// small queue that comes back grows it, one evicted from main that comes
     /// back shrinks it. Main evictions are then remembered in the ghost too.
     adaptive: bool,
-    small: VecDeque<(usize, u64)>,
-    main: VecDeque<(usize, u64)>,
+    small: VecDeque<Elem>,
+    main: VecDeque<Elem>,
     /// Evicted keys by their 64-bit ghost hash, oldest first (see `ghost.rs`).
     /// A hash instead of the key (48 bytes for a `BlockKey`): the ghost
     /// remembers several times more keys than are resident, and two keys would
@@ -72,7 +149,11 @@ pub struct S3Fifo<K> {
     order: List,
     small_bytes: u64,
     main_bytes: u64,
-    next_seq: u64,
+    /// Slot generations count modulo `gen_mask` + 1 ([`GEN_MASK`]; smaller in tests).
+    gen_mask: u32,
+    /// Generation bumps (elements made stale) since the queues last held no
+    /// stale element that could match; at `gen_mask` they are made tombs (see [`Elem`]).
+    stale_made: u32,
 }
 
 impl<K: Copy + Eq + Hash> S3Fifo<K> {
@@ -112,7 +193,8 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             order: List::EMPTY,
             small_bytes: 0,
             main_bytes: 0,
-            next_seq: 0,
+            gen_mask: GEN_MASK,
+            stale_made: 0,
         }
     }
 
@@ -121,6 +203,26 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     pub fn with_recency(mut self) -> Self {
         self.recency = true;
         self
+    }
+
+    /// Count slot generations modulo 2^`bits` instead of 2^28, so that tests
+    /// see them wrap.
+    #[cfg(test)]
+    fn with_generation_bits(mut self, bits: u32) -> Self {
+        assert!((1..=32 - GEN_SHIFT).contains(&bits));
+        self.gen_mask = GEN_MASK >> (32 - GEN_SHIFT - bits);
+        self
+    }
+
+    /// The queues' elements, small then main: the key of each live one, `None`
+    /// for a stale one.
+    #[cfg(test)]
+    fn queued(&self) -> Vec<Option<K>> {
+        self.small
+            .iter()
+            .chain(self.main.iter())
+            .map(|&e| is_live(&self.slots, e).then(|| self.slots[e.slot as usize].key))
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -132,7 +234,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         use crate::map::vec_bytes;
         let tracked = self.entries.heap_bytes()
             + self.slots.heap_bytes()
-            + vec_bytes::<(usize, u64)>(self.small.capacity() + self.main.capacity());
+            + vec_bytes::<Elem>(self.small.capacity() + self.main.capacity());
         (tracked, self.ghost.heap_bytes())
     }
 
@@ -188,12 +290,12 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// Returns `true` when the key came back from the ghost queue: it was
     /// evicted recently and is being inserted again (evidence of reuse).
     pub fn insert(&mut self, key: K, weight: u64) -> bool {
-        self.insert_tagged(key, weight, 0)
+        self.insert_marked(key, weight, false)
     }
 
-    /// [`S3Fifo::insert`], keeping `tag` with the entry ([`S3Fifo::touch_tagged`]
-    /// returns it).
-    pub fn insert_tagged(&mut self, key: K, weight: u64, tag: u64) -> bool {
+    /// [`S3Fifo::insert`], keeping one bit, `mark`, with the entry
+    /// ([`S3Fifo::touch_marked`] returns it; `Duel`: the key is in its sample).
+    pub fn insert_marked(&mut self, key: K, weight: u64, mark: bool) -> bool {
         let weight32 = u32::try_from(weight).unwrap_or(u32::MAX);
         let weight = u64::from(weight32);
         let h = self.hasher.hash_one(key);
@@ -201,7 +303,6 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         if self.entries.get(h, |i| slots[i].key == key).is_some() {
             return false;
         }
-        let seq = self.bump_seq();
         let ghost = self
             .ghost
             .take(h)
@@ -216,23 +317,25 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             }
         }
         let queue = if readmitted { Queue::Main } else { Queue::Small };
-        let slot = Slot {
+        let flags = if readmitted { IN_MAIN } else { 0 } | if mark { MARK } else { 0 };
+        // A reused slot keeps its generation (see `Elem`); freq starts at 0.
+        let i = self.slots.put_with(|old| Slot {
             key,
             weight: weight32,
-            seq,
-            freq: 0,
-            queue,
-            tag,
+            meta: old.map_or(0, |s| s.meta & !FLAGS) | flags,
+        });
+        let e = Elem {
+            slot: i as u32, // below `TOMB`: the slab holds fewer than 2^32 - 1 slots
+            generation: self.slots[i].generation(),
         };
-        let i = self.slots.put(slot);
         self.entries.insert(h, i);
         match queue {
             Queue::Small => {
-                enqueue(&mut self.small, (i, seq));
+                enqueue(&mut self.small, e);
                 self.small_bytes += weight;
             }
             Queue::Main => {
-                enqueue(&mut self.main, (i, seq));
+                enqueue(&mut self.main, e);
                 self.main_bytes += weight;
             }
         }
@@ -244,15 +347,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
 
     /// Record a hit; `false` when `key` is not tracked.
     pub fn touch(&mut self, key: &K) -> bool {
-        self.touch_tagged(key).is_some()
+        self.touch_marked(key).is_some()
     }
 
-    /// Record a hit; the entry's weight and tag, `None` when it is not tracked.
-    pub fn touch_tagged(&mut self, key: &K) -> Option<(u64, u64)> {
+    /// Record a hit; the entry's weight and mark, `None` when it is not tracked.
+    pub fn touch_marked(&mut self, key: &K) -> Option<(u64, bool)> {
         let i = self.slot_of(key)?;
         let s = &mut self.slots[i];
-        s.freq = (s.freq + 1).min(MAX_FREQ);
-        let found = (u64::from(s.weight), s.tag);
+        s.set_freq((s.freq() + 1).min(MAX_FREQ));
+        let found = (u64::from(s.weight), s.mark());
         if self.recency {
             self.order.move_last(&mut self.slots, i);
         }
@@ -266,7 +369,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             .entries
             .remove(self.hasher.hash_one(key), |i| slots[i].key == *key)
         {
-            self.forget_slot(i);
+            self.forget_slot(i, true);
         }
         self.compact_if_sparse();
     }
@@ -281,48 +384,49 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             budget -= 1;
             let from_small =
                 !self.small.is_empty() && (self.small_bytes >= self.small_target || self.main.is_empty());
-            let (i, seq) = if from_small {
+            let e = if from_small {
                 self.small.pop_front()?
             } else {
                 self.main.pop_front()?
             };
-            let s = &mut self.slots[i];
-            if s.seq != seq {
+            if !is_live(&self.slots, e) {
                 continue; // stale
             }
+            let i = e.slot as usize;
+            let s = &mut self.slots[i];
             let key = s.key;
             if pinned(&key) {
                 if from_small {
-                    self.small.push_back((i, seq));
+                    self.small.push_back(e);
                 } else {
-                    self.main.push_back((i, seq));
+                    self.main.push_back(e);
                 }
                 continue;
             }
             if from_small {
-                if s.freq > 0 {
-                    s.freq = 0;
-                    s.queue = Queue::Main;
+                if s.freq() > 0 {
+                    s.set_freq(0);
+                    s.set_queue(Queue::Main);
                     let w = u64::from(s.weight);
                     self.small_bytes -= w;
                     self.main_bytes += w;
-                    self.main.push_back((i, seq));
+                    enqueue(&mut self.main, e);
                     continue;
                 }
                 let w = u64::from(s.weight);
                 let h = self.unindex(&key, i);
-                self.forget_slot(i);
+                self.forget_slot(i, false);
                 self.ghost.add(h, w, false, self.ghost_limit);
                 return Some(key);
             }
-            if s.freq > 0 {
-                s.freq -= 1;
-                self.main.push_back((i, seq));
+            if s.freq() > 0 {
+                s.set_freq(s.freq() - 1);
+                self.main.push_back(e);
                 continue;
             }
             let w = u64::from(s.weight);
             let h = self.unindex(&key, i);
-            self.forget_slot(i);
+            self.forget_slot(i, false);
             if self.adaptive {
                 self.ghost.add(h, w, true, self.ghost_limit);
             }
@@ -344,7 +448,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             .find(|&i| !pinned(&self.slots[i].key))?;
         let key = self.slots[i].key;
         self.unindex(&key, i);
-        self.forget_slot(i);
+        self.forget_slot(i, true);
         self.compact_if_sparse();
         Some(key)
     }
@@ -375,12 +479,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
         let mut out = Vec::new();
         let mut bytes = 0;
-        for &(i, seq) in self.small.iter().chain(self.main.iter()) {
+        for &e in self.small.iter().chain(self.main.iter()) {
             if bytes >= limit_bytes {
                 break;
             }
-            let s = &self.slots[i];
-            if s.seq == seq && s.freq == 0 && wanted(&s.key) {
+            if !is_live(&self.slots, e) {
+                continue;
+            }
+            let s = &self.slots[e.slot as usize];
+            if s.freq() == 0 && wanted(&s.key) {
                 bytes += u64::from(s.weight);
                 out.push(s.key);
             }
@@ -389,10 +496,17 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     }
 
     /// Give back slot `i` (its key already out of `entries`): its weight leaves
-    /// its queue's count, it leaves the recency list, and its queue element
-    /// goes stale.
-    fn forget_slot(&mut self, i: usize) {
-        let (w, queue) = (u64::from(self.slots[i].weight), self.slots[i].queue);
+    /// its queue's count and it leaves the recency list. `queued`: its queue
+    /// element is still queued, and goes stale (the slot's generation moves on);
+    /// otherwise the caller has just popped it.
+    fn forget_slot(&mut self, i: usize, queued: bool) {
+        let s = &mut self.slots[i];
+        let (w, queue) = (u64::from(s.weight), s.queue());
+        if queued {
+            let next = (s.generation() + 1) & self.gen_mask;
+            s.meta = next << GEN_SHIFT | (s.meta & FLAGS);
+            self.stale_made += 1;
+        }
         match queue {
             Queue::Small => self.small_bytes -= w,
             Queue::Main => self.main_bytes -= w,
@@ -400,13 +514,21 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         if self.recency {
             self.order.unlink(&mut self.slots, i);
         }
-        self.slots[i].seq = 0;
         self.slots.release(i);
+        if self.stale_made >= self.gen_mask {
+            self.entomb_stale();
+        }
     }
 
-    fn bump_seq(&mut self) -> u64 {
-        self.next_seq += 1;
-        self.next_seq
+    /// Turn every stale element into a [`TOMB`], in place (see [`Elem`]).
+    fn entomb_stale(&mut self) {
+        let slots = &self.slots;
+        for e in self.small.iter_mut().chain(self.main.iter_mut()) {
+            if !is_live(slots, *e) {
+                e.slot = TOMB;
+            }
+        }
+        self.stale_made = 0;
     }
 
     /// Drop stale queue elements once they dominate, so explicit removals
@@ -416,16 +538,22 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         let live = self.entries.len();
         if self.small.len() + self.main.len() > 2 * live + 1024 {
             let slots = &self.slots;
-            let alive = |&(i, s): &(usize, u64)| slots[i].seq == s;
+            let alive = |e: &Elem| is_live(slots, *e);
             self.small.retain(alive);
             self.main.retain(alive);
+            self.stale_made = 0;
         }
     }
 }
 
+/// Whether queue element `e` is its entry's current one (see [`Elem`]).
+fn is_live<K>(slots: &Slab<Slot<K>>, e: Elem) -> bool {
+    e.slot != TOMB && slots[e.slot as usize].generation() == e.generation
+}
+
 /// Append a new element, growing a full queue by a quarter (not double: at
 /// millions of entries a doubled queue would be up to half spare).
-fn enqueue(q: &mut VecDeque<(usize, u64)>, x: (usize, u64)) {
+fn enqueue(q: &mut VecDeque<Elem>, x: Elem) {
     if q.len() == q.capacity() {
         q.reserve_exact(q.len() / 4 + 16);
     }
@@ -540,7 +668,7 @@ mod tests {
                         lru.insert(k, p.weight(&k).unwrap_or(0));
                     }
                 }
-                3..=5 => assert_eq!(p.touch_tagged(&k).map(|t| t.0), lru.touch(&k)),
+                3..=5 => assert_eq!(p.touch_marked(&k).map(|t| t.0), lru.touch(&k)),
                 6 => {
                     p.remove(&k);
                     lru.remove(&k);
@@ -573,6 +701,127 @@ mod tests {
                 p.slots.capacity()
             );
         }
+    }
+
+    #[test]
+    fn slots_and_queue_elements_are_packed() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<crate::BlockKey>(), 48);
+        assert_eq!(size_of::<Slot<crate::BlockKey>>(), 56); // + 8 bytes of slab links
+        assert_eq!(size_of::<Slot<u64>>(), 16);
+        assert_eq!(size_of::<Elem>(), 8);
+        let mut s = Slot {
+            key: 0u64,
+            weight: 1,
+            meta: GEN_MASK << GEN_SHIFT,
+        };
+        s.set_freq(MAX_FREQ);
+        s.set_queue(Queue::Main);
+        assert_eq!(
+            (s.freq(), s.queue(), s.mark(), s.generation()),
+            (3, Queue::Main, false, GEN_MASK)
+        );
+        s.set_freq(0);
+        s.set_queue(Queue::Small);
+        assert_eq!((s.freq(), s.queue(), s.generation()), (0, Queue::Small, GEN_MASK));
+    }
+
+    /// Generations of a few bits wrap many times over in this run (slots are
+    /// reused last-freed first, and removals bump them), while stale elements
+    /// wait in the queues: the queues still tell live from stale exactly as
+    /// with 28-bit generations (which do not wrap here, so they tell it as a
+    /// sequence number per insert did), and every decision is the same.
+    #[test]
+    fn wrapped_generations_never_revive_a_stale_element() {
+        for bits in [1, 2, 3, 5] {
+            let new = || S3Fifo::tuned(300, 20, 900).with_recency();
+            let (mut wide, mut narrow) = (new(), new().with_generation_bits(bits));
+            let mut x = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(bits);
+            let mut bumps = 0u64;
+            for step in 0..60_000u32 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = (x >> 8) % 60;
+                match x % 16 {
+                    0..=5 if !wide.contains(&k) => {
+                        let w = 10 + (x >> 40) % 3;
+                        assert_eq!(wide.insert(k, w), narrow.insert(k, w));
+                    }
+                    6..=8 => assert_eq!(wide.touch(&k), narrow.touch(&k)),
+                    9..=11 => {
+                        bumps += u64::from(wide.contains(&k));
+                        wide.remove(&k);
+                        narrow.remove(&k);
+                    }
+                    12 => {
+                        let pin = (x >> 20) % 5;
+                        let pinned = |k: &u64| k % 5 == pin;
+                        bumps += 1;
+                        assert_eq!(wide.evict_least_recent(pinned), narrow.evict_least_recent(pinned));
+                    }
+                    13 => {
+                        let limit = (x >> 30) % 200;
+                        assert_eq!(
+                            wide.coldest(limit, |k| k % 2 == 0),
+                            narrow.coldest(limit, |k| k % 2 == 0)
+                        );
+                    }
+                    _ => {}
+                }
+                while wide.bytes() > 300 {
+                    let pin = (x >> 24) % 7;
+                    let pinned = |k: &u64| k % 7 == pin;
+                    let v = wide.evict_one(pinned);
+                    assert_eq!(v, narrow.evict_one(pinned), "step {step}");
+                    if v.is_none() {
+                        break;
+                    }
+                }
+                assert_eq!((wide.len(), wide.bytes()), (narrow.len(), narrow.bytes()));
+                assert_eq!(wide.queued(), narrow.queued(), "bits {bits}, step {step}");
+            }
+            // About 60 slots: each one's generation wrapped many times over.
+            assert!(bumps > 5_000, "{bits}: only {bumps} bumps");
+        }
+    }
+
+    /// A stale element waits in main (main is popped only once the small queue
+    /// is under its share) while its slot is reused and removed over and over,
+    /// far more often than 2-bit generations can count, and ends up holding a
+    /// live entry again in the generation the stale element names: it is
+    /// still stale.
+    #[test]
+    fn a_stale_element_in_a_still_main_queue_stays_stale() {
+        // Small's share is 10 bytes: one entry, so small is popped while it has any.
+        let mut p = S3Fifo::tuned(1000, 1, 10_000).with_generation_bits(2);
+        // Keys 0..50 in main: evicted once, then readmitted through the ghost.
+        for k in 0..50u64 {
+            p.insert(k, 10);
+            assert_eq!(p.evict_one(|_| false), Some(k));
+            assert!(p.insert(k, 10));
+        }
+        p.remove(&7); // a stale element in main, its slot free: 1 bump
+        for round in 0..999u64 {
+            let k = 1000 + round;
+            p.insert(k, 10); // takes the freed slot (last freed, first reused)
+            p.remove(&k);
+        }
+        // 1000 bumps, a multiple of 4: the slot is back in the generation of
+        // 7's element, and holds a live entry.
+        p.insert(5000, 10);
+        for k in 2000..2020u64 {
+            p.insert(k, 10);
+        }
+        let mut evicted = Vec::new();
+        while let Some(v) = p.evict_one(|_| false) {
+            assert!(!evicted.contains(&v), "{v} evicted twice");
+            assert!(v != 7 && !(1000..2000).contains(&v), "{v} was removed");
+            evicted.push(v);
+        }
+        assert_eq!(evicted[0], 5000);
+        assert_eq!(evicted.len(), 1 + 20 + 49);
+        assert!(p.is_empty() && p.bytes() == 0);
     }
 
     #[test]

@@ -33,9 +33,18 @@ impl<T> Slab<T> {
 
     /// Store `value` in a free slot (or a new one), off the list; its index.
     pub(super) fn put(&mut self, value: T) -> usize {
+        self.put_with(|_| value)
+    }
+
+    /// Store `make(previous)` in a free slot (or a new one), off the list; its
+    /// index. `previous` is the value a reused slot held when it was released
+    /// (`None` for a new slot), so a value can carry state across reuses (S3-FIFO's
+    /// slot generation).
+    pub(super) fn put_with(&mut self, make: impl FnOnce(Option<&T>) -> T) -> usize {
         match self.free.pop() {
             Some(i) => {
-                self.slots[i as usize] = (UNLINKED, value);
+                let slot = &mut self.slots[i as usize];
+                *slot = (UNLINKED, make(Some(&slot.1)));
                 i as usize
             }
             None => {
@@ -48,7 +57,7 @@ impl<T> Slab<T> {
                     // slab would be up to half spare.
                     self.slots.reserve_exact(self.slots.len() / 4 + 16);
                 }
-                self.slots.push((UNLINKED, value));
+                self.slots.push((UNLINKED, make(None)));
                 self.slots.len() - 1
             }
         }
