@@ -18,9 +18,12 @@ const LAYERS: &[(&str, u32)] = &[
     ("tp.rs", 1),
     ("leases.rs", 2),
     ("saves.rs", 2),
-    ("tiers.rs", 3),
-    ("entries.rs", 4),
-    ("registry.rs", 4),
+    ("spill.rs", 3),
+    ("tiers.rs", 4),
+    ("ssd_capacity.rs", 4),
+    ("adopt.rs", 5),
+    ("entries.rs", 6),
+    ("registry.rs", 6),
 ];
 
 struct Source {

@@ -15,8 +15,12 @@
 //!    `records.rs` holds what a lease is and the lease table, whose removals only
 //!    `leases` can call); and `saves.rs`: allocated-but-invisible
 //!    slots — `begin_save`, `commit_save`, `abort_save` and `end_save`.
-//! 4. `tiers.rs`: moves between DRAM and SSD (spill, stage, SSD drop,
-//!    adoption) and *doomed* blocks, which are reaped once unpinned and idle.
+//! 4. `spill.rs`: which blocks are copied to SSD and when (`SpillJob`,
+//!    admission on commit and hit, `spill_candidates`, `spill_done`); then
+//!    `tiers.rs`: the tiers' state, staging SSD-only blocks back (`StageJob`)
+//!    and *doomed* blocks, which are reaped once unpinned and idle; and
+//!    `ssd_capacity.rs`: the SSD byte budget, making room, dropping copies;
+//!    then `adopt.rs`: recovered SSD blocks adopted at namespace registration.
 //! 5. `entries.rs`: the index of visible blocks and their DRAM slots —
 //!    allocation with eviction and [`CacheState::free_slot`], the only place a
 //!    slot returns to the arena (`entries/slots.rs`: the arena's `Slots`, whose
@@ -35,11 +39,14 @@
 //!   L2: a vanished connection proves nothing about physical drain). Leases it
 //!   never acquired handed out no address, so they are released at once.
 
+mod adopt;
 mod concurrent;
 mod entries;
 mod leases;
 mod registry;
 mod saves;
+mod spill;
+mod ssd_capacity;
 mod tiers;
 mod tp;
 

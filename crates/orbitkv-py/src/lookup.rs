@@ -1,0 +1,81 @@
+//! Background lookups: the `PendingLookup` class `Client.start_lookup`
+//! returns, and the job and answer slot it shares with the client's lookup
+//! thread.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orbitkv_client::ClientError;
+use pyo3::prelude::*;
+
+use crate::errors::to_py;
+use crate::lease::{Lease, LeaseState};
+
+/// The answer slot of a lookup run by a client's background thread.
+pub(crate) type LookupSlot = Arc<(
+    Mutex<Option<Result<orbitkv_client::LookupHit, ClientError>>>,
+    std::sync::Condvar,
+)>;
+
+/// A lookup handed to the client's background thread.
+pub(crate) struct LookupJob {
+    pub(crate) ns: orbitkv_client::Namespace,
+    pub(crate) hashes: Vec<[u8; 32]>,
+    pub(crate) slot: LookupSlot,
+}
+
+/// A lookup in flight on the client's background thread (`Client.start_lookup`):
+/// no Python code runs for it there, so it needs no GIL and never waits for the
+/// thread that started it.
+#[pyclass(frozen, module = "orbitkv._native")]
+pub(crate) struct PendingLookup {
+    pub(crate) client: Arc<orbitkv_client::Client>,
+    pub(crate) slot: LookupSlot,
+    pub(crate) block_bytes: u64,
+}
+
+#[pymethods]
+impl PendingLookup {
+    /// True once the Manager answered (or the lookup failed).
+    fn done(&self) -> bool {
+        self.slot.0.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// The lease (waits for the answer with the GIL released); raises the
+    /// lookup's error. May be called once: the answer is moved out.
+    fn result(&self, py: Python<'_>) -> PyResult<Lease> {
+        let r = py.detach(|| {
+            let (m, cv) = &*self.slot;
+            let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(r) = g.take() {
+                    return Some(r);
+                }
+                if Arc::strong_count(&self.slot) == 1 {
+                    return None; // the background thread is gone without answering
+                }
+                g = cv
+                    .wait_timeout(g, Duration::from_millis(50))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        });
+        let hit = match r {
+            Some(r) => r.map_err(to_py)?,
+            None => {
+                return Err(to_py(ClientError::Unavailable(
+                    "the lookup thread stopped before answering".into(),
+                )));
+            }
+        };
+        Ok(Lease {
+            client: self.client.clone(),
+            id: hit.lease,
+            hit_blocks: hit.hit_blocks,
+            ssd_blocks: hit.ssd_blocks.clone(),
+            block_bytes: self.block_bytes,
+            session: self.client.session_id(),
+            state: Mutex::new(LeaseState::default()),
+        })
+    }
+}
