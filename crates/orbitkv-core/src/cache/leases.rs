@@ -19,7 +19,7 @@ use super::concurrent::{DRAIN_AT, HotCounters, Touch};
 use super::entries::Entry;
 use super::{AcquireStep, CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId, Slot};
-pub(in crate::cache) use records::{Lease, LeaseTable, TpLease};
+pub(in crate::cache) use records::{LeaseRecord, LeaseTable, TpLeaseRecord};
 pub use records::{LeaseState, TpPart, TpToken};
 
 #[derive(Debug, Clone)]
@@ -160,7 +160,7 @@ impl CacheState {
         }
         self.leases.insert(
             id,
-            Lease {
+            LeaseRecord {
                 session: s,
                 ns,
                 keys,
@@ -200,7 +200,7 @@ impl CacheState {
     }
 
     /// The lease, if `s` is live and owns it.
-    fn owned_lease(&mut self, s: SessionId, l: LeaseId) -> Result<&mut Lease, CacheError> {
+    fn owned_lease(&mut self, s: SessionId, l: LeaseId) -> Result<&mut LeaseRecord, CacheError> {
         self.live_session(s)?;
         let lease = self.leases.get_mut(l).ok_or(CacheError::UnknownLease(l))?;
         if lease.session != s {

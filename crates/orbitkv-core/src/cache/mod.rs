@@ -62,9 +62,9 @@ use concurrent::{HotCounters, PolicyCell, TouchLog};
 pub use entries::PresenceSink;
 use entries::{Busy, Entry, Slots};
 pub use leases::{LeaseState, LookupResult, TpPart, TpToken};
-use leases::{LeaseTable, TpLease};
+use leases::{LeaseTable, TpLeaseRecord};
 use registry::{NsInfo, SessionInfo};
-use saves::PendingSave;
+use saves::OpenSave;
 pub use saves::SaveStatus;
 use tiers::TierState;
 pub use tiers::{AcquireStep, SpillJob, SpillPolicy, StageJob};
@@ -225,9 +225,9 @@ pub struct CacheState {
     ns_by_key: HashMap<NamespaceKey, NsId>,
     generations: HashMap<Fingerprint, u64>,
     leases: LeaseTable,
-    saves: Map<SaveId, PendingSave>,
+    saves: Map<SaveId, OpenSave>,
     sessions: Map<SessionId, SessionInfo>,
-    tp: Map<TpToken, TpLease>,
+    tp: Map<TpToken, TpLeaseRecord>,
     next_id: AtomicU64,
     /// Counters of the exclusive side; `hot` holds those the shared side moves.
     counters: Counters,
@@ -459,10 +459,10 @@ impl CacheState {
     /// allocator's slack.
     pub fn heap_bytes(&self) -> HeapBytes {
         use crate::map::table_bytes;
-        let saves: u64 = table_bytes::<SaveId, PendingSave>(self.saves.capacity())
-            + self.saves.values().map(PendingSave::item_bytes).sum::<u64>();
+        let saves: u64 = table_bytes::<SaveId, OpenSave>(self.saves.capacity())
+            + self.saves.values().map(OpenSave::item_bytes).sum::<u64>();
         let sessions = table_bytes::<SessionId, SessionInfo>(self.sessions.capacity())
-            + table_bytes::<TpToken, TpLease>(self.tp.capacity())
+            + table_bytes::<TpToken, TpLeaseRecord>(self.tp.capacity())
             + table_bytes::<NsId, NsInfo>(self.namespaces.capacity())
             + table_bytes::<NamespaceKey, NsId>(self.ns_by_key.capacity());
         HeapBytes {
@@ -494,7 +494,7 @@ impl CacheState {
                 .filter_map(|e| e.dram_slot().map(|s| s.len))
                 .sum(),
             pinned_blocks: self.index.values().filter(|e| e.pins() > 0).count() as u64,
-            pending_save_bytes: self.saves.values().map(PendingSave::bytes).sum(),
+            pending_save_bytes: self.saves.values().map(OpenSave::bytes).sum(),
             live_leases: self.leases.len() as u64,
             live_saves: self.saves.len() as u64,
             sessions: self.sessions.len() as u64,
@@ -576,7 +576,7 @@ impl CacheState {
             .filter_map(|e| e.dram_slot().map(|s| s.len))
             .sum::<u64>()
             + staging
-            + self.saves.values().map(PendingSave::bytes).sum::<u64>();
+            + self.saves.values().map(OpenSave::bytes).sum::<u64>();
         if used + self.arena.free_bytes() != self.arena.capacity() {
             return Err(format!(
                 "arena accounting: used {used} + free {} != capacity {}",

@@ -19,14 +19,14 @@ pub enum SaveStatus {
 }
 
 #[derive(Debug, Clone)]
-pub(super) struct PendingSave {
+pub(super) struct OpenSave {
     pub(super) session: SessionId,
     pub(super) ns: NsId,
     generation: u64,
     items: Vec<(BlockHash, SaveStatus)>,
 }
 
-impl PendingSave {
+impl OpenSave {
     /// Heap bytes of its item list.
     pub(super) fn item_bytes(&self) -> u64 {
         crate::map::vec_bytes::<(BlockHash, SaveStatus)>(self.items.capacity())
@@ -88,7 +88,7 @@ impl CacheState {
         let statuses = items.iter().map(|(_, st)| *st).collect();
         self.saves.insert(
             id,
-            PendingSave {
+            OpenSave {
                 session: s,
                 ns,
                 generation,
@@ -103,7 +103,7 @@ impl CacheState {
     }
 
     /// Remove a save owned by live session `s` from both owners.
-    fn take_owned_save(&mut self, s: SessionId, id: SaveId) -> Result<PendingSave, CacheError> {
+    fn take_owned_save(&mut self, s: SessionId, id: SaveId) -> Result<OpenSave, CacheError> {
         self.live_session(s)?;
         let save = self.saves.get(&id).ok_or(CacheError::UnknownSave(id))?;
         if save.session != s {
@@ -164,7 +164,7 @@ impl CacheState {
         }
     }
 
-    fn free_save_slots(&mut self, save: PendingSave) {
+    fn free_save_slots(&mut self, save: OpenSave) {
         for (_, st) in save.items {
             if let SaveStatus::Allocated(slot) = st {
                 self.free_slot(slot, SlotFree::SaveAborted);

@@ -17,7 +17,7 @@
 //! Layer 1: calls down into `leases` (pins) and `registry`, never up.
 
 use super::concurrent::HotCounters;
-use super::leases::{Lease, LeaseState, TpLease, TpPart, TpToken};
+use super::leases::{LeaseRecord, LeaseState, TpLeaseRecord, TpPart, TpToken};
 use super::{CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId};
 
@@ -148,7 +148,7 @@ impl CacheState {
         self.apply_touches();
         self.tp.insert(
             token,
-            TpLease {
+            TpLeaseRecord {
                 owner: s,
                 uid,
                 nss: nss.to_vec(),
@@ -419,7 +419,7 @@ impl CacheState {
                     TpPart::Redeemed(l) => (*l, None),
                     TpPart::Done => continue,
                 };
-                let check = |lease: &mut Lease| {
+                let check = |lease: &mut LeaseRecord| {
                     if lease.tp != Some(*token) || lease.ns != tp.nss[i] {
                         return Err(format!("{token:?}: part {i} lease does not belong to it"));
                     }

@@ -28,7 +28,7 @@ pub enum LeaseState {
 }
 
 #[derive(Debug, Clone)]
-pub(in crate::cache) struct Lease {
+pub(in crate::cache) struct LeaseRecord {
     pub(in crate::cache) session: SessionId,
     pub(in crate::cache) ns: NsId,
     pub(in crate::cache) keys: Vec<BlockKey>,
@@ -41,7 +41,7 @@ pub(in crate::cache) struct Lease {
 /// reached without locking (`&mut self`).
 #[derive(Debug)]
 pub(in crate::cache) struct LeaseTable {
-    shards: Box<[Mutex<Map<LeaseId, Lease>>]>,
+    shards: Box<[Mutex<Map<LeaseId, LeaseRecord>>]>,
 }
 
 impl Default for LeaseTable {
@@ -51,26 +51,26 @@ impl Default for LeaseTable {
 }
 
 impl LeaseTable {
-    fn shard(&self, id: LeaseId) -> &Mutex<Map<LeaseId, Lease>> {
+    fn shard(&self, id: LeaseId) -> &Mutex<Map<LeaseId, LeaseRecord>> {
         &self.shards[(id.0 % SHARDS as u64) as usize]
     }
 
-    pub(in crate::cache) fn insert(&self, id: LeaseId, lease: Lease) {
+    pub(in crate::cache) fn insert(&self, id: LeaseId, lease: LeaseRecord) {
         lock(self.shard(id)).insert(id, lease);
     }
 
-    pub(in crate::cache::leases) fn remove(&mut self, id: LeaseId) -> Option<Lease> {
+    pub(in crate::cache::leases) fn remove(&mut self, id: LeaseId) -> Option<LeaseRecord> {
         let i = (id.0 % SHARDS as u64) as usize;
         get_mut(&mut self.shards[i]).remove(&id)
     }
 
-    pub(in crate::cache) fn get_mut(&mut self, id: LeaseId) -> Option<&mut Lease> {
+    pub(in crate::cache) fn get_mut(&mut self, id: LeaseId) -> Option<&mut LeaseRecord> {
         let i = (id.0 % SHARDS as u64) as usize;
         get_mut(&mut self.shards[i]).get_mut(&id)
     }
 
     /// Run `f` on the lease under its shard's lock (`None`: no such lease).
-    pub(in crate::cache) fn with<R>(&self, id: LeaseId, f: impl FnOnce(&mut Lease) -> R) -> Option<R> {
+    pub(in crate::cache) fn with<R>(&self, id: LeaseId, f: impl FnOnce(&mut LeaseRecord) -> R) -> Option<R> {
         lock(self.shard(id)).get_mut(&id).map(f)
     }
 
@@ -80,8 +80,8 @@ impl LeaseTable {
         &self,
         id: LeaseId,
         unknown: E,
-        f: impl FnOnce(&Lease) -> Result<bool, E>,
-    ) -> Result<Option<Lease>, E> {
+        f: impl FnOnce(&LeaseRecord) -> Result<bool, E>,
+    ) -> Result<Option<LeaseRecord>, E> {
         let mut shard = lock(self.shard(id));
         let lease = shard.get(&id).ok_or(unknown)?;
         if f(lease)? {
@@ -101,7 +101,7 @@ impl LeaseTable {
             .iter()
             .map(|s| {
                 let s = lock(s);
-                crate::map::table_bytes::<LeaseId, Lease>(s.capacity())
+                crate::map::table_bytes::<LeaseId, LeaseRecord>(s.capacity())
                     + s.values()
                         .map(|l| crate::map::vec_bytes::<BlockKey>(l.keys.capacity()))
                         .sum::<u64>()
@@ -110,14 +110,14 @@ impl LeaseTable {
     }
 
     /// Every lease (exclusive lock held: no shard lock taken).
-    pub(in crate::cache) fn iter(&mut self) -> impl Iterator<Item = (&LeaseId, &Lease)> {
+    pub(in crate::cache) fn iter(&mut self) -> impl Iterator<Item = (&LeaseId, &LeaseRecord)> {
         self.shards.iter_mut().flat_map(|s| get_mut(s).iter())
     }
 
     /// Visit every lease from `&self` (each shard locked in turn).
     pub(in crate::cache) fn try_for_each<E>(
         &self,
-        mut f: impl FnMut(LeaseId, &Lease) -> Result<(), E>,
+        mut f: impl FnMut(LeaseId, &LeaseRecord) -> Result<(), E>,
     ) -> Result<(), E> {
         for s in self.shards.iter() {
             for (id, l) in lock(s).iter() {
@@ -151,7 +151,7 @@ pub enum TpPart {
 }
 
 #[derive(Debug, Clone)]
-pub(in crate::cache) struct TpLease {
+pub(in crate::cache) struct TpLeaseRecord {
     pub(in crate::cache) owner: SessionId,
     /// The uid whose sessions may redeem parts (`None`: pinned for a peer
     /// Manager; any session of this Manager holding the token).
@@ -164,7 +164,7 @@ pub(in crate::cache) struct TpLease {
     pub(in crate::cache) expires_at_ms: u64,
 }
 
-impl TpLease {
+impl TpLeaseRecord {
     /// The part whose lease is `l` is done (its rank reported, or its lease
     /// ended); `true` when every part is done, so the TP lease ends too.
     pub(in crate::cache) fn part_ended(&mut self, l: LeaseId) -> bool {
