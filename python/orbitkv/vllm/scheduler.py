@@ -33,9 +33,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orbitkv.engine.session import connection_lost, is_error
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
-from orbitkv.vllm.native import ManagerSession, is_error
+from orbitkv.vllm.native import ManagerSession
 from orbitkv.vllm.stats import SCHEDULER_KEYS, CounterDeltas, OrbitKVConnectorStats
 from orbitkv.vllm.tp import token_of
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
@@ -169,7 +170,7 @@ class OrbitKVScheduler:
         except Exception as exc:
             self.counters["manager_errors"] += 1
             logger.warning("orbitkv: releasing a lease failed: %s", exc)
-            if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+            if connection_lost(exc):
                 self.session.drop_client()
 
     def _lookup_call(self, salt: bytes, hashes: list[bytes]) -> Lease | TpLease:
@@ -184,7 +185,7 @@ class OrbitKVScheduler:
         self.counters["manager_errors"] += 1
         level = logging.DEBUG if is_error(exc, "ManagerUnavailable") else logging.WARNING
         logger.log(level, "orbitkv: lookup failed, treating as a miss: %s", exc)
-        if is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+        if connection_lost(exc):
             self.session.drop_client()
 
     def _certainly_absent(self, st: _ReqState, first: bytes) -> bool:

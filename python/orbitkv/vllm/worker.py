@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
+from orbitkv.engine.session import connection_lost
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, CpuPages, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
-from orbitkv.vllm.native import ManagerSession, is_error, page_layout
+from orbitkv.vllm.native import ManagerSession, page_layout
 from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, OrbitKVConnectorStats
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
@@ -414,7 +415,7 @@ class OrbitKVWorker:
         dropped by `_rebind_if_broken` once no copy is in flight."""
         if not self.kvcopy:
             self.session.drop_if_broken(exc)
-        elif is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError"):
+        elif connection_lost(exc):
             self._broken = True
 
     def _rebind_if_broken(self) -> None:
