@@ -19,7 +19,6 @@
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use orbitkv_proto::{
@@ -137,9 +136,7 @@ impl PeerReader {
     fn release(&mut self) {
         let charged = Self::charged(self.held);
         if charged > 0 {
-            self.shared
-                .frame_buffer_bytes
-                .fetch_sub(charged, Ordering::AcqRel);
+            self.shared.connections().refund_frame_bytes(charged);
         }
         self.held = 0;
     }
@@ -292,10 +289,8 @@ impl FrameGuard for PeerReader {
         if charge > 0 {
             let limit = self.shared.config.max_buffered_bytes;
             self.shared
-                .frame_buffer_bytes
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                    cur.checked_add(charge).filter(|n| *n <= limit)
-                })
+                .connections()
+                .charge_frame_bytes(charge, limit)
                 .map_err(|cur| FrameError::Refused {
                     code: ErrorCode::Busy,
                     message: format!(

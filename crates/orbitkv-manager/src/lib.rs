@@ -124,6 +124,7 @@ impl Manager {
         let mut shared = Shared::new(config, segments, cache, below);
         shared.presence = presence;
         shared.peers = peers;
+        shared.set_metrics_addr(metrics.as_ref().and_then(|m| m.local_addr().ok()));
         let shared = Arc::new(shared);
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -132,13 +133,14 @@ impl Manager {
                 .spawn(f)
                 .map_err(ManagerError::Thread)
         };
+        // Each service thread gets only its parts of `shared` (the closure
+        // keeps the whole alive); see `shared.rs`.
         if let Some(m) = metrics {
-            let addr = m.local_addr().ok();
-            if let Ok(mut slot) = shared.metrics_addr.lock() {
-                *slot = addr;
-            }
             let sh = shared.clone();
-            threads.push(spawn("orbitkv-metrics", Box::new(move || metrics::serve(sh, m)))?);
+            threads.push(spawn(
+                "orbitkv-metrics",
+                Box::new(move || metrics::serve(&sh.stats(), sh.shutdown(), m)),
+            )?);
         }
         let sh = shared.clone();
         threads.push(spawn(
@@ -146,15 +148,39 @@ impl Manager {
             Box::new(move || server::accept_loop(sh, listener)),
         )?);
         let sh = shared.clone();
-        threads.push(spawn("orbitkv-reaper", Box::new(move || server::reaper(sh)))?);
+        threads.push(spawn(
+            "orbitkv-reaper",
+            Box::new(move || {
+                server::reaper(server::Reaper {
+                    quarantine: sh.quarantine(),
+                    cache: sh.cache(),
+                    peers: sh.peers.as_ref(),
+                    clock: sh.clock(),
+                    shutdown: sh.shutdown(),
+                })
+            }),
+        )?);
         let sh = shared.clone();
         threads.push(spawn(
             "orbitkv-policy",
-            Box::new(move || server::policy_replay(sh)),
+            Box::new(move || server::policy_replay(sh.cache(), sh.shutdown())),
         )?);
         if shared.tier.is_some() {
             let sh = shared.clone();
-            threads.push(spawn("orbitkv-ssd", Box::new(move || tier::worker(sh)))?);
+            threads.push(spawn(
+                "orbitkv-ssd",
+                Box::new(move || {
+                    if let Some(tier) = sh.tier.as_deref() {
+                        tier::worker(
+                            tier::WriteBehind {
+                                arena: sh.arena(),
+                                tier,
+                            },
+                            sh.shutdown(),
+                        );
+                    }
+                }),
+            )?);
         }
         let mut peer_threads = Vec::new();
         let mut peer_spawn = |name: &str, f: Box<dyn FnOnce() + Send>| peer_threads.push(spawn(name, f));
@@ -178,10 +204,7 @@ impl Manager {
             shared.segments.len(),
             shared.config.cache_policy,
             shared
-                .metrics_addr
-                .lock()
-                .ok()
-                .and_then(|a| *a)
+                .metrics_addr()
                 .map_or("off".to_string(), |a| format!("http://{a}/metrics"))
         );
         Ok(Manager { shared, threads })
@@ -192,20 +215,22 @@ impl Manager {
     }
 
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.shared.metrics_addr.lock().ok().and_then(|a| *a)
+        self.shared.metrics_addr()
     }
 
     /// Stop accepting, remove the socket file and join the service threads.
     /// Session threads end with their connections (or the process).
     pub fn shutdown(mut self) {
-        self.shared.shutdown.store(true, Ordering::Relaxed);
+        self.shared.shutdown().request();
         if let Some(p) = &self.shared.presence {
             p.close(); // clients still mapping it must not trust it any more
         }
         if let Some(addr) = self.metrics_addr() {
             let _ = std::net::TcpStream::connect(addr); // wake the blocking accept
         }
-        peer::wake_listener(&self.shared); // and the peer listener; closes peer connections
+        if let Some(p) = &self.shared.peers {
+            peer::wake_listener(p); // and the peer listener; closes peer connections
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

@@ -2,20 +2,19 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::shared::Shared;
+use crate::shared::Shutdown;
 use crate::stats;
 
-pub fn serve(shared: Arc<Shared>, listener: TcpListener) {
+pub fn serve(stats: &stats::View<'_>, shutdown: &Shutdown, listener: TcpListener) {
     for conn in listener.incoming() {
-        if shared.is_shutting_down() {
+        if shutdown.requested() {
             return;
         }
         match conn {
             Ok(s) => {
-                if let Err(e) = answer(&shared, s) {
+                if let Err(e) = answer(stats, s) {
                     log!(Debug, "metrics request failed: {e}");
                 }
             }
@@ -24,7 +23,7 @@ pub fn serve(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-fn answer(shared: &Shared, mut s: TcpStream) -> std::io::Result<()> {
+fn answer(stats: &stats::View<'_>, mut s: TcpStream) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut line = String::new();
     // The request line only, bounded to 8 KiB.
@@ -32,7 +31,7 @@ fn answer(shared: &Shared, mut s: TcpStream) -> std::io::Result<()> {
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", stats::prometheus(shared)),
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", stats::prometheus(stats)),
         ("GET", "/health") => ("200 OK", "text/plain", "ok\n".to_string()),
         ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
         _ => (

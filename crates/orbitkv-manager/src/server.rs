@@ -5,13 +5,13 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt}
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 
+use crate::peer::PeerTier;
 use crate::session;
-use crate::shared::Shared;
+use crate::shared::{Cache, Clock, Quarantine, Shared, Shutdown};
 
 const POLL: Timespec = Timespec {
     tv_sec: 0,
@@ -135,7 +135,7 @@ fn private_dir(dir: &Path) -> io::Result<()> {
 }
 
 pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
-    while !shared.is_shutting_down() {
+    while !shared.shutdown().requested() {
         let mut fds = [PollFd::new(&listener, PollFlags::IN)];
         match rustix::event::poll(&mut fds, Some(&POLL)) {
             Ok(0) => continue,
@@ -150,9 +150,8 @@ pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
         match listener.accept() {
             Ok((stream, _)) => {
                 let limit = shared.config.max_connections;
-                if shared.connections.fetch_add(1, Ordering::AcqRel) >= limit {
-                    shared.connections.fetch_sub(1, Ordering::AcqRel);
-                    session::refuse_over_limit(stream, &shared, limit);
+                if !shared.connections().try_take_place(limit) {
+                    session::refuse_over_limit(stream, &shared.counters, limit);
                     continue;
                 }
                 let sh = shared.clone();
@@ -164,7 +163,7 @@ pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
                         session::serve_connection(sh, stream, slot);
                     });
                 if let Err(e) = spawned {
-                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    shared.connections().give_back_place();
                     log!(Error, "cannot spawn a session thread: {e}");
                 }
             }
@@ -173,28 +172,27 @@ pub fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
     }
 }
 
+/// What the reaper reads and ends: quarantined sessions, and TP leases (here
+/// and, through the peer tier, on the peers holding their parts).
+#[derive(Clone, Copy)]
+pub struct Reaper<'a> {
+    pub quarantine: &'a Quarantine,
+    pub cache: &'a Cache,
+    pub peers: Option<&'a PeerTier>,
+    pub clock: Clock,
+    pub shutdown: &'a Shutdown,
+}
+
 /// Release quarantined holds once their process is proven gone; end TP leases
 /// past their deadline.
-pub fn reaper(shared: Arc<Shared>) {
-    while !shared.is_shutting_down() {
+pub fn reaper(r: Reaper<'_>) {
+    while !r.shutdown.requested() {
         std::thread::sleep(Duration::from_millis(50));
-        let gone: Vec<_> = {
-            let mut q = shared.quarantine();
-            let mut gone = Vec::new();
-            q.retain(|item| {
-                let exited = item.process.as_ref().is_some_and(|p| p.exited().unwrap_or(false));
-                if exited {
-                    gone.push((item.session, item.pid));
-                }
-                !exited
-            });
-            gone
-        };
-        for (s, pid) in gone {
-            let _ = shared.cache().process_gone(s);
+        for (s, pid) in r.quarantine.take_exited() {
+            let _ = r.cache.write().process_gone(s);
             log!(Info, "session {} released from quarantine: pid {pid} exited", s.0);
         }
-        crate::tp::expire(&shared);
+        crate::tp::expire(r.cache, r.peers, r.clock.now_ms());
     }
 }
 
@@ -206,10 +204,10 @@ const POLICY_REPLAY: Duration = Duration::from_millis(1);
 /// dozen 32-block chains is tens of microseconds of policy work, which set the
 /// p99 of the lookup that drew it). Lookups replay only when this thread falls
 /// far behind; the exclusive lock's holder replays what is left first.
-pub fn policy_replay(shared: Arc<Shared>) {
-    while !shared.is_shutting_down() {
+pub fn policy_replay(cache: &Cache, shutdown: &Shutdown) {
+    while !shutdown.requested() {
         std::thread::sleep(POLICY_REPLAY);
-        let cache = shared.cache_shared();
+        let cache = cache.read();
         if cache.touches_pending() > 0 {
             cache.apply_touches_shared(true);
         }

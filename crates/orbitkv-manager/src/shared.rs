@@ -1,4 +1,15 @@
-//! State shared by the Manager's threads.
+//! State shared by the Manager's threads, in parts each thread can be handed
+//! alone: the cache lock ([`Cache`]), the quarantine ([`Quarantine`]), the
+//! connection places and frame budget ([`Connections`]), armed faults
+//! ([`Faults`]), the stop flag ([`Shutdown`]) and the clock ([`Clock`]).
+//!
+//! Who gets what: the session threads (and the accept loop that starts them)
+//! use the whole [`Shared`]; every other thread's closure keeps it alive but
+//! hands the thread only its parts: the policy thread the [`Cache`], the
+//! reaper a `server::Reaper`, the SSD worker a `tier::WriteBehind`, the
+//! metrics server a `stats::View`, each peer source thread a
+//! `peer::source::Source`, the etcd and TP-release threads the `PeerTier`,
+//! each with the [`Shutdown`] flag where it polls it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -51,34 +62,261 @@ pub struct Quarantined {
     pub process: Option<ProcessHandle>,
 }
 
+/// Sessions held in quarantine until their process is proven gone.
+#[derive(Debug, Default)]
+pub struct Quarantine(Mutex<Vec<Quarantined>>);
+
+impl Quarantine {
+    fn lock(&self) -> MutexGuard<'_, Vec<Quarantined>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hold a vanished session until its process is gone.
+    pub fn hold(&self, q: Quarantined) {
+        self.lock().push(q);
+    }
+
+    /// Let go of the sessions whose process has exited: (session, pid) of each.
+    pub fn take_exited(&self) -> Vec<(SessionId, i32)> {
+        let mut gone = Vec::new();
+        self.lock().retain(|item| {
+            let exited = item.process.as_ref().is_some_and(|p| p.exited().unwrap_or(false));
+            if exited {
+                gone.push((item.session, item.pid));
+            }
+            !exited
+        });
+        gone
+    }
+
+    /// Held sessions whose process cannot be watched (no pidfd).
+    pub fn unprovable(&self) -> u64 {
+        self.lock().iter().filter(|x| x.process.is_none()).count() as u64
+    }
+
+    /// The sessions held, in the order they came.
+    #[cfg(test)]
+    pub fn sessions(&self) -> Vec<SessionId> {
+        self.lock().iter().map(|q| q.session).collect()
+    }
+}
+
+/// The cache and its lock, with the signal of finished staging reads: what
+/// every thread that reads or changes the cache shares.
+pub struct Cache {
+    /// Shared for the common case of lookup, acquire and release
+    /// ([`Cache::read`]), exclusive for everything else ([`Cache::write`]).
+    state: RwLock<CacheState>,
+    /// Bumped and signalled whenever staging reads finish (acquires waiting
+    /// on a block another lease is staging wake up); see [`Cache::wait_staged`].
+    staged: (Mutex<u64>, Condvar),
+}
+
+impl Cache {
+    pub fn new(state: CacheState) -> Cache {
+        Cache {
+            state: RwLock::new(state),
+            staged: (Mutex::new(0), Condvar::new()),
+        }
+    }
+
+    /// The cache lock, exclusive. The policy first catches up with the hits
+    /// of lookups made under the shared lock (`CacheState::apply_touches`), so
+    /// every decision made under this guard sees them. A panic while holding
+    /// the lock is a Manager bug; the state is still consistent at every
+    /// `CacheState` method boundary, so recover it.
+    #[inline]
+    pub fn write(&self) -> RwLockWriteGuard<'_, CacheState> {
+        let mut g = self.state.write().unwrap_or_else(|p| p.into_inner());
+        g.apply_touches();
+        g
+    }
+
+    /// The cache lock, shared: only for `CacheState`'s `&self` operations
+    /// (`lookup_shared`, `try_acquire_shared`, `try_release_shared`, status).
+    /// Many sessions hold it at once; a preempted holder stalls no other reader.
+    #[inline]
+    pub fn read(&self) -> RwLockReadGuard<'_, CacheState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Give up the exclusive guard and wait (up to 100 ms) until a staging
+    /// read finishes. The epoch is read before the guard is dropped, and
+    /// stagers bump it after updating the cache, so no wake-up is lost.
+    pub fn wait_staged(&self, cache: RwLockWriteGuard<'_, CacheState>) {
+        let (m, cv) = &self.staged;
+        let seen = *m.lock().unwrap_or_else(|p| p.into_inner());
+        drop(cache);
+        let g = m.lock().unwrap_or_else(|p| p.into_inner());
+        let _unused = cv.wait_timeout_while(g, Duration::from_millis(100), |epoch| *epoch == seen);
+    }
+
+    /// Staging reads finished (after their results are in the cache).
+    pub fn notify_staged(&self) {
+        let (m, cv) = &self.staged;
+        *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        cv.notify_all();
+    }
+}
+
+/// The DRAM arena's segments and the cache that decides who may touch which
+/// of their slots: what moving blocks into or out of slots needs (staging,
+/// spills, peer fills).
+#[derive(Clone, Copy)]
+pub struct Arena<'a> {
+    pub cache: &'a Cache,
+    pub segments: &'a [Segment],
+}
+
+/// The `--max-connections` places and the `--max-buffered-bytes` budget of
+/// incomplete frame bodies (see `framing::PeerReader`), shared by all connections.
+#[derive(Debug, Default)]
+pub struct Connections {
+    /// Connections with a live session thread (bounded by `max_connections`).
+    live: AtomicUsize,
+    /// Bytes of incomplete frame bodies charged to `--max-buffered-bytes`.
+    frame_bytes: AtomicUsize,
+}
+
+impl Connections {
+    /// Take one of `limit` places; `false` (nothing taken) when all are in use.
+    pub fn try_take_place(&self, limit: usize) -> bool {
+        if self.live.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Give back a place taken by [`Connections::try_take_place`].
+    pub fn give_back_place(&self) {
+        self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Connections with a live session thread.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Charge `bytes` to the budget of `limit` bytes, or `Err` with the bytes
+    /// in use when that would exceed it (nothing is charged then).
+    pub fn charge_frame_bytes(&self, bytes: usize, limit: usize) -> Result<(), usize> {
+        self.frame_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(bytes).filter(|n| *n <= limit)
+            })
+            .map(|_| ())
+    }
+
+    /// Return `bytes` charged by [`Connections::charge_frame_bytes`].
+    pub fn refund_frame_bytes(&self, bytes: usize) {
+        self.frame_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Bytes of incomplete frame bodies charged now.
+    pub fn frame_bytes(&self) -> usize {
+        self.frame_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// Failures armed by `InjectFault` (`--enable-fault-injection`): how many of
+/// the next restores and commits fail.
+#[derive(Debug, Default)]
+pub struct Faults {
+    restore: AtomicU32,
+    commit: AtomicU32,
+}
+
+impl Faults {
+    pub fn arm(&self, restore_failures: u32, commit_failures: u32) {
+        self.restore.store(restore_failures, Ordering::Release);
+        self.commit.store(commit_failures, Ordering::Release);
+    }
+
+    /// Whether some restore failure is armed.
+    #[inline]
+    pub fn restore_armed(&self) -> bool {
+        self.restore.load(Ordering::Acquire) != 0
+    }
+
+    /// Use up one armed restore failure: `true` when one was armed.
+    #[inline]
+    pub fn take_restore(&self) -> bool {
+        Self::take(&self.restore)
+    }
+
+    /// Use up one armed commit failure: `true` when one was armed.
+    #[inline]
+    pub fn take_commit(&self) -> bool {
+        Self::take(&self.commit)
+    }
+
+    #[inline]
+    fn take(armed: &AtomicU32) -> bool {
+        armed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// The Manager's stop flag: set once by `Manager::shutdown`, polled by every
+/// service thread.
+#[derive(Debug, Default)]
+pub struct Shutdown(AtomicBool);
+
+impl Shutdown {
+    pub fn request(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn requested(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The Manager's monotonic clock, started with it.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    started: Instant,
+}
+
+impl Clock {
+    fn start() -> Clock {
+        Clock {
+            started: Instant::now(),
+        }
+    }
+
+    /// Milliseconds since start (the TP leases' deadlines).
+    pub fn now_ms(self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whole seconds since start.
+    pub fn uptime_s(self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+}
+
+/// Everything the Manager's threads share. The session threads use it whole;
+/// every other thread is handed only its parts (see the module documentation).
 pub struct Shared {
     pub config: ManagerConfig,
     pub segments: Vec<Segment>,
-    /// The cache lock: shared for the common case of lookup, acquire and
-    /// release ([`Shared::cache_shared`]), exclusive for everything else
-    /// ([`Shared::cache`]).
-    cache: RwLock<CacheState>,
-    /// Bumped and signalled whenever staging reads finish (acquires waiting
-    /// on a block another lease is staging wake up); see [`Shared::wait_staged`].
-    staged: (Mutex<u64>, Condvar),
+    cache: Cache,
     /// The tier below DRAM (the SSD), when configured.
     pub tier: Option<Box<dyn Tier>>,
     /// The presence table clients read (None with `--presence-slots off`).
     pub presence: Option<crate::presence::Presence>,
     /// Peer Managers (filled on a local miss; our blocks served to them), when configured.
     pub peers: Option<crate::peer::PeerTier>,
-    pub quarantine: Mutex<Vec<Quarantined>>,
-    pub restore_faults: AtomicU32,
-    pub commit_faults: AtomicU32,
+    quarantine: Quarantine,
+    faults: Faults,
     pub counters: ServerCounters,
-    pub shutdown: AtomicBool,
-    pub metrics_addr: Mutex<Option<SocketAddr>>,
-    pub started: Instant,
-    /// Connections with a live session thread (bounded by `max_connections`).
-    pub connections: AtomicUsize,
-    /// Bytes of incomplete frame bodies charged to `--max-buffered-bytes`
-    /// (see `framing::PeerReader`).
-    pub frame_buffer_bytes: AtomicUsize,
+    shutdown: Shutdown,
+    metrics_addr: Option<SocketAddr>,
+    clock: Clock,
+    connections: Connections,
     /// Held by a generation reset from its bump to the end of its fsync, so the
     /// generations file is written in the order of the bumps while the cache
     /// lock is free for everyone else during the fsync ([`Shared::generation_writes`]).
@@ -95,20 +333,17 @@ impl Shared {
         Shared {
             config,
             segments,
-            cache: RwLock::new(cache),
-            staged: (Mutex::new(0), Condvar::new()),
+            cache: Cache::new(cache),
             tier,
             presence: None,
             peers: None,
-            quarantine: Mutex::new(Vec::new()),
-            restore_faults: AtomicU32::new(0),
-            commit_faults: AtomicU32::new(0),
+            quarantine: Quarantine::default(),
+            faults: Faults::default(),
             counters: ServerCounters::default(),
-            shutdown: AtomicBool::new(false),
-            metrics_addr: Mutex::new(None),
-            started: Instant::now(),
-            connections: AtomicUsize::new(0),
-            frame_buffer_bytes: AtomicUsize::new(0),
+            shutdown: Shutdown::default(),
+            metrics_addr: None,
+            clock: Clock::start(),
+            connections: Connections::default(),
             generation_writes: Mutex::new(()),
         }
     }
@@ -120,48 +355,66 @@ impl Shared {
         self.generation_writes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The cache lock, exclusive. The policy first catches up with the hits
-    /// of lookups made under the shared lock (`CacheState::apply_touches`), so
-    /// every decision made under this guard sees them. A panic while holding
-    /// the lock is a Manager bug; the state is still consistent at every
-    /// `CacheState` method boundary, so recover it.
-    pub fn cache(&self) -> RwLockWriteGuard<'_, CacheState> {
-        let mut g = self.cache.write().unwrap_or_else(|p| p.into_inner());
-        g.apply_touches();
-        g
+    #[inline]
+    pub fn cache(&self) -> &Cache {
+        &self.cache
     }
 
-    /// The cache lock, shared: only for `CacheState`'s `&self` operations
-    /// (`lookup_shared`, `try_acquire_shared`, `try_release_shared`, status).
-    /// Many sessions hold it at once; a preempted holder stalls no other reader.
-    pub fn cache_shared(&self) -> RwLockReadGuard<'_, CacheState> {
-        self.cache.read().unwrap_or_else(|p| p.into_inner())
+    /// The cache with the arena's segments.
+    #[inline]
+    pub fn arena(&self) -> Arena<'_> {
+        Arena {
+            cache: &self.cache,
+            segments: &self.segments,
+        }
     }
 
-    /// Give up the exclusive `cache` guard and wait (up to 100 ms) until a
-    /// staging read finishes. The epoch is read before the guard is dropped,
-    /// and stagers bump it after updating the cache, so no wake-up is lost.
-    pub fn wait_staged(&self, cache: RwLockWriteGuard<'_, CacheState>) {
-        let (m, cv) = &self.staged;
-        let seen = *m.lock().unwrap_or_else(|p| p.into_inner());
-        drop(cache);
-        let g = m.lock().unwrap_or_else(|p| p.into_inner());
-        let _unused = cv.wait_timeout_while(g, Duration::from_millis(100), |epoch| *epoch == seen);
+    pub fn quarantine(&self) -> &Quarantine {
+        &self.quarantine
     }
 
-    /// Staging reads finished (after their results are in the cache).
-    pub fn notify_staged(&self) {
-        let (m, cv) = &self.staged;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        cv.notify_all();
+    #[inline]
+    pub fn faults(&self) -> &Faults {
+        &self.faults
     }
 
-    pub fn quarantine(&self) -> MutexGuard<'_, Vec<Quarantined>> {
-        self.quarantine.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
     }
 
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutdown.load(Ordering::Relaxed)
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    pub fn connections(&self) -> &Connections {
+        &self.connections
+    }
+
+    /// Where `/metrics` is served, if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Set before the state is shared (at start-up, once the endpoint is bound).
+    pub fn set_metrics_addr(&mut self, addr: Option<SocketAddr>) {
+        self.metrics_addr = addr;
+    }
+
+    /// What a stats snapshot reads (`/metrics`, the Stats request).
+    pub fn stats(&self) -> crate::stats::View<'_> {
+        crate::stats::View {
+            cache: &self.cache,
+            quarantine: &self.quarantine,
+            counters: &self.counters,
+            connections: &self.connections,
+            tier: self.tier.as_deref(),
+            presence: self.presence.as_ref(),
+            peers: self.peers.as_ref(),
+            segments: &self.segments,
+            config: &self.config,
+            clock: self.clock,
+            metrics_addr: self.metrics_addr,
+        }
     }
 }
 

@@ -17,7 +17,8 @@ use std::time::Duration;
 use orbitkv_core::{CacheError, NsId, SessionId, TpToken};
 use orbitkv_proto::{ErrorCode, Request, Response, TP_TOKEN_BYTES};
 
-use crate::shared::Shared;
+use crate::peer::PeerTier;
+use crate::shared::{Cache, Clock, Shared};
 
 /// A fresh token from the kernel's CSPRNG (never all zeros: zero means "no lease").
 fn draw_token() -> std::io::Result<TpToken> {
@@ -29,13 +30,11 @@ fn draw_token() -> std::io::Result<TpToken> {
     Ok(TpToken(t))
 }
 
-/// Milliseconds on the Manager's monotonic clock (the TP leases' deadlines).
-pub fn now_ms(shared: &Shared) -> u64 {
-    u64::try_from(shared.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-fn deadline_ms(shared: &Shared, ttl: Duration) -> u64 {
-    now_ms(shared).saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+/// `ttl` from now on the Manager's monotonic clock (the TP leases' deadlines).
+fn deadline_ms(clock: Clock, ttl: Duration) -> u64 {
+    clock
+        .now_ms()
+        .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Handle a TP request of session `s` (peer `uid`; `control`: control-only).
@@ -74,11 +73,14 @@ pub fn handle(
                 }
             };
             let nss: Vec<NsId> = nss.iter().map(|&n| NsId(n)).collect();
-            let expires = deadline_ms(shared, shared.config.tp_lease_ttl);
+            let expires = deadline_ms(shared.clock(), shared.config.tp_lease_ttl);
             let found = match shared.peers.as_ref().filter(|p| p.has_tp_shard_peers()) {
                 // Some ranks' workers are clients of peer Managers (T1 across hosts).
                 Some(peer) => peer.lookup_across(shared, s, uid, &nss, hashes, token, expires),
-                None => shared.cache().lookup_tp(s, uid, &nss, hashes, token, expires),
+                None => shared
+                    .cache()
+                    .write()
+                    .lookup_tp(s, uid, &nss, hashes, token, expires),
             };
             map(found.map(|r| Response::TpLeaseOk {
                 token: r.token.map_or([0; TP_TOKEN_BYTES], |t| t.0),
@@ -97,6 +99,7 @@ pub fn handle(
             }
             map(shared
                 .cache()
+                .write()
                 .redeem_tp(s, uid, TpToken(*token), NsId(*ns))
                 .map(|r| Response::LookupOk {
                     lease: r.lease.0,
@@ -106,7 +109,7 @@ pub fn handle(
                 }))
         }
         Request::ReleaseTp { token } => {
-            let local = shared.cache().release_tp(s, TpToken(*token));
+            let local = shared.cache().write().release_tp(s, TpToken(*token));
             let remote = shared
                 .peers
                 .as_ref()
@@ -123,14 +126,13 @@ pub fn handle(
     })
 }
 
-/// End TP leases past their deadline, and the parts peers hold for TP leases
-/// whose owner is gone (called by the reaper thread).
-pub fn expire(shared: &Shared) {
-    let now = now_ms(shared);
-    if let Some(peer) = shared.peers.as_ref() {
-        peer.tp_reap(shared, now);
+/// End TP leases past their deadline (`now` on the Manager's clock), and the
+/// parts peers hold for TP leases whose owner is gone (called by the reaper thread).
+pub fn expire(cache: &Cache, peers: Option<&PeerTier>, now: u64) {
+    if let Some(peer) = peers {
+        peer.tp_reap(cache, now);
     }
-    let n = shared.cache().expire_tp(now);
+    let n = cache.write().expire_tp(now);
     if n > 0 {
         log!(
             Warn,

@@ -25,8 +25,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use serde_json::{Value, json};
 
+use super::PeerTier;
 use crate::config::EtcdTlsFiles;
-use crate::shared::Shared;
+use crate::shared::Shutdown;
 
 /// The HTTPS client configuration for etcd, built at start-up: every problem
 /// with the files is an error naming the file.
@@ -86,10 +87,7 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest gateway reply read.
 const MAX_REPLY: u64 = 16 << 20;
 
-pub fn membership(shared: Arc<Shared>) {
-    let Some(peer) = shared.peers.as_ref() else {
-        return;
-    };
+pub fn membership(peer: &PeerTier, shutdown: &Shutdown) {
     let Some(etcd) = peer.settings.etcd.clone() else {
         return;
     };
@@ -110,7 +108,7 @@ pub fn membership(shared: Arc<Shared>) {
         tls: peer.etcd_tls.clone(),
     };
     let mut lease: Option<String> = None;
-    while !shared.is_shutting_down() {
+    while !shutdown.requested() {
         let round = (|| -> Result<(), String> {
             let id = match &lease {
                 Some(id) => {
@@ -178,7 +176,7 @@ pub fn membership(shared: Arc<Shared>) {
             }
         }
         let t0 = Instant::now();
-        while t0.elapsed() < period && !shared.is_shutting_down() {
+        while t0.elapsed() < period && !shutdown.requested() {
             std::thread::sleep(Duration::from_millis(50));
         }
     }

@@ -13,19 +13,19 @@ use orbitkv_proto::{read_frame, write_frame};
 use super::fill_session::FillSession;
 use super::transport::Conn;
 use super::{DOWN_BACKOFF, PeerError, PeerTier};
-use crate::shared::Shared;
+use crate::shared::Arena;
 
 impl PeerTier {
     /// Fill the blocks of `hashes` (the missing suffix of a lookup in `ns`)
     /// from peers into this Manager's DRAM. Returns how many leading blocks a
     /// peer delivered and this Manager stored (visible now). Never returns bytes
     /// that failed their checks; any failure is a miss.
-    pub fn fill(&self, shared: &Shared, ns: NsId, hashes: &[BlockHash]) -> usize {
+    pub fn fill(&self, arena: Arena<'_>, ns: NsId, hashes: &[BlockHash]) -> usize {
         let Some(first) = hashes.first() else {
             return 0;
         };
         let (key, generation, block_bytes) = {
-            let cache = shared.cache();
+            let cache = arena.cache.write();
             let Ok(generation) = cache.generation_of(ns) else {
                 return 0;
             };
@@ -59,11 +59,11 @@ impl PeerTier {
                 generation,
                 hashes: hashes.to_vec(),
             };
-            return self.fill_parallel(shared, ns, (&probe, &req), hashes, block_bytes, candidates);
+            return self.fill_parallel(arena, ns, (&probe, &req), hashes, block_bytes, candidates);
         }
         for addr in candidates {
             let t0 = Instant::now();
-            let got = self.fetch_from(shared, &addr, ns, &req, hashes, block_bytes);
+            let got = self.fetch_from(arena, &addr, ns, &req, hashes, block_bytes);
             let n = self.note_fetch(&addr, got, t0, block_bytes);
             if n > 0 {
                 return n;
@@ -145,7 +145,7 @@ impl PeerTier {
     /// when large ([`PeerTier::fetch_split`]).
     fn fetch_from(
         &self,
-        shared: &Shared,
+        arena: Arena<'_>,
         addr: &str,
         ns: NsId,
         req: &PeerRequest,
@@ -154,17 +154,17 @@ impl PeerTier {
     ) -> Result<usize, PeerError> {
         let streams = self.streams_for(hashes.len(), block_bytes as usize);
         if streams > 1 && matches!(req, PeerRequest::Fetch { .. }) {
-            return self.fetch_split(shared, addr, ns, req, hashes, block_bytes, streams);
+            return self.fetch_split(arena, addr, ns, req, hashes, block_bytes, streams);
         }
         let (conn, leased) = self.open_leased(addr, req.kind(), &req.encode(), hashes.len(), block_bytes)?;
-        self.receive_leased(shared, addr, conn, leased, ns, hashes, block_bytes)
+        self.receive_leased(arena, addr, conn, leased, ns, hashes, block_bytes)
     }
 
     /// Read the blocks a `Leased` announced into our arena, report `Done`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn receive_leased(
         &self,
-        shared: &Shared,
+        arena: Arena<'_>,
         addr: &str,
         mut conn: Conn,
         leased: (u64, u32, u64),
@@ -186,7 +186,7 @@ impl PeerTier {
         }
         let n = blocks as usize;
         let stored = {
-            let mut reader = FillSession::open(shared);
+            let mut reader = FillSession::open(arena);
             let ahead = self.hash_ahead(n, block_bytes as usize);
             match reader.receive(&mut conn, ns, &hashes[..n], block_bytes, ahead) {
                 Ok(stored) => stored,

@@ -8,21 +8,21 @@ use orbitkv_proto::read_frame;
 
 use super::transport::Conn;
 use super::{PeerError, Piece, checksums_alongside};
-use crate::shared::Shared;
+use crate::shared::Arena;
 
 /// A Manager-internal session that owns the save a fill writes into; ended
 /// (its save aborted if not committed) when dropped. The Manager's own thread
 /// is the only writer of those slots and has stopped when this drops, so the
 /// end is `Clean`.
 pub(super) struct FillSession<'a> {
-    shared: &'a Shared,
+    arena: Arena<'a>,
     id: SessionId,
 }
 
 impl<'a> FillSession<'a> {
-    pub(super) fn open(shared: &'a Shared) -> Self {
-        let id = shared.cache().open_session();
-        FillSession { shared, id }
+    pub(super) fn open(arena: Arena<'a>) -> Self {
+        let id = arena.cache.write().open_session();
+        FillSession { arena, id }
     }
 
     /// Receive `hashes.len()` blocks into fresh save slots, check them against
@@ -52,12 +52,13 @@ impl<'a> FillSession<'a> {
         ahead: bool,
     ) -> Result<SaveId, PeerError> {
         let (save, items) = self
-            .shared
-            .cache()
+            .arena
+            .cache
+            .write()
             .begin_save(self.id, ns, hashes)
             .map_err(|e| PeerError::Protocol(format!("no room for peer blocks: {e}")))?;
         let len = block_bytes as usize;
-        let segments = &self.shared.segments[..];
+        let segments = self.arena.segments;
         let sums = checksums_alongside(
             ahead,
             |sink| read_blocks(conn, segments, &items, len, !ahead, sink),
@@ -75,7 +76,7 @@ impl<'a> FillSession<'a> {
                 }
             };
         if checksums != sums {
-            let _ = self.shared.cache().abort_save(self.id, save);
+            let _ = self.arena.cache.write().abort_save(self.id, save);
             return Err(PeerError::Protocol(
                 "block checksums differ from the source's; nothing stored".into(),
             ));
@@ -86,8 +87,9 @@ impl<'a> FillSession<'a> {
     /// Make a verified save's blocks visible; the blocks committed.
     pub(super) fn commit(&mut self, save: SaveId) -> Result<usize, PeerError> {
         let committed = self
-            .shared
-            .cache()
+            .arena
+            .cache
+            .write()
             .commit_save(self.id, save)
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         Ok(committed as usize)
@@ -129,6 +131,6 @@ fn read_blocks<'a>(
 
 impl Drop for FillSession<'_> {
     fn drop(&mut self) {
-        let _ = self.shared.cache().end_session(self.id, SessionEnd::Clean);
+        let _ = self.arena.cache.write().end_session(self.id, SessionEnd::Clean);
     }
 }

@@ -315,25 +315,34 @@ pub fn start(shared: &Arc<Shared>, spawn: Spawn<'_>) -> std::io::Result<()> {
     }
     if peer.settings.etcd.is_some() {
         let sh = shared.clone();
-        spawn("orbitkv-etcd", Box::new(move || etcd::membership(sh)));
+        spawn(
+            "orbitkv-etcd",
+            Box::new(move || {
+                if let Some(peer) = sh.peers.as_ref() {
+                    etcd::membership(peer, sh.shutdown());
+                }
+            }),
+        );
     }
     if peer.has_tp_shard_peers() {
         let rx = peer.forwarder();
         let sh = shared.clone();
         spawn(
             "orbitkv-tp-release",
-            Box::new(move || tp::forward_releases(sh, rx)),
+            Box::new(move || {
+                if let Some(peer) = sh.peers.as_ref() {
+                    tp::forward_releases(peer, sh.shutdown(), rx);
+                }
+            }),
         );
     }
     Ok(())
 }
 
 /// At shutdown: close every peer connection and wake the peer accept loop.
-pub fn wake_listener(shared: &Shared) {
-    if let Some(peer) = shared.peers.as_ref() {
-        peer.shutdown();
-        if let Some(a) = *peer.listen_addr.lock().unwrap_or_else(|p| p.into_inner()) {
-            let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
-        }
+pub fn wake_listener(peer: &PeerTier) {
+    peer.shutdown();
+    if let Some(a) = *peer.listen_addr.lock().unwrap_or_else(|p| p.into_inner()) {
+        let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
     }
 }

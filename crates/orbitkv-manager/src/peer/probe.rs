@@ -12,7 +12,7 @@ use orbitkv_proto::{FrameError, write_frame};
 use super::fill::{check_leased, read_leased, send_and_read_leased, send_request};
 use super::transport::Conn;
 use super::{PeerError, PeerTier, tp};
-use crate::shared::Shared;
+use crate::shared::Arena;
 
 impl PeerTier {
     /// Probe every candidate at once (bounded), fetch from the longest hit,
@@ -21,7 +21,7 @@ impl PeerTier {
     /// enough to split is fetched over several connections, [`Go::Split`]).
     pub(super) fn fill_parallel(
         &self,
-        shared: &Shared,
+        arena: Arena<'_>,
         ns: NsId,
         asks: (&PeerRequest, &PeerRequest),
         hashes: &[BlockHash],
@@ -155,7 +155,7 @@ impl PeerTier {
         let stored = match (winner, winner_conn) {
             (Some((addr, Go::Sent(sent))), Some(mut conn)) => {
                 let got = sent.and_then(|()| read_leased(&mut conn)).and_then(|leased| {
-                    self.receive_leased(shared, &addr, conn, leased, ns, hashes, block_bytes)
+                    self.receive_leased(arena, &addr, conn, leased, ns, hashes, block_bytes)
                 });
                 self.note_fetch(&addr, got, t0, block_bytes)
             }
@@ -173,7 +173,7 @@ impl PeerTier {
                 // The probe's lease keeps the blocks pinned at the source while
                 // the split fetch leases them range by range; released after.
                 let n = blocks as usize;
-                let got = self.fetch_split(shared, &addr, ns, fetch, &hashes[..n], block_bytes, streams);
+                let got = self.fetch_split(arena, &addr, ns, fetch, &hashes[..n], block_bytes, streams);
                 let done = PeerRequest::Done { lease, stored: false };
                 let released = write_frame(&mut conn, done.kind(), 0, &done.encode())
                     .map_err(PeerError::from)

@@ -28,7 +28,9 @@ use orbitkv_proto::{FrameError, read_frame, write_frame};
 
 use super::PeerTier;
 use super::transport::{self, Conn};
-use crate::shared::Shared;
+use crate::config::ManagerConfig;
+use crate::shared::{Arena, Cache, Clock, Shared, Shutdown};
+use crate::tier::Tier;
 
 /// Most peer connections served at once.
 const MAX_PEER_CONNECTIONS: u64 = 64;
@@ -38,13 +40,43 @@ pub const IDLE: Duration = Duration::from_secs(30);
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 static REFUSALS: crate::log::Occurrences = crate::log::Occurrences::new();
 
+/// What serving peers reads and changes of this Manager, and nothing else: the
+/// peer tier's own state, the arena blocks are sent from, the tier SSD-only
+/// blocks are staged from, the clock of TP deadlines, the settings, the stop flag.
+#[derive(Clone, Copy)]
+pub(super) struct Source<'a> {
+    pub(super) peer: &'a PeerTier,
+    pub(super) arena: Arena<'a>,
+    pub(super) tier: Option<&'a dyn Tier>,
+    pub(super) config: &'a ManagerConfig,
+    pub(super) clock: Clock,
+    pub(super) shutdown: &'a Shutdown,
+}
+
+impl<'a> Source<'a> {
+    /// `None` when no peer tier is configured.
+    fn of(shared: &'a Shared) -> Option<Source<'a>> {
+        Some(Source {
+            peer: shared.peers.as_ref()?,
+            arena: shared.arena(),
+            tier: shared.tier.as_deref(),
+            config: &shared.config,
+            clock: shared.clock(),
+            shutdown: shared.shutdown(),
+        })
+    }
+}
+
+/// The peer listener: one thread per connection (each holds `shared` alive
+/// and serves it with its [`Source`] part only).
 pub fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let Some(peer) = shared.peers.as_ref() else {
+    let Some(src) = Source::of(&shared) else {
         return;
     };
+    let peer = src.peer;
     let open = Arc::new(AtomicU64::new(0));
     for stream in listener.incoming() {
-        if shared.is_shutting_down() {
+        if src.shutdown.requested() {
             break;
         }
         let Ok(stream) = stream else {
@@ -65,7 +97,9 @@ pub fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         let spawned = std::thread::Builder::new()
             .name("orbitkv-peer".into())
             .spawn(move || {
-                serve(&sh, stream);
+                if let Some(src) = Source::of(&sh) {
+                    serve(src, stream);
+                }
                 count.fetch_sub(1, Ordering::Relaxed);
             });
         if let Err(e) = spawned {
@@ -75,16 +109,14 @@ pub fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-fn serve(shared: &Shared, stream: TcpStream) {
-    let Some(peer) = shared.peers.as_ref() else {
-        return;
-    };
+fn serve(src: Source<'_>, stream: TcpStream) {
+    let peer = src.peer;
     let remote = stream
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
     let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     peer.track(id, &stream);
-    if shared.is_shutting_down() {
+    if src.shutdown.requested() {
         peer.untrack(id);
         return;
     }
@@ -96,8 +128,8 @@ fn serve(shared: &Shared, stream: TcpStream) {
                 "peer {remote} connected{}",
                 if conn.is_tls() { " (mutual TLS)" } else { "" }
             );
-            let session = SourceSession::open(shared);
-            if let Err(e) = requests(shared, peer, &mut conn, session.id) {
+            let session = SourceSession::open(src.arena.cache);
+            if let Err(e) = requests(src, &mut conn, session.id) {
                 log!(
                     Debug,
                     "peer {remote}: {e}; connection closed, its source leases released"
@@ -122,20 +154,20 @@ fn serve(shared: &Shared, stream: TcpStream) {
 /// (the source writes them to the socket), which has stopped when this drops,
 /// so the end is `Clean` (no quarantine: no other process holds an address).
 struct SourceSession<'a> {
-    shared: &'a Shared,
+    cache: &'a Cache,
     id: SessionId,
 }
 
 impl<'a> SourceSession<'a> {
-    fn open(shared: &'a Shared) -> Self {
-        let id = shared.cache().open_session();
-        SourceSession { shared, id }
+    fn open(cache: &'a Cache) -> Self {
+        let id = cache.write().open_session();
+        SourceSession { cache, id }
     }
 }
 
 impl Drop for SourceSession<'_> {
     fn drop(&mut self) {
-        let _ = self.shared.cache().end_session(self.id, SessionEnd::Clean);
+        let _ = self.cache.write().end_session(self.id, SessionEnd::Clean);
     }
 }
 
@@ -149,9 +181,10 @@ enum SourceError {
     Bad(String),
 }
 
-fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> Result<(), SourceError> {
+fn requests(src: Source<'_>, conn: &mut Conn, s: SessionId) -> Result<(), SourceError> {
+    let peer = src.peer;
     loop {
-        conn.set_timeouts(Some(idle(shared)))?;
+        conn.set_timeouts(Some(idle(src.config)))?;
         let (h, body) = match read_frame(conn) {
             Ok(x) => x,
             Err(FrameError::Closed) => return Ok(()),
@@ -161,7 +194,7 @@ fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> 
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) && shared.cache().tp_leases_of(s) > 0 =>
+                ) && src.arena.cache.write().tp_leases_of(s) > 0 =>
             {
                 continue;
             }
@@ -206,7 +239,7 @@ fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> 
                     generation,
                     probe,
                 };
-                fetch(shared, peer, conn, s, h.request_id, want, &hashes)?;
+                fetch(src, conn, s, h.request_id, want, &hashes)?;
             }
             // A `Send` for no probed lease: nothing is pinned for it, a miss.
             Ok(PeerRequest::Send { .. }) => {
@@ -220,7 +253,7 @@ fn requests(shared: &Shared, peer: &PeerTier, conn: &mut Conn, s: SessionId) -> 
                 | PeerRequest::TpSettle { .. }
                 | PeerRequest::TpRelease { .. }),
             ) => {
-                let r = super::tp::serve(shared, peer, s, req);
+                let r = super::tp::serve(src, s, req);
                 write_frame(conn, r.kind(), h.request_id, &r.encode())?;
                 conn.flush()?;
                 if let PeerResponse::Error { message } = r {
@@ -261,8 +294,7 @@ struct Want {
 }
 
 fn fetch(
-    shared: &Shared,
-    peer: &PeerTier,
+    src: Source<'_>,
     conn: &mut Conn,
     s: SessionId,
     id: u32,
@@ -275,10 +307,11 @@ fn fetch(
         generation,
         probe,
     } = want;
+    let (peer, cache) = (src.peer, src.arena.cache);
     let mut id = id;
     peer.source.fetches.fetch_add(1, Ordering::Relaxed);
     let found = {
-        let mut cache = shared.cache();
+        let mut cache = cache.write();
         let ns = match cache.register_namespace(key, block_bytes) {
             Ok((ns, g)) if g == generation => ns,
             // Another block size or generation: nothing here is the reader's block.
@@ -308,7 +341,7 @@ fn fetch(
         let (h, body) = match asked {
             Ok(x) => x,
             Err(e) => {
-                let _ = shared.cache().release(s, lease);
+                let _ = cache.write().release(s, lease);
                 return Err(e.into());
             }
         };
@@ -316,12 +349,12 @@ fn fetch(
             Ok(PeerRequest::Send { lease: l }) if l == lease.0 => id = h.request_id,
             // Another peer's answer was better: the reader lets this one go.
             Ok(PeerRequest::Done { lease: l, .. }) if l == lease.0 => {
-                let _ = shared.cache().release(s, lease);
+                let _ = cache.write().release(s, lease);
                 peer.source.probes_released.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
             _ => {
-                let _ = shared.cache().release(s, lease);
+                let _ = cache.write().release(s, lease);
                 peer.source.bad_frames.fetch_add(1, Ordering::Relaxed);
                 return Err(SourceError::Bad(
                     "expected Send or Done for the probed lease".into(),
@@ -329,13 +362,13 @@ fn fetch(
             }
         }
     }
-    let Some(slots) = acquire(shared, s, lease) else {
+    let Some(slots) = acquire(src, s, lease) else {
         return miss(conn, id, block_bytes);
     };
     peer.source.leases_open.fetch_add(1, Ordering::Relaxed);
-    let result = send(shared, peer, conn, id, lease, &slots, block_bytes);
+    let result = send(src, conn, id, lease, &slots, block_bytes);
     // Whatever happened, the lease ends here or with the session (connection end).
-    let _ = shared.cache().release(s, lease);
+    let _ = cache.write().release(s, lease);
     peer.source.leases_open.fetch_sub(1, Ordering::Relaxed);
     match &result {
         Ok(true) => peer.source.leases_done.fetch_add(1, Ordering::Relaxed),
@@ -347,8 +380,7 @@ fn fetch(
 /// Write the blocks and their checksums, then wait for the reader's `Done`.
 /// `Ok(true)`: the reader reported completion; an error ends the connection.
 fn send(
-    shared: &Shared,
-    peer: &PeerTier,
+    src: Source<'_>,
     conn: &mut Conn,
     id: u32,
     lease: LeaseId,
@@ -362,8 +394,9 @@ fn send(
     };
     write_frame(conn, head.kind(), id, &head.encode())?;
     let len = block_bytes as usize;
-    let segments = &shared.segments[..];
-    let stall = stall_ms(shared);
+    let peer = src.peer;
+    let segments = src.arena.segments;
+    let stall = stall_ms(src.config);
     // The slots stay pinned until the caller releases the lease, after this
     // returns, so after the checksum helper (if any) has ended.
     let checksums = super::checksums_alongside(
@@ -407,17 +440,17 @@ fn send(
 
 /// Acquire a lease's slots, staging SSD-only blocks first. `None`: the lease
 /// could not be served (it is released).
-fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
+fn acquire(src: Source<'_>, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
     loop {
-        let mut cache = shared.cache();
+        let mut cache = src.arena.cache.write();
         match cache.acquire(s, l) {
             Ok(AcquireStep::Ready(slots)) => return Some(slots),
             Ok(AcquireStep::Wait) => {
-                shared.wait_staged(cache);
+                src.arena.cache.wait_staged(cache);
             }
             Ok(AcquireStep::Stage(jobs)) => {
                 drop(cache);
-                crate::tier::stage_for_lease(shared, jobs);
+                crate::tier::stage_for_lease(src.arena, src.tier, jobs);
             }
             Ok(AcquireStep::Lost { .. }) => return None,
             Err(_) => {
@@ -430,8 +463,8 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
 
 /// How long a connection may sit with no frame: [`IDLE`], or
 /// `ORBITKV_PEER_IDLE_MS` with `--enable-fault-injection` (tests).
-fn idle(shared: &Shared) -> Duration {
-    if !shared.config.enable_fault_injection {
+fn idle(config: &ManagerConfig) -> Duration {
+    if !config.enable_fault_injection {
         return IDLE;
     }
     std::env::var("ORBITKV_PEER_IDLE_MS")
@@ -442,8 +475,8 @@ fn idle(shared: &Shared) -> Duration {
 
 /// `ORBITKV_PEER_STALL_MS`, honoured only with `--enable-fault-injection`:
 /// pause that long after the first block of every multi-block transfer.
-fn stall_ms(shared: &Shared) -> Option<u64> {
-    if !shared.config.enable_fault_injection {
+fn stall_ms(config: &ManagerConfig) -> Option<u64> {
+    if !config.enable_fault_injection {
         return None;
     }
     std::env::var("ORBITKV_PEER_STALL_MS").ok()?.parse().ok()

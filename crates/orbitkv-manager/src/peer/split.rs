@@ -11,7 +11,7 @@ use orbitkv_proto::write_frame;
 use super::fill_session::FillSession;
 use super::transport::Conn;
 use super::{PeerError, PeerTier};
-use crate::shared::Shared;
+use crate::shared::Arena;
 
 /// A split fetch gives each connection at least this many bytes.
 const SPLIT_MIN_BYTES: usize = 8 << 20;
@@ -35,7 +35,7 @@ impl PeerTier {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fetch_split(
         &self,
-        shared: &Shared,
+        arena: Arena<'_>,
         addr: &str,
         ns: NsId,
         req: &PeerRequest,
@@ -64,7 +64,7 @@ impl PeerTier {
                     save: None,
                 });
             }
-            let mut fill = FillSession::open(shared);
+            let mut fill = FillSession::open(arena);
             let ahead = self.hash_ahead(blocks, block_bytes as usize);
             match fill.receive_verified(&mut conn, ns, &range[..blocks], block_bytes, ahead) {
                 Ok(save) => Ok(Part {
@@ -85,7 +85,7 @@ impl PeerTier {
         if first.2 < ranges[0].len() {
             let (conn, lease, blocks) = first;
             return self.receive_leased(
-                shared,
+                arena,
                 addr,
                 conn,
                 (lease, blocks as u32, block_bytes),

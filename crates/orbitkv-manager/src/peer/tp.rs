@@ -44,9 +44,10 @@ use orbitkv_core::{BlockHash, BlockKey, CacheError, NamespaceKey, NsId, SessionI
 use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
 use orbitkv_proto::{FrameError, read_frame, write_frame};
 
+use super::source::Source;
 use super::transport::Conn;
 use super::{PeerError, PeerTier};
-use crate::shared::Shared;
+use crate::shared::{Cache, Shared, Shutdown};
 
 /// A TP lease this Manager pinned parts of on peers, until its owner ends it.
 #[derive(Debug)]
@@ -244,7 +245,7 @@ impl PeerTier {
         expires_ms: u64,
     ) -> Result<TpLookupResult, CacheError> {
         let (generation, key, block_bytes) = {
-            let cache = shared.cache();
+            let cache = shared.cache().write();
             cache.check_tp_group(nss)?;
             let generation = cache.generation_of(nss[0])?;
             let block_bytes = cache.block_bytes(nss[0])?;
@@ -278,6 +279,7 @@ impl PeerTier {
         if !local.is_empty() {
             let r = shared
                 .cache()
+                .write()
                 .lookup_tp_part(s, Some(uid), &local, hashes, token, expires_ms)?;
             n = r.hit_blocks;
             ssd.extend(r.ssd_blocks);
@@ -340,7 +342,7 @@ impl PeerTier {
             settle(at.clone(), 0);
         }
         // 4. Our own part.
-        if local_pinned && shared.cache().trim_tp(s, token, common).is_err() && common > 0 {
+        if local_pinned && shared.cache().write().trim_tp(s, token, common).is_err() && common > 0 {
             // The scheduler's session ended meanwhile: end the holders' parts too.
             settle(at.clone(), 0);
             common = 0;
@@ -435,14 +437,14 @@ impl PeerTier {
     /// parts at the same deadline) and end, on the holders, those whose owner
     /// session is gone (on the release thread: a slow peer never stalls the
     /// reaper).
-    pub fn tp_reap(&self, shared: &Shared, now_ms: u64) {
+    pub fn tp_reap(&self, cache: &Cache, now_ms: u64) {
         let gone: Vec<Forward> = {
             let mut remote = lock(&self.tp.remote);
             if remote.is_empty() {
                 return;
             }
             remote.retain(|_, r| r.expires_ms > now_ms);
-            let cache = shared.cache();
+            let cache = cache.write();
             let dead: Vec<[u8; 16]> = remote
                 .iter()
                 .filter(|(_, r)| !cache.session_is_live(r.owner))
@@ -460,11 +462,8 @@ impl PeerTier {
 }
 
 /// The `orbitkv-tp-release` thread: forward releases until shutdown.
-pub fn forward_releases(shared: Arc<Shared>, rx: Receiver<Forward>) {
-    let Some(peer) = shared.peers.as_ref() else {
-        return;
-    };
-    while !shared.is_shutting_down() {
+pub fn forward_releases(peer: &PeerTier, shutdown: &Shutdown, rx: Receiver<Forward>) {
+    while !shutdown.requested() {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok((t, peers)) => peer.release_at(TpToken(t), peers),
             Err(RecvTimeoutError::Timeout) => {}
@@ -507,7 +506,8 @@ fn exchange(conn: &mut Conn, req: &PeerRequest, timeout: Duration) -> Result<Pee
 }
 
 /// As a holder: answer a TP request that arrived on a peer link (session `s`).
-pub fn serve(shared: &Shared, peer: &PeerTier, s: SessionId, req: PeerRequest) -> PeerResponse {
+pub(super) fn serve(src: Source<'_>, s: SessionId, req: PeerRequest) -> PeerResponse {
+    let (config, cache) = (src.config, src.arena.cache);
     match req {
         PeerRequest::TpPin {
             token,
@@ -519,15 +519,15 @@ pub fn serve(shared: &Shared, peer: &PeerTier, s: SessionId, req: PeerRequest) -
             shards,
             hashes,
         } => {
-            if !shared.config.enable_query_control {
+            if !config.enable_query_control {
                 return PeerResponse::Error {
                     message: "tensor-parallel query control is off on this Manager; start it with --enable-query-control".into(),
                 };
             }
-            peer.tp.served_pins.fetch_add(1, Ordering::Relaxed);
-            let own = u64::try_from(shared.config.tp_lease_ttl.as_millis()).unwrap_or(u64::MAX);
-            let expires = crate::tp::now_ms(shared).saturating_add(ttl_ms.min(own));
-            let mut cache = shared.cache();
+            src.peer.tp.served_pins.fetch_add(1, Ordering::Relaxed);
+            let own = u64::try_from(config.tp_lease_ttl.as_millis()).unwrap_or(u64::MAX);
+            let expires = src.clock.now_ms().saturating_add(ttl_ms.min(own));
+            let mut cache = cache.write();
             let mut nss = Vec::with_capacity(shards.len());
             for shard in shards {
                 let key = NamespaceKey {
@@ -556,7 +556,7 @@ pub fn serve(shared: &Shared, peer: &PeerTier, s: SessionId, req: PeerRequest) -
                 },
             }
         }
-        PeerRequest::TpSettle { token, blocks } => match shared.cache().trim_tp(s, TpToken(token), blocks) {
+        PeerRequest::TpSettle { token, blocks } => match cache.write().trim_tp(s, TpToken(token), blocks) {
             Ok(now) => PeerResponse::TpSettled { blocks: now },
             Err(CacheError::UnknownTpLease | CacheError::NotOwner { .. }) => {
                 PeerResponse::TpSettled { blocks: 0 }
@@ -568,7 +568,7 @@ pub fn serve(shared: &Shared, peer: &PeerTier, s: SessionId, req: PeerRequest) -
         // Parts redeemed already stay with their workers; a duplicate or late
         // release finds nothing (the lease ended with its last rank).
         PeerRequest::TpRelease { token } => {
-            let _ = shared.cache().release_tp(s, TpToken(token));
+            let _ = cache.write().release_tp(s, TpToken(token));
             PeerResponse::TpSettled { blocks: 0 }
         }
         other => PeerResponse::Error {

@@ -2,8 +2,6 @@
 //! peer fill on a local miss), restores (staging SSD-only blocks first), saves,
 //! releases, generations, stats and fault injection.
 
-use std::sync::atomic::Ordering;
-
 use orbitkv_core::{
     AcquireStep, CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionId,
 };
@@ -29,11 +27,11 @@ pub(super) fn release_quiet(shared: &Shared, s: SessionId, pid: i32, leases: &[u
 fn release(shared: &Shared, s: SessionId, l: LeaseId) -> Result<(), CacheError> {
     // Bound first: the shared guard must be gone before the exclusive path
     // below takes the lock (a match scrutinee's temporaries live to its end).
-    let fast = shared.cache_shared().try_release_shared(s, l);
+    let fast = shared.cache().read().try_release_shared(s, l);
     match fast {
         Ok(true) => Ok(()),
         // A doomed block to reap or a TP part to end: the exclusive path.
-        Ok(false) => shared.cache().release(s, l),
+        Ok(false) => shared.cache().write().release(s, l),
         Err(e) => Err(e),
     }
 }
@@ -74,6 +72,7 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             };
             map(shared
                 .cache()
+                .write()
                 .register_namespace(key, block_bytes)
                 .map(|(ns, generation)| Response::Namespace {
                     ns: ns.0,
@@ -93,11 +92,8 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             if let Some(resp) = acquire_from_dram(shared, s, lease) {
                 return resp;
             }
-            let mut cache = shared.cache();
-            let injected = shared
-                .restore_faults
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok();
+            let mut cache = shared.cache().write();
+            let injected = shared.faults().take_restore();
             if injected {
                 // Nothing was handed out, so no copy can be in flight: retire now.
                 ServerCounters::inc(&shared.counters.restore_failures_injected);
@@ -114,31 +110,27 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             acquire(shared, s, LeaseId(lease))
         }
         Request::Release { lease } => map(release(shared, s, LeaseId(lease)).map(|_| Response::Ok)),
-        Request::BeginSave { ns, hashes } => {
-            map(shared
-                .cache()
-                .begin_save(s, NsId(ns), &hashes)
-                .map(|(id, st)| Response::SaveBegun {
-                    save: id.0,
-                    items: st
-                        .into_iter()
-                        .map(|x| match x {
-                            SaveStatus::Allocated(slot) => SaveItem::Allocated {
-                                segment: slot.segment,
-                                offset: slot.offset,
-                            },
-                            SaveStatus::Present => SaveItem::Present,
-                            SaveStatus::Refused => SaveItem::Refused,
-                        })
-                        .collect(),
-                }))
-        }
+        Request::BeginSave { ns, hashes } => map(shared
+            .cache()
+            .write()
+            .begin_save(s, NsId(ns), &hashes)
+            .map(|(id, st)| Response::SaveBegun {
+                save: id.0,
+                items: st
+                    .into_iter()
+                    .map(|x| match x {
+                        SaveStatus::Allocated(slot) => SaveItem::Allocated {
+                            segment: slot.segment,
+                            offset: slot.offset,
+                        },
+                        SaveStatus::Present => SaveItem::Present,
+                        SaveStatus::Refused => SaveItem::Refused,
+                    })
+                    .collect(),
+            })),
         Request::CommitSave { save } => {
-            let mut cache = shared.cache();
-            let injected = shared
-                .commit_faults
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok();
+            let mut cache = shared.cache().write();
+            let injected = shared.faults().take_commit();
             if injected {
                 ServerCounters::inc(&shared.counters.commit_failures_injected);
                 return match cache.abort_save(s, SaveId(save)) {
@@ -155,14 +147,18 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                 .commit_save(s, SaveId(save))
                 .map(|blocks| Response::Committed { blocks }))
         }
-        Request::AbortSave { save } => map(shared.cache().abort_save(s, SaveId(save)).map(|_| Response::Ok)),
+        Request::AbortSave { save } => map(shared
+            .cache()
+            .write()
+            .abort_save(s, SaveId(save))
+            .map(|_| Response::Ok)),
         Request::ResetGeneration { ns } => {
             // Resets are ordered (their tables are written in bump order); the
             // cache lock is held only for the bump and the table's snapshot, not
             // across the fsync, so lookups and saves go on meanwhile.
             let _ordered = shared.generation_writes();
             let (r, table) = {
-                let mut cache = shared.cache();
+                let mut cache = shared.cache().write();
                 let r = cache.bump_generation(NsId(ns));
                 let table = r.is_ok().then(|| cache.generation_table());
                 (r, table)
@@ -186,7 +182,7 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             map(r.map(|generation| Response::Generation { generation }))
         }
         Request::Stats => Response::StatsOk {
-            json: stats::json(shared),
+            json: stats::json(&shared.stats()),
         },
         Request::InjectFault {
             restore_failures,
@@ -198,8 +194,7 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                     "fault injection is disabled; start the Manager with --enable-fault-injection",
                 );
             }
-            shared.restore_faults.store(restore_failures, Ordering::Release);
-            shared.commit_faults.store(commit_failures, Ordering::Release);
+            shared.faults().arm(restore_failures, commit_failures);
             Response::Ok
         }
         Request::Close => Response::Ok, // handled in the loop
@@ -225,7 +220,7 @@ fn lookup(
     hashes: &[orbitkv_core::BlockHash],
 ) -> Result<orbitkv_core::LookupResult, CacheError> {
     let first = {
-        let cache = shared.cache_shared();
+        let cache = shared.cache().read();
         let r = cache.lookup_shared(s, ns, hashes);
         // The policy thread replays the touch log; if it is far behind, this
         // lookup does (unless another replay runs: no lookup waits for one).
@@ -236,10 +231,10 @@ fn lookup(
         return Ok(first);
     };
     let hit = first.hit_blocks as usize;
-    if hit >= hashes.len() || peers.fill(shared, ns, &hashes[hit..]) == 0 {
+    if hit >= hashes.len() || peers.fill(shared.arena(), ns, &hashes[hit..]) == 0 {
         return Ok(first);
     }
-    let mut cache = shared.cache();
+    let mut cache = shared.cache().write();
     let second = cache.lookup(s, ns, hashes);
     if let Some(l) = first.lease {
         let _ = cache.release(s, l);
@@ -250,10 +245,10 @@ fn lookup(
 /// The common restore under the shared lock: every block in DRAM and no
 /// fault armed. `None` when the lease needs the exclusive path (`acquire`).
 fn acquire_from_dram(shared: &Shared, s: SessionId, lease: u64) -> Option<Response> {
-    if shared.restore_faults.load(Ordering::Acquire) != 0 {
+    if shared.faults().restore_armed() {
         return None;
     }
-    let fast = shared.cache_shared().try_acquire_shared(s, LeaseId(lease));
+    let fast = shared.cache().read().try_acquire_shared(s, LeaseId(lease));
     match fast {
         Ok(Some(slots)) => {
             ServerCounters::inc(&shared.counters.leases_acquired);
@@ -271,7 +266,7 @@ fn acquire_from_dram(shared: &Shared, s: SessionId, lease: u64) -> Option<Respon
 /// and the restore fails, with the lease retired: no copy was handed out.
 fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
     loop {
-        let mut cache = shared.cache();
+        let mut cache = shared.cache().write();
         match cache.acquire(s, l) {
             Ok(AcquireStep::Ready(slots)) => {
                 ServerCounters::inc(&shared.counters.leases_acquired);
@@ -280,7 +275,7 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
                 };
             }
             Ok(AcquireStep::Wait) => {
-                shared.wait_staged(cache);
+                shared.cache().wait_staged(cache);
             }
             Ok(AcquireStep::Lost { blocks }) => {
                 return Response::error(
@@ -293,7 +288,7 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
             }
             Ok(AcquireStep::Stage(jobs)) => {
                 drop(cache); // the reads run outside the lock; the guard inside reports back
-                crate::tier::stage_for_lease(shared, jobs);
+                crate::tier::stage_for_lease(shared.arena(), shared.tier.as_deref(), jobs);
             }
             Err(e @ CacheError::NoStagingSpace { .. }) => {
                 let _ = cache.release(s, l);

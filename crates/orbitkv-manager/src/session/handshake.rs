@@ -25,8 +25,8 @@ fn token_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn authorize(shared: &Shared, cred: &PeerCred) -> Result<(), String> {
-    if cred.uid == my_uid() || shared.config.allow_uids.contains(&cred.uid) {
+fn authorize(allow_uids: &[u32], cred: &PeerCred) -> Result<(), String> {
+    if cred.uid == my_uid() || allow_uids.contains(&cred.uid) {
         Ok(())
     } else {
         Err(format!(
@@ -45,8 +45,8 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: Connectio
             return;
         }
     };
-    if let Err(msg) = authorize(&shared, &cred) {
-        refuse(&stream, &shared, 0, ErrorCode::Auth, &msg);
+    if let Err(msg) = authorize(&shared.config.allow_uids, &cred) {
+        refuse(&stream, &shared.counters, 0, ErrorCode::Auth, &msg);
         return;
     }
     let stream = Arc::new(stream);
@@ -58,7 +58,7 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: Connectio
             Ok(_) | Err(_) => {
                 refuse(
                     &stream,
-                    &shared,
+                    &shared.counters,
                     h.request_id,
                     ErrorCode::BadFrame,
                     "malformed Hello",
@@ -88,7 +88,7 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: Connectio
         Err(e) => {
             refuse(
                 &stream,
-                &shared,
+                &shared.counters,
                 reader.request_id(),
                 frame_code(&e),
                 &e.to_string(),
@@ -103,7 +103,7 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: Connectio
         {
             refuse(
                 &stream,
-                &shared,
+                &shared.counters,
                 hello_id,
                 ErrorCode::Auth,
                 "wrong or missing token",

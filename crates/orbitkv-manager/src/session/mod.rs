@@ -16,7 +16,6 @@ mod requests;
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use orbitkv_core::{SessionEnd, SessionId};
 use orbitkv_shm::peer::ProcessHandle;
@@ -62,7 +61,7 @@ pub struct ConnectionSlot(pub Arc<Shared>);
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+        self.0.connections().give_back_place();
     }
 }
 
@@ -80,7 +79,7 @@ struct OpenSession {
 
 impl OpenSession {
     fn new(shared: &Arc<Shared>, pid: i32, process: Option<ProcessHandle>) -> OpenSession {
-        let id = shared.cache().open_session();
+        let id = shared.cache().write().open_session();
         ServerCounters::inc(&shared.counters.sessions_opened);
         OpenSession {
             shared: shared.clone(),
@@ -112,7 +111,7 @@ fn end(shared: &Shared, session: SessionId, pid: i32, process: Option<ProcessHan
         return; // already ended under the lock in the Close handler
     }
     ServerCounters::inc(&shared.counters.sessions_vanished);
-    let mut cache = shared.cache();
+    let mut cache = shared.cache().write();
     let _ = cache.end_session(session, SessionEnd::Vanished);
     if cache.is_quarantined(session) {
         drop(cache);
@@ -121,7 +120,7 @@ fn end(shared: &Shared, session: SessionId, pid: i32, process: Option<ProcessHan
             "session {} (pid {pid}) vanished holding leases/slots: quarantined until the process is gone",
             session.0
         );
-        shared.quarantine().push(Quarantined {
+        shared.quarantine().hold(Quarantined {
             session,
             pid,
             process,
@@ -132,6 +131,7 @@ fn end(shared: &Shared, session: SessionId, pid: i32, process: Option<ProcessHan
 #[cfg(test)]
 mod tests {
     use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::atomic::Ordering;
 
     use orbitkv_core::{AcquireStep, CacheError, CacheState, Fingerprint, NamespaceKey, NsId};
     use orbitkv_shm::{PageSize, Segment};
@@ -156,7 +156,7 @@ mod tests {
         let pid = std::process::id() as i32;
         let caught = catch_unwind(AssertUnwindSafe(|| {
             let open = OpenSession::new(&shared, pid, None);
-            let mut c = shared.cache();
+            let mut c = shared.cache().write();
             let key = NamespaceKey {
                 fingerprint: Fingerprint([3; 32]),
                 shard: 0,
@@ -172,11 +172,10 @@ mod tests {
             panic!("injected: a request handler panicked");
         }));
         assert!(caught.is_err());
-        let q = shared.quarantine();
+        let q = shared.quarantine().sessions();
         assert_eq!(q.len(), 1, "the session went to quarantine");
-        let s = q[0].session;
-        drop(q);
-        assert!(shared.cache().is_quarantined(s));
+        let s = q[0];
+        assert!(shared.cache().write().is_quarantined(s));
         assert_eq!(shared.counters.sessions_vanished.load(Ordering::Relaxed), 1);
     }
 
@@ -186,9 +185,9 @@ mod tests {
     fn a_session_left_before_its_loop_is_ended() {
         let shared = Arc::new(shared());
         let id = OpenSession::new(&shared, std::process::id() as i32, None).id;
-        assert!(shared.quarantine().is_empty());
+        assert!(shared.quarantine().sessions().is_empty());
         assert!(matches!(
-            shared.cache().lookup(id, NsId(1), &[]),
+            shared.cache().write().lookup(id, NsId(1), &[]),
             Err(CacheError::SessionClosed(_) | CacheError::UnknownSession(_))
         ));
     }

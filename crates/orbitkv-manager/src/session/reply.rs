@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use orbitkv_proto::{ErrorCode, FrameError, Response, write_frame};
 
-use crate::shared::{ServerCounters, Shared};
+use crate::shared::ServerCounters;
 
 /// How long a last error reply before closing may block on a peer that does not read.
 const CLOSING_REPLY_TIMEOUT: Duration = Duration::from_millis(100);
@@ -26,10 +26,10 @@ pub(super) fn reply_and_close(stream: &UnixStream, id: u32, code: ErrorCode, msg
     let _ = reply(stream, id, &Response::error(code, msg));
 }
 
-pub(super) fn refuse(stream: &UnixStream, shared: &Shared, id: u32, code: ErrorCode, msg: &str) {
+pub(super) fn refuse(stream: &UnixStream, counters: &ServerCounters, id: u32, code: ErrorCode, msg: &str) {
     let n = match code {
-        ErrorCode::Auth => ServerCounters::inc(&shared.counters.auth_refused),
-        _ => ServerCounters::inc(&shared.counters.bad_frames),
+        ErrorCode::Auth => ServerCounters::inc(&counters.auth_refused),
+        _ => ServerCounters::inc(&counters.bad_frames),
     };
     warn_sampled!(n, "refusing connection: {msg}");
     reply_and_close(stream, id, code, msg);
@@ -38,8 +38,8 @@ pub(super) fn refuse(stream: &UnixStream, shared: &Shared, id: u32, code: ErrorC
 /// Answer a connection over `--max-connections` with `Busy` and close it, from
 /// the accept loop (no thread is spent on it; the write cannot block: the reply
 /// is far smaller than an empty socket buffer).
-pub fn refuse_over_limit(stream: UnixStream, shared: &Shared, limit: usize) {
-    let n = ServerCounters::inc(&shared.counters.connections_refused);
+pub fn refuse_over_limit(stream: UnixStream, counters: &ServerCounters, limit: usize) {
+    let n = ServerCounters::inc(&counters.connections_refused);
     let msg = format!("the Manager already serves its limit of {limit} connections (--max-connections)");
     warn_sampled!(n, "refusing connection: {msg}");
     reply_and_close(&stream, 0, ErrorCode::Busy, msg);

@@ -112,7 +112,7 @@ fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, Decod
             )
         }
         Ok(Request::Close) => {
-            let r = shared.cache().end_session(session, SessionEnd::Clean);
+            let r = shared.cache().write().end_session(session, SessionEnd::Clean);
             ServerCounters::inc(&shared.counters.sessions_closed_clean);
             Step::Last(h.request_id, map(r.map(|_| Response::Ok)), SessionEnd::Clean)
         }

@@ -4,8 +4,8 @@
 
 use orbitkv_core::{Counters, Gauges};
 
-use super::{Metric, ld};
-use crate::shared::{ServerCounters, Shared};
+use super::{Metric, View, ld};
+use crate::shared::ServerCounters;
 
 /// Lookups and the leases they grant.
 pub(super) fn lookups(c: &Counters, sc: &ServerCounters) -> Vec<Metric> {
@@ -245,7 +245,7 @@ pub(super) fn tp(c: &Counters, g: &Gauges) -> Vec<Metric> {
 }
 
 /// Open saves, sessions and quarantine; namespaces, the arena's shape and uptime.
-pub(super) fn state(shared: &Shared, g: &Gauges, unprovable: u64) -> Vec<Metric> {
+pub(super) fn state(v: &View<'_>, g: &Gauges, unprovable: u64) -> Vec<Metric> {
     vec![
         (
             "live_saves",
@@ -278,23 +278,18 @@ pub(super) fn state(shared: &Shared, g: &Gauges, unprovable: u64) -> Vec<Metric>
             unprovable,
         ),
         ("namespaces", "Registered namespaces", "gauge", g.namespaces),
-        (
-            "segments",
-            "Arena segments",
-            "gauge",
-            shared.segments.len() as u64,
-        ),
+        ("segments", "Arena segments", "gauge", v.segments.len() as u64),
         (
             "dram_page_bytes",
             "Page size backing the arena (4096, or a huge page size)",
             "gauge",
-            shared.config.page_size.bytes(),
+            v.config.page_size.bytes(),
         ),
         (
             "uptime_seconds",
             "Seconds since start",
             "gauge",
-            shared.started.elapsed().as_secs(),
+            v.clock.uptime_s(),
         ),
     ]
 }

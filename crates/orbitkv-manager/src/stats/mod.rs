@@ -10,9 +10,16 @@ mod cache;
 mod server;
 mod tiers;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::shared::Shared;
+use orbitkv_shm::Segment;
+
+use crate::config::ManagerConfig;
+use crate::peer::PeerTier;
+use crate::presence::Presence;
+use crate::shared::{Cache, Clock, Connections, Quarantine, ServerCounters};
+use crate::tier::Tier;
 use cache::{dram, lookups, saves, sessions, state, tp};
 use server::connections;
 use tiers::{presence_table, ssd_tier};
@@ -20,26 +27,40 @@ use tiers::{presence_table, ssd_tier};
 /// (name, help, kind, value). `kind` is "counter" or "gauge".
 type Metric = (&'static str, &'static str, &'static str, u64);
 
-pub fn snapshot(shared: &Shared) -> Vec<Metric> {
+/// Everything a snapshot reads, and nothing else of the Manager (the metrics
+/// server holds only this; see `Shared::stats`).
+pub struct View<'a> {
+    pub cache: &'a Cache,
+    pub quarantine: &'a Quarantine,
+    pub counters: &'a ServerCounters,
+    pub connections: &'a Connections,
+    pub tier: Option<&'a dyn Tier>,
+    pub presence: Option<&'a Presence>,
+    pub peers: Option<&'a PeerTier>,
+    pub segments: &'a [Segment],
+    pub config: &'a ManagerConfig,
+    pub clock: Clock,
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+pub fn snapshot(v: &View<'_>) -> Vec<Metric> {
     // Each source read once, under its own lock, before any section is built.
     let (c, g) = {
-        let cache = shared.cache();
+        let cache = v.cache.write();
         (cache.counters().clone(), cache.gauges())
     };
-    let q = shared.quarantine();
-    let unprovable = q.iter().filter(|x| x.process.is_none()).count() as u64;
-    drop(q);
-    let sc = &shared.counters;
-    let ssd = shared.tier.as_ref().map(|t| t.status().stats).unwrap_or_default();
-    let presence = shared.presence.as_ref().map(|p| p.stats());
+    let unprovable = v.quarantine.unprovable();
+    let sc = v.counters;
+    let ssd = v.tier.map(|t| t.status().stats).unwrap_or_default();
+    let presence = v.presence.map(|p| p.stats());
     [
         lookups(&c, sc),
         saves(&c),
         sessions(&c, sc),
-        connections(shared, sc),
+        connections(v.connections, sc),
         dram(&g),
         tp(&c, &g),
-        state(shared, &g, unprovable),
+        state(v, &g, unprovable),
         ssd_tier(&c, &g, &ssd),
         presence_table(presence),
     ]
@@ -50,18 +71,20 @@ fn ld(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
-pub fn json(shared: &Shared) -> String {
+pub fn json(v: &View<'_>) -> String {
     let mut m = serde_json::Map::new();
-    for (name, _, _, v) in snapshot(shared) {
-        m.insert(name.into(), v.into());
+    for (name, _, _, value) in snapshot(v) {
+        m.insert(name.into(), value.into());
     }
-    m.insert("socket".into(), shared.config.socket.display().to_string().into());
-    let metrics = shared.metrics_addr.lock().ok().and_then(|a| *a);
-    m.insert("metrics_addr".into(), metrics.map(|a| a.to_string()).into());
+    m.insert("socket".into(), v.config.socket.display().to_string().into());
+    m.insert(
+        "metrics_addr".into(),
+        v.metrics_addr.map(|a| a.to_string()).into(),
+    );
     m.insert("version".into(), env!("CARGO_PKG_VERSION").into());
     m.insert(
         "ssd".into(),
-        match (&shared.config.ssd, shared.tier.as_ref().map(|t| t.status())) {
+        match (&v.config.ssd, v.tier.map(|t| t.status())) {
             (Some(cfg), Some(t)) => serde_json::json!({
                 "enabled": true,
                 "dir": cfg.dir.display().to_string(),
@@ -76,16 +99,13 @@ pub fn json(shared: &Shared) -> String {
     );
     m.insert(
         "peers".into(),
-        shared
-            .peers
-            .as_ref()
+        v.peers
             .map_or_else(|| serde_json::json!({ "enabled": false }), |p| p.status_json()),
     );
     m.insert("pid".into(), std::process::id().into());
     m.insert(
         "segment_sizes".into(),
-        shared
-            .segments
+        v.segments
             .iter()
             .map(|s| serde_json::Value::from(s.size()))
             .collect::<Vec<_>>()
@@ -94,14 +114,14 @@ pub fn json(shared: &Shared) -> String {
     serde_json::Value::Object(m).to_string()
 }
 
-pub fn prometheus(shared: &Shared) -> String {
+pub fn prometheus(v: &View<'_>) -> String {
     let mut out = String::new();
-    for (name, help, kind, v) in snapshot(shared) {
+    for (name, help, kind, value) in snapshot(v) {
         out.push_str(&format!(
-            "# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\norbitkv_{name} {v}\n"
+            "# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\norbitkv_{name} {value}\n"
         ));
     }
-    if let Some(p) = shared.peers.as_ref() {
+    if let Some(p) = v.peers {
         out.push_str(&p.prometheus());
     }
     out

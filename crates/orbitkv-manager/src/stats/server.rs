@@ -1,13 +1,11 @@
 //! The section of the server's own connection and frame counters.
 
-use std::sync::atomic::Ordering;
-
 use super::{Metric, ld};
-use crate::shared::{ServerCounters, Shared};
+use crate::shared::{Connections, ServerCounters};
 
 /// Connections and their frames: limits, deadlines, quiet releases, refusals and
 /// injected faults.
-pub(super) fn connections(shared: &Shared, sc: &ServerCounters) -> Vec<Metric> {
+pub(super) fn connections(conns: &Connections, sc: &ServerCounters) -> Vec<Metric> {
     vec![
         (
             "connections_refused_total",
@@ -19,7 +17,7 @@ pub(super) fn connections(shared: &Shared, sc: &ServerCounters) -> Vec<Metric> {
             "connections",
             "Connections with a live session thread",
             "gauge",
-            shared.connections.load(Ordering::Relaxed) as u64,
+            conns.live() as u64,
         ),
         (
             "hello_timeouts_total",
@@ -55,7 +53,7 @@ pub(super) fn connections(shared: &Shared, sc: &ServerCounters) -> Vec<Metric> {
             "frame_buffer_bytes",
             "Bytes of incomplete frame bodies charged to --max-buffered-bytes",
             "gauge",
-            shared.frame_buffer_bytes.load(Ordering::Relaxed) as u64,
+            conns.frame_bytes() as u64,
         ),
         (
             "auth_refused_total",

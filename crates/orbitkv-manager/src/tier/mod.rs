@@ -26,11 +26,11 @@ use orbitkv_core::{CacheState, SpillJob, StageJob, TierKey};
 use orbitkv_shm::Segment;
 use orbitkv_ssd::SsdStats;
 
-use crate::shared::Shared;
+use crate::shared::{Arena, Cache};
 pub use generations::persist_generations;
 pub use peer_slots::{recv_into_save_slot, recv_into_save_slot_hashed, send_leased_slot};
 pub use ssd::open;
-pub use write_behind::worker;
+pub use write_behind::{WriteBehind, worker};
 
 /// What became of one block handed to [`Tier::spill`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +108,7 @@ impl TierMove for SpillJob {
 /// leases waiting on it and no slot stays frozen (`Busy::Spilling` cannot be
 /// evicted).
 pub struct MoveGuard<'a, J: TierMove> {
-    shared: &'a Shared,
+    cache: &'a Cache,
     jobs: Vec<J>,
 }
 
@@ -121,8 +121,8 @@ impl<'a, J: TierMove> MoveGuard<'a, J> {
     /// `jobs` must come from the cache (`AcquireStep::Stage` / `spill_candidates`);
     /// the cache lock must not be held by this thread while the guard lives (its
     /// drop takes it).
-    pub fn new(shared: &'a Shared, jobs: Vec<J>) -> Self {
-        MoveGuard { shared, jobs }
+    pub fn new(cache: &'a Cache, jobs: Vec<J>) -> Self {
+        MoveGuard { cache, jobs }
     }
 
     pub fn jobs(&self) -> &[J] {
@@ -140,12 +140,12 @@ impl<'a, J: TierMove> MoveGuard<'a, J> {
         if jobs.is_empty() {
             return;
         }
-        let mut cache = self.shared.cache();
+        let mut cache = self.cache.write();
         for (i, j) in jobs.iter().enumerate() {
             J::end(&mut cache, j, ok.get(i).copied().unwrap_or(false));
         }
         drop(cache);
-        self.shared.notify_staged();
+        self.cache.notify_staged();
     }
 }
 
@@ -163,12 +163,12 @@ impl<J: TierMove> Drop for MoveGuard<'_, J> {
     }
 }
 
-/// Stage a lease's SSD-only blocks into DRAM (from `AcquireStep::Stage`) and
-/// report the results to the cache, whatever happens in between.
-pub fn stage_for_lease(shared: &Shared, jobs: Vec<StageJob>) {
-    let staging = StageGuard::new(shared, jobs);
-    let ok = match shared.tier.as_deref() {
-        Some(tier) => tier.stage(&shared.segments, staging.jobs()),
+/// Stage a lease's SSD-only blocks into DRAM (from `AcquireStep::Stage`) from
+/// `tier` and report the results to the cache, whatever happens in between.
+pub fn stage_for_lease(arena: Arena<'_>, tier: Option<&dyn Tier>, jobs: Vec<StageJob>) {
+    let staging = StageGuard::new(arena.cache, jobs);
+    let ok = match tier {
+        Some(tier) => tier.stage(arena.segments, staging.jobs()),
         // Unreachable by construction (SSD-only blocks need a tier); fail closed.
         None => Vec::new(),
     };
@@ -187,6 +187,7 @@ mod tests {
     use super::write_behind::spill_batch;
     use super::*;
     use crate::config::ManagerConfig;
+    use crate::shared::Shared;
 
     /// A tier whose every operation panics: fault injection for the guards.
     struct PanickingTier;
@@ -241,7 +242,7 @@ mod tests {
     fn a_panic_while_staging_leaves_no_block_staging() {
         let (shared, s, ns) = shared(2);
         let lease = {
-            let mut c = shared.cache();
+            let mut c = shared.cache().write();
             save(&mut c, s, ns, &[h(1)]);
             for j in c.spill_candidates(8) {
                 c.spill_done(&j, true);
@@ -249,13 +250,15 @@ mod tests {
             save(&mut c, s, ns, &[h(2), h(3)]); // demotes h(1) to SSD-only
             c.lookup(s, ns, &[h(1)]).expect("lookup").lease.expect("hit")
         };
-        let jobs = match shared.cache().acquire(s, lease).expect("acquire") {
+        let jobs = match shared.cache().write().acquire(s, lease).expect("acquire") {
             AcquireStep::Stage(jobs) => jobs,
             other => panic!("stage expected, got {other:?}"),
         };
-        let r = catch_unwind(AssertUnwindSafe(|| stage_for_lease(&shared, jobs)));
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            stage_for_lease(shared.arena(), shared.tier.as_deref(), jobs)
+        }));
         assert!(r.is_err(), "the injected panic propagates");
-        let mut c = shared.cache();
+        let mut c = shared.cache().write();
         // Not `Wait` (the block would be staging forever): the unfinished read
         // counts as failed, the block is dropped and the lease retired.
         assert!(
@@ -273,12 +276,16 @@ mod tests {
     #[test]
     fn a_panic_while_spilling_leaves_no_slot_frozen() {
         let (shared, s, ns) = shared(1);
-        save(&mut shared.cache(), s, ns, &[h(1)]);
-        let jobs = shared.cache().spill_candidates(8);
+        save(&mut shared.cache().write(), s, ns, &[h(1)]);
+        let jobs = shared.cache().write().spill_candidates(8);
         assert_eq!(jobs.len(), 1);
-        let r = catch_unwind(AssertUnwindSafe(|| spill_batch(&shared, &PanickingTier, jobs)));
+        let wb = WriteBehind {
+            arena: shared.arena(),
+            tier: &PanickingTier,
+        };
+        let r = catch_unwind(AssertUnwindSafe(|| spill_batch(wb, jobs)));
         assert!(r.is_err(), "the injected panic propagates");
-        let mut c = shared.cache();
+        let mut c = shared.cache().write();
         assert_eq!(c.counters().spill_failures, 1);
         // A spilling slot cannot be evicted: the next save would be refused.
         let (id, st) = c.begin_save(s, ns, &[h(2)]).expect("begin");

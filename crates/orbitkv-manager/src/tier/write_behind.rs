@@ -1,23 +1,29 @@
 //! The write-behind worker: hands the SSD tier the deletions the cache gave up
 //! and the spills it chose, and makes room when the tier is full.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use orbitkv_core::SpillJob;
 
 use super::{SpillGuard, Spilled, Tier};
-use crate::shared::Shared;
+use crate::shared::{Arena, Shutdown};
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.
 const SPILL_BATCH: usize = 64;
 
+/// What the write-behind worker works on: the cache and the arena it spills
+/// from, and the tier it spills to.
+#[derive(Clone, Copy)]
+pub struct WriteBehind<'a> {
+    pub arena: Arena<'a>,
+    pub tier: &'a dyn Tier,
+}
+
 /// The write-behind worker: deletions first, then spills, until shutdown.
-pub fn worker(shared: Arc<Shared>) {
-    let Some(tier) = shared.tier.as_deref() else {
-        return;
-    };
-    while !shared.is_shutting_down() {
+pub fn worker(wb: WriteBehind<'_>, shutdown: &Shutdown) {
+    let WriteBehind { arena, tier } = wb;
+    let cache = arena.cache;
+    while !shutdown.requested() {
         // Copies the tier dropped itself (header check after start-up): the cache
         // forgets them (SSD-only blocks leave the index, so lookups miss; a block
         // with a DRAM copy keeps it); busy or pinned ones are skipped here and fail
@@ -25,14 +31,14 @@ pub fn worker(shared: Arc<Shared>) {
         // copy spilled again since, which the cache no longer counts).
         let lost = tier.take_lost();
         if !lost.is_empty() {
-            let forgotten = shared.cache().ssd_droppable(&lost);
+            let forgotten = cache.write().ssd_droppable(&lost);
             tier.remove(&forgotten);
         }
-        let removals = shared.cache().take_ssd_removals();
+        let removals = cache.write().take_ssd_removals();
         tier.remove(&removals);
-        let jobs = shared.cache().spill_candidates(SPILL_BATCH);
+        let jobs = cache.write().spill_candidates(SPILL_BATCH);
         // Copies the policy gave up to make room for these spills go first.
-        let made_room = shared.cache().take_ssd_removals();
+        let made_room = cache.write().take_ssd_removals();
         tier.remove(&made_room);
         if jobs.is_empty() {
             if removals.is_empty() {
@@ -40,20 +46,21 @@ pub fn worker(shared: Arc<Shared>) {
             }
             continue;
         }
-        spill_batch(&shared, tier, jobs);
+        spill_batch(wb, jobs);
     }
 }
 
 /// Spill one batch from `spill_candidates` and report it, whatever happens in
 /// between. A full tier gets one chance to make room, then the rest fail.
-pub(super) fn spill_batch(shared: &Shared, tier: &dyn Tier, jobs: Vec<SpillJob>) {
-    let spilling = SpillGuard::new(shared, jobs);
+pub(super) fn spill_batch(wb: WriteBehind<'_>, jobs: Vec<SpillJob>) {
+    let WriteBehind { arena, tier } = wb;
+    let spilling = SpillGuard::new(arena.cache, jobs);
     let jobs = spilling.jobs();
     let mut ok = vec![false; jobs.len()];
     let mut todo: Vec<usize> = (0..jobs.len()).collect();
     for attempt in 0..2 {
         let batch: Vec<SpillJob> = todo.iter().map(|&i| jobs[i]).collect();
-        let results = tier.spill(&shared.segments, &batch);
+        let results = tier.spill(arena.segments, &batch);
         let mut full = Vec::new();
         for (&i, r) in todo.iter().zip(results) {
             match r {
@@ -65,22 +72,23 @@ pub(super) fn spill_batch(shared: &Shared, tier: &dyn Tier, jobs: Vec<SpillJob>)
         if full.is_empty() || attempt == 1 {
             break;
         }
-        make_room(shared, tier, full.len() * 2);
+        make_room(wb, full.len() * 2);
         todo = full;
     }
     spilling.finish(&ok);
 }
 
 /// The tier is full: delete copies the cache can spare.
-fn make_room(shared: &Shared, tier: &dyn Tier, n: usize) {
+fn make_room(wb: WriteBehind<'_>, n: usize) {
+    let WriteBehind { arena, tier } = wb;
     // The policy's order first (the copies DRAM + SSD value least), then the
     // store's least recently used (without tiers, or none left to give up).
-    let ranked = shared.cache().ssd_make_room(n.max(8));
+    let ranked = arena.cache.write().ssd_make_room(n.max(8));
     if !ranked.is_empty() {
         tier.remove(&ranked);
         return;
     }
     let proposed = tier.oldest(n.max(8));
-    let droppable = shared.cache().ssd_droppable(&proposed);
+    let droppable = arena.cache.write().ssd_droppable(&proposed);
     tier.remove(&droppable);
 }
