@@ -179,7 +179,7 @@ fn run_core_tiered(
                 match cache.acquire(s, l) {
                     Ok(AcquireStep::Stage(jobs)) => {
                         for j in &jobs {
-                            store.touch(j.tier_key);
+                            store.touch(j.tier_key());
                             cache.finish_stage(j, true);
                         }
                     }
@@ -235,7 +235,7 @@ fn run_core_tiered(
                 }
                 let fits = (store.stamp.len() as u64) < store.capacity;
                 if fits {
-                    store.touch(j.tier_key);
+                    store.touch(j.tier_key());
                     t.spilled += 1;
                 }
                 cache.spill_done(j, fits);

@@ -81,7 +81,7 @@ proptest! {
                                     let ok = fail_mask >> (bit % 8) & 1 == 0;
                                     bit += 1;
                                     c.finish_stage(&j, ok);
-                                    if !ok { lost.insert(j.key.hash); }
+                                    if !ok { lost.insert(j.key().hash); }
                                 }
                             }
                             Ok(AcquireStep::Wait) => prop_assert!(false, "single session never waits on itself"),

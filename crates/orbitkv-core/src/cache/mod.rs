@@ -42,6 +42,7 @@
 mod adopt;
 mod concurrent;
 mod entries;
+mod jobs;
 mod leases;
 mod registry;
 mod saves;

@@ -4,16 +4,8 @@
 
 use super::CacheState;
 use super::entries::{Busy, Entry};
-use crate::keys::{BlockKey, Slot, TierKey};
-
-/// Copy `slot` (holding `block_bytes` of data) to SSD under `tier_key`.
-#[derive(Debug, Clone, Copy)]
-pub struct SpillJob {
-    pub key: BlockKey,
-    pub tier_key: TierKey,
-    pub slot: Slot,
-    pub block_bytes: u64,
-}
+use super::jobs::SpillJob;
+use crate::keys::BlockKey;
 
 /// When blocks are copied to SSD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -21,16 +21,8 @@ use super::entries::{Busy, SlotFree};
 use super::{CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, NamespaceKey, Slot, TierKey};
 
-pub use super::spill::{SpillJob, SpillPolicy};
-
-/// Read the SSD copy of `tier_key` into `slot`.
-#[derive(Debug, Clone, Copy)]
-pub struct StageJob {
-    pub key: BlockKey,
-    pub tier_key: TierKey,
-    pub slot: Slot,
-    pub block_bytes: u64,
-}
+pub use super::jobs::{SpillJob, StageJob};
+pub use super::spill::SpillPolicy;
 
 /// What `acquire` needs next.
 #[derive(Debug, Clone)]

@@ -182,12 +182,12 @@ fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool
     let mut items: Vec<(SsdKey, &mut [u8])> = Vec::with_capacity(jobs.len());
     let mut usable = Vec::with_capacity(jobs.len());
     for j in jobs {
-        let Some(seg) = segments.get(j.slot.segment as usize) else {
+        let Some(seg) = segments.get(j.slot().segment as usize) else {
             usable.push(false);
             continue;
         };
         // SAFETY: the slot was allocated for this job by `CacheState::acquire`
-        // (Busy::Staging) and the job is held by a `StageGuard` until
+        // (Busy::Staging; only the cache can make a `StageJob`) and the job is held by a `StageGuard` until
         // `finish_stage`: the Manager has handed its location to no client and
         // allocates it to nothing else meanwhile, and jobs are distinct slots
         // (the cache stages each block once), so within this process this is the
@@ -197,9 +197,9 @@ fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool
         // content (the bytes are checksummed against the SSD header before the
         // block becomes visible), which the trust model (same or allowed uid)
         // already grants it.
-        match unsafe { seg.mapping().slice_mut(j.slot.offset, j.slot.len as usize) } {
+        match unsafe { seg.mapping().slice_mut(j.slot().offset, j.slot().len as usize) } {
             Ok(buf) => {
-                items.push((ssd_key(&j.tier_key), buf));
+                items.push((ssd_key(&j.tier_key()), buf));
                 usable.push(true);
             }
             Err(_) => usable.push(false),
@@ -214,13 +214,13 @@ fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool
                 return false;
             }
             match results.next() {
-                Some(Ok(n)) if n as u64 == j.block_bytes => true,
+                Some(Ok(n)) if n as u64 == j.block_bytes() => true,
                 Some(Ok(n)) => {
                     warn_sampled!(
                         STAGE_FAILURES.inc(),
                         "SSD block {}: {n} bytes, expected {}; dropped",
-                        short(&j.tier_key),
-                        j.block_bytes
+                        short(&j.tier_key()),
+                        j.block_bytes()
                     );
                     false
                 }
@@ -228,7 +228,7 @@ fn ssd_stage(segments: &[Segment], ssd: &SsdTier, jobs: &[StageJob]) -> Vec<bool
                     warn_sampled!(
                         STAGE_FAILURES.inc(),
                         "SSD block {} not served: {e}; dropped (a miss from now on)",
-                        short(&j.tier_key)
+                        short(&j.tier_key())
                     );
                     false
                 }
@@ -248,19 +248,20 @@ fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spil
     let mut items: Vec<(SsdKey, &[u8])> = Vec::with_capacity(jobs.len());
     let mut idx = Vec::with_capacity(jobs.len());
     for (i, j) in jobs.iter().enumerate() {
-        let Some(seg) = segments.get(j.slot.segment as usize) else {
+        let Some(seg) = segments.get(j.slot().segment as usize) else {
             continue;
         };
         // SAFETY: the block is visible (committed blocks are never written
-        // again through the protocol) and Busy::Spilling, held by a `SpillGuard`
+        // again through the protocol) and Busy::Spilling (only the cache can
+        // make a `SpillJob`, and only for such a block), held by a `SpillGuard`
         // until `spill_done`, keeps its slot from being freed or reallocated
         // meanwhile. A client that breaks the protocol and writes a committed
         // slot (every client maps the arena read-write) can race this read: a
         // copy torn by such a write fails its checksum on read-back and is
         // dropped; bytes changed before the checksum was taken are the same
         // bytes the DRAM copy already serves (damage the trust model grants).
-        if let Ok(buf) = unsafe { seg.mapping().slice(j.slot.offset, j.block_bytes as usize) } {
-            items.push((ssd_key(&j.tier_key), buf));
+        if let Ok(buf) = unsafe { seg.mapping().slice(j.slot().offset, j.block_bytes() as usize) } {
+            items.push((ssd_key(&j.tier_key()), buf));
             idx.push(i);
         }
     }
@@ -273,7 +274,7 @@ fn ssd_spill(segments: &[Segment], ssd: &SsdTier, jobs: &[SpillJob]) -> Vec<Spil
                 warn_sampled!(
                     SPILL_FAILURES.inc(),
                     "SSD spill of {} failed: {e}",
-                    short(&jobs[i].tier_key)
+                    short(&jobs[i].tier_key())
                 );
                 Spilled::Failed
             }
