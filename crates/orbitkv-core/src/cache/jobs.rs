@@ -1,9 +1,11 @@
-//! The I/O jobs the cache hands the Manager's tier code: a [`StageJob`] (read
-//! an SSD copy into a staging slot) and a [`SpillJob`] (write a frozen DRAM
-//! slot to SSD). Only the cache makes them (their fields are visible to
-//! `cache` alone), so holding one is the right to touch its slot until the job
-//! is reported (`finish_stage`, `spill_done`); the Manager reads them through
-//! the accessors.
+//! The rights to arena slots the cache hands out: the I/O jobs of the tier code
+//! (a [`StageJob`] reads an SSD copy into a staging slot, a [`SpillJob`] writes
+//! a frozen DRAM slot to SSD) and the slots it lends to sessions (a
+//! [`SaveSlot`] of an open save, a [`LeasedSlot`] of an acquired lease). Only
+//! the cache makes them (their fields are visible to `cache` alone), so code
+//! outside the core that touches arena bytes — the Manager's SSD and peer
+//! transfers — can do so only with one in hand; the Manager reads them through
+//! their accessors.
 
 use crate::keys::{BlockKey, Slot, TierKey};
 
@@ -56,3 +58,40 @@ macro_rules! job_accessors {
 
 job_accessors!(StageJob);
 job_accessors!(SpillJob);
+
+/// A slot of an open save, lent by `begin_save`: its bytes may be written until
+/// the save is committed or aborted. Only the cache makes one; it reads as the
+/// [`Slot`] it lends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveSlot(Slot);
+
+/// The slot of a block an acquired lease pins, handed out by `acquire`: its
+/// bytes may be read (never written) until the lease ends. Only the cache makes
+/// one; it reads as the [`Slot`] it lends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasedSlot(Slot);
+
+macro_rules! lent_slot {
+    ($lent:ident) => {
+        impl $lent {
+            pub(in crate::cache) fn new(slot: Slot) -> Self {
+                $lent(slot)
+            }
+
+            /// The slot lent.
+            pub fn slot(&self) -> Slot {
+                self.0
+            }
+        }
+
+        impl std::ops::Deref for $lent {
+            type Target = Slot;
+            fn deref(&self) -> &Slot {
+                &self.0
+            }
+        }
+    };
+}
+
+lent_slot!(SaveSlot);
+lent_slot!(LeasedSlot);

@@ -17,8 +17,9 @@ use std::sync::atomic::Ordering;
 
 use super::concurrent::{DRAIN_AT, HotCounters, Touch};
 use super::entries::Entry;
+use super::jobs::LeasedSlot;
 use super::{AcquireStep, CacheError, CacheState};
-use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId, Slot};
+use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId};
 pub(in crate::cache) use records::{LeaseRecord, LeaseTable, TpLeaseRecord};
 pub use records::{LeaseState, TpPart, TpToken};
 
@@ -242,6 +243,7 @@ impl CacheState {
         Ok(AcquireStep::Ready(
             keys.iter()
                 .filter_map(|k| self.index.get(k)?.dram_slot())
+                .map(LeasedSlot::new)
                 .collect(),
         ))
     }
@@ -249,7 +251,11 @@ impl CacheState {
     /// [`Self::acquire`] when every block of the lease is visible and in DRAM
     /// (`Some(slots)`, the lease now `Acquired`); `None`, with nothing
     /// changed, when staging or a lost block needs the exclusive path.
-    pub fn try_acquire_shared(&self, s: SessionId, l: LeaseId) -> Result<Option<Vec<Slot>>, CacheError> {
+    pub fn try_acquire_shared(
+        &self,
+        s: SessionId,
+        l: LeaseId,
+    ) -> Result<Option<Vec<LeasedSlot>>, CacheError> {
         self.session(s)?;
         self.leases
             .with(l, |lease| {
@@ -259,7 +265,7 @@ impl CacheState {
                         id: l.0,
                     });
                 }
-                let slots: Option<Vec<Slot>> = lease
+                let slots: Option<Vec<LeasedSlot>> = lease
                     .keys
                     .iter()
                     .map(|k| {
@@ -267,6 +273,7 @@ impl CacheState {
                             .get(k)
                             .filter(|e| !e.doomed)
                             .and_then(|e| e.dram_slot())
+                            .map(LeasedSlot::new)
                     })
                     .collect();
                 if slots.is_some() {

@@ -68,7 +68,7 @@ use registry::{NsInfo, SessionInfo};
 use saves::OpenSave;
 pub use saves::SaveStatus;
 use tiers::TierState;
-pub use tiers::{AcquireStep, SpillJob, SpillPolicy, StageJob};
+pub use tiers::{AcquireStep, LeasedSlot, SaveSlot, SpillJob, SpillPolicy, StageJob};
 pub use tp::{MAX_TP_SHARDS, TpLookupResult, TpRedeemed};
 
 /// Largest block the arena accepts (a single extent).

@@ -6,12 +6,13 @@
 use std::collections::HashSet;
 
 use super::entries::{Entry, SlotFree};
+use super::jobs::SaveSlot;
 use super::{CacheError, CacheState};
-use crate::keys::{BlockHash, BlockKey, NsId, SaveId, SessionId, Slot};
+use crate::keys::{BlockHash, BlockKey, NsId, SaveId, SessionId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaveStatus {
-    Allocated(Slot),
+    Allocated(SaveSlot),
     /// An equal key is already visible (or appears twice in this request).
     Present,
     /// Admission said no: no space could be made without evicting pinned blocks.
@@ -75,7 +76,7 @@ impl CacheState {
                 SaveStatus::Present
             } else {
                 match self.alloc_or_evict(block_bytes) {
-                    Some(slot) => SaveStatus::Allocated(slot),
+                    Some(slot) => SaveStatus::Allocated(SaveSlot::new(slot)),
                     None => {
                         self.counters.blocks_refused += 1;
                         SaveStatus::Refused
@@ -133,11 +134,11 @@ impl CacheState {
             };
             if self.index.contains_key(&key) {
                 // Another session committed the same block first.
-                self.free_slot(slot, SlotFree::DuplicateOnCommit);
+                self.free_slot(*slot, SlotFree::DuplicateOnCommit);
                 continue;
             }
             let block_bytes = ns_bytes.unwrap_or(slot.len);
-            self.index.insert(key, Entry::in_dram(slot, block_bytes));
+            self.index.insert(key, Entry::in_dram(*slot, block_bytes));
             self.note_visibility(key, true);
             visible.push((key, slot.len));
         }
@@ -167,7 +168,7 @@ impl CacheState {
     fn free_save_slots(&mut self, save: OpenSave) {
         for (_, st) in save.items {
             if let SaveStatus::Allocated(slot) = st {
-                self.free_slot(slot, SlotFree::SaveAborted);
+                self.free_slot(*slot, SlotFree::SaveAborted);
             }
         }
     }

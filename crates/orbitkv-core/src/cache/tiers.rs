@@ -19,16 +19,16 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::entries::{Busy, SlotFree};
 use super::{CacheError, CacheState};
-use crate::keys::{BlockHash, BlockKey, NamespaceKey, Slot, TierKey};
+use crate::keys::{BlockHash, BlockKey, NamespaceKey, TierKey};
 
-pub use super::jobs::{SpillJob, StageJob};
+pub use super::jobs::{LeasedSlot, SaveSlot, SpillJob, StageJob};
 pub use super::spill::SpillPolicy;
 
 /// What `acquire` needs next.
 #[derive(Debug, Clone)]
 pub enum AcquireStep {
     /// Every block is in DRAM: copy from these slots.
-    Ready(Vec<Slot>),
+    Ready(Vec<LeasedSlot>),
     /// Read these SSD copies, report with `finish_stage`, then acquire again.
     Stage(Vec<StageJob>),
     /// Another lease is staging one of these blocks: wait, then acquire again.

@@ -110,12 +110,12 @@ fn read_blocks<'a>(
     for st in items {
         match st {
             SaveStatus::Allocated(slot) if hash_inline => {
-                let (_, sum) = crate::tier::recv_into_save_slot_hashed(segments, *slot, len, conn)?;
+                let (_, sum) = crate::tier::recv_into_save_slot_hashed(segments, slot, len, conn)?;
                 sink(Piece::Sum(sum));
             }
             SaveStatus::Allocated(slot) => {
                 sink(Piece::Bytes(crate::tier::recv_into_save_slot(
-                    segments, *slot, len, conn,
+                    segments, slot, len, conn,
                 )?));
             }
             // Already here (or refused for room): read past the bytes.

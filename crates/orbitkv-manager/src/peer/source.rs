@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use orbitkv_core::{AcquireStep, Fingerprint, LeaseId, NamespaceKey, SessionEnd, SessionId, Slot};
+use orbitkv_core::{AcquireStep, Fingerprint, LeaseId, LeasedSlot, NamespaceKey, SessionEnd, SessionId};
 use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_request};
 use orbitkv_proto::{FrameError, read_frame, write_frame};
 
@@ -384,7 +384,7 @@ fn send(
     conn: &mut Conn,
     id: u32,
     lease: LeaseId,
-    slots: &[Slot],
+    slots: &[LeasedSlot],
     block_bytes: u64,
 ) -> Result<bool, SourceError> {
     let head = PeerResponse::Leased {
@@ -411,7 +411,7 @@ fn send(
                     std::thread::sleep(Duration::from_millis(ms));
                 }
                 sink(super::Piece::Bytes(crate::tier::send_leased_slot(
-                    segments, *slot, len, conn,
+                    segments, slot, len, conn,
                 )?));
             }
             Ok::<(), SourceError>(())
@@ -440,7 +440,7 @@ fn send(
 
 /// Acquire a lease's slots, staging SSD-only blocks first. `None`: the lease
 /// could not be served (it is released).
-fn acquire(src: Source<'_>, s: SessionId, l: LeaseId) -> Option<Vec<Slot>> {
+fn acquire(src: Source<'_>, s: SessionId, l: LeaseId) -> Option<Vec<LeasedSlot>> {
     loop {
         let mut cache = src.arena.cache.write();
         match cache.acquire(s, l) {

@@ -3,26 +3,28 @@
 //! each under the cache-protocol right that freezes the slot.
 #![allow(unsafe_code)]
 
+use orbitkv_core::{LeasedSlot, SaveSlot};
 use orbitkv_shm::Segment;
 
 /// Let `fill` write the first `len` bytes of save slot `slot`, then return
 /// them read-only with what `fill` returned: the one place the peer tier's
 /// receives get at an arena slot (the callers' obligations are those of
 /// [`recv_into_save_slot`]).
-fn fill_save_slot<T>(
-    segments: &[Segment],
-    slot: orbitkv_core::Slot,
+fn fill_save_slot<'a, T>(
+    segments: &'a [Segment],
+    slot: &SaveSlot,
     len: usize,
     fill: impl FnOnce(&mut [u8]) -> std::io::Result<T>,
-) -> std::io::Result<(&[u8], T)> {
+) -> std::io::Result<(&'a [u8], T)> {
     let seg = segments
         .get(slot.segment as usize)
         .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
     if len as u64 > slot.len {
         return Err(std::io::Error::other("block larger than its slot"));
     }
-    // SAFETY: the slot was allocated by `begin_save` to a save of the
-    // Manager-internal session that calls this (caller's obligation above): it
+    // SAFETY: the slot was allocated by `begin_save` (only the cache makes a
+    // `SaveSlot`) to a save of the Manager-internal session that calls this
+    // (caller's obligation above): it
     // is invisible, its location was handed to no client, and the cache
     // allocates it to nothing else until that save is committed or aborted, which
     // happens after the returned slice is dropped; so within this process this
@@ -45,7 +47,7 @@ fn fill_save_slot<T>(
 /// must commit or abort that save only after the returned slice is dropped.
 pub fn recv_into_save_slot<'a>(
     segments: &'a [Segment],
-    slot: orbitkv_core::Slot,
+    slot: &SaveSlot,
     len: usize,
     r: &mut impl std::io::Read,
 ) -> std::io::Result<&'a [u8]> {
@@ -61,7 +63,7 @@ pub fn recv_into_save_slot<'a>(
 /// received into a slot no client has been told of.
 pub fn recv_into_save_slot_hashed<'a>(
     segments: &'a [Segment],
-    slot: orbitkv_core::Slot,
+    slot: &SaveSlot,
     len: usize,
     r: &mut impl std::io::Read,
 ) -> std::io::Result<(&'a [u8], u64)> {
@@ -96,7 +98,7 @@ pub fn recv_into_save_slot_hashed<'a>(
 /// (`AcquireStep::Ready` in `peer::source`) until the returned slice is dropped.
 pub fn send_leased_slot<'a>(
     segments: &'a [Segment],
-    slot: orbitkv_core::Slot,
+    slot: &LeasedSlot,
     len: usize,
     w: &mut impl std::io::Write,
 ) -> std::io::Result<&'a [u8]> {
@@ -104,7 +106,8 @@ pub fn send_leased_slot<'a>(
         .get(slot.segment as usize)
         .ok_or_else(|| std::io::Error::other(format!("no arena segment {}", slot.segment)))?;
     // SAFETY: the block is pinned by an acquired lease of the caller's session
-    // (caller's obligation above): a pinned, visible block's slot is frozen
+    // (only the cache makes a `LeasedSlot`, from `acquire`; caller's obligation
+    // above): a pinned, visible block's slot is frozen
     // (never freed, reallocated or written by the Manager) until the lease ends,
     // which happens after the returned slice is dropped. A client of a trusted
     // uid could still write into its mapping of this range between the copy
