@@ -132,6 +132,11 @@ pub fn expire(cache: &Cache, peers: Option<&PeerTier>, now: u64) {
     if let Some(peer) = peers {
         peer.tp_reap(cache, now);
     }
+    // The exclusive lock stalls every lookup (and replays their touches first):
+    // take it only when a TP lease is due, not on every pass of the reaper.
+    if !cache.read().tp_expiry_due(now) {
+        return;
+    }
     let n = cache.write().expire_tp(now);
     if n > 0 {
         log!(

@@ -374,6 +374,13 @@ impl CacheState {
         }
     }
 
+    /// Would [`Self::expire_tp`] at `now_ms` end anything? A check under the
+    /// shared lock, so the Manager's reaper takes the exclusive lock (which
+    /// stalls every lookup) only when a TP lease is due.
+    pub fn tp_expiry_due(&self, now_ms: u64) -> bool {
+        self.tp.values().any(|t| t.expires_at_ms <= now_ms)
+    }
+
     /// End TP leases whose deadline passed (a rank died before redeeming its
     /// part). Returns how many ended.
     pub fn expire_tp(&mut self, now_ms: u64) -> usize {
@@ -611,8 +618,11 @@ mod tests {
         let w = t.c.open_session();
         let got = t.c.redeem_tp(w, UID, T, t.nss[0]).expect("redeem");
         t.c.release(w, got.lease).expect("release");
+        assert!(!t.c.tp_expiry_due(999), "the reaper's shared-lock check agrees");
         assert_eq!(t.c.expire_tp(999), 0);
+        assert!(t.c.tp_expiry_due(1000));
         assert_eq!(t.c.expire_tp(1000), 1);
+        assert!(!t.c.tp_expiry_due(u64::MAX), "nothing left to expire");
         assert_eq!(pins(&t.c), 0, "rank 1 never came: its part is released");
         assert_eq!(t.c.counters().tp_leases_expired, 1);
         let w1 = t.c.open_session();
