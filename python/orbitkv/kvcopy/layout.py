@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import torch
 
+from orbitkv.engine.blocks import dense_run, page_reach
+
 
 class _PageGeometryLike(Protocol):
     base: int
@@ -23,10 +25,9 @@ class LayerPages:
     """Where one layer's page of manager block b lives inside `backing`.
 
     Page b starts at byte `base + b * block_stride` of `backing` and is the strided
-    array `shape` / `strides` (bytes; the last dim counts bytes). Its cached form is the
-    CPU path's (`orbitkv.vllm.layout`, the native `PageLayout`): the page's bytes in
-    physical order when the page is one dense run (`contiguous`; e.g. LBNHC, whose
-    physical order is not the logical [H, N, C] one), else in logical (`shape`) order.
+    array `shape` / `strides` (bytes; the last dim counts bytes). Its cached form is
+    the one block format (`orbitkv.engine.blocks`): the page's bytes in physical order
+    when it is one dense run (`contiguous`), else in logical (`shape`) order.
     `num_blocks` (an addition to the agreed API) bounds the block ids; None means
     every block whose page fits in `backing`.
     """
@@ -62,17 +63,12 @@ class LayerPages:
     @property
     def reach(self) -> int:
         """Bytes from a page's first byte to one past its last."""
-        return sum((n - 1) * s for n, s in zip(self.shape, self.strides, strict=True)) + 1
+        return page_reach(self.shape, self.strides)
 
     @property
     def contiguous(self) -> bool:
         """The page is one dense run of `page_bytes` bytes starting at its first byte."""
-        expected = 1
-        for stride, size in sorted((st, sz) for st, sz in zip(self.strides, self.shape, strict=True) if sz > 1):
-            if stride != expected:
-                return False
-            expected *= size
-        return True
+        return dense_run(self.shape, self.strides)
 
     @property
     def capacity(self) -> int:

@@ -5,11 +5,11 @@ KV dtype, over a single int8 backing allocation ordered by `KVCacheLayout`
 (vllm/v1/kv_cache_interface.py: create_kv_cache_views). B counts *kernel* blocks,
 which may split a manager block into `ratio` pieces.
 
-A cached OrbitKV block is the concatenation, over the KV layers in address order, of
-that layer's page for the block, each page in its physical byte order (logical
-[ratio, H, N, C] order when a page is not one dense run: LHBNC, BHLNC). For
-block-outermost layouts whose pages are contiguous (BLHNC, BLNHC) that concatenation
-is exactly the block's contiguous span in the backing buffer (`block_views`).
+The cached block format is `orbitkv.engine.blocks`'s; for vLLM the layers are taken in
+address order of their pages, each page `[ratio, H, N, C]` of one manager block (its
+logical order applies when a page is not one dense run: LHBNC, BHLNC). For
+block-outermost layouts whose pages are contiguous (BLHNC, BLNHC) a block is exactly
+its contiguous span in the backing buffer (`block_views`).
 The worker hands `BlockGeometry` to the native client (`orbitkv.vllm.native.page_layout`),
 whose bounds-checked `save_pages`/`restore_pages` copy pages <-> slots once; the GPU
 copy engine (`orbitkv.kvcopy`, geometry from `block_geometry`) consumes the same
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from orbitkv.engine.blocks import dense_run, page_reach
 
 
 class LayoutError(ValueError):
@@ -98,13 +100,7 @@ def block_geometry(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> Bl
         base = int(t.storage_offset()) * item
         if base in pages:
             continue  # a KV-sharing layer aliasing another layer's pages
-        dense = sorted((st, sz) for st, sz in zip(strides, shape, strict=True) if sz > 1)
-        expected, contiguous = 1, True
-        for st, sz in dense:
-            if st != expected:
-                contiguous = False
-                break
-            expected *= sz
+        contiguous = dense_run(shape, strides)
         pages[base] = PageGeometry(name, base, s_b * ratio, shape, strides, contiguous, ratio * h * n * c * item)
     ordered = tuple(pages[k] for k in sorted(pages))
     block_stride = {p.block_stride for p in ordered}
@@ -130,7 +126,7 @@ class CpuPages:
         self.flat = flat
         last = geometry.num_blocks - 1
         for page in geometry.pages:
-            reach = sum((n - 1) * st for n, st in zip(page.shape, page.strides, strict=True)) + 1
+            reach = page_reach(page.shape, page.strides)
             if page.base < 0 or page.base + last * page.block_stride + reach > flat.nbytes:
                 raise LayoutError(f"layer {page.layer!r}: pages reach past the {flat.nbytes}-byte KV buffer")
 

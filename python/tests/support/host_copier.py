@@ -2,9 +2,9 @@
 native client's page copies and the GPU copy engine (`orbitkv.kvcopy`) are checked
 against. Test-only: the adapters copy through the native client or `orbitkv.kvcopy`.
 
-It applies the cached block format of `orbitkv.vllm.layout` (pages concatenated in
-address order, each in physical byte order when dense, else in logical order) with
-`ctypes.memmove` for dense pages and numpy strided views otherwise.
+It applies the cached block format (`orbitkv.engine.blocks`) to vLLM's page geometry
+(`orbitkv.vllm.layout`) with `ctypes.memmove` for dense pages and numpy strided views
+otherwise.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from orbitkv.engine.blocks import dense_run, page_reach
 from orbitkv.engine.session import FIRST_BACKOFF_S, MAX_BACKOFF_S, ReconnectBackoff
 
 PKG = Path(__file__).resolve().parents[2] / "orbitkv"
@@ -73,3 +74,16 @@ def test_the_adapters_share_the_engine_layer_not_each_other() -> None:
             bad = sorted(n for n in _imports(path) if any(n == b or n.startswith(b + ".") for b in banned))
             assert not bad, f"{path.relative_to(PKG.parent)} imports {bad}"
     assert checked >= 20, f"only {checked} modules found under {PKG}"
+
+
+def test_the_block_format_rule_for_dense_pages() -> None:
+    """A page's bytes go into a block in physical order only when the page is one dense
+    run: its dimensions of size > 1, by stride, tile memory with no gap or overlap."""
+    # [ratio=1, H=2, N=4, C=8 bytes], logical order dense: HNC.
+    assert dense_run((1, 2, 4, 8), (0, 32, 8, 1)) and page_reach((1, 2, 4, 8), (0, 32, 8, 1)) == 64
+    # The same page laid out N-major (LBNHC-like): still one dense run, another order.
+    assert dense_run((1, 2, 4, 8), (0, 8, 16, 1))
+    # A page whose heads are interleaved with another layer's (a gap): not dense.
+    assert not dense_run((1, 2, 4, 8), (0, 64, 8, 1)) and page_reach((1, 2, 4, 8), (0, 64, 8, 1)) == 96
+    # Two dimensions overlapping (stride 0 on a dimension > 1): not dense.
+    assert not dense_run((2, 8), (0, 1))
