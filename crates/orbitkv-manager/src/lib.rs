@@ -127,7 +127,7 @@ impl Manager {
         shared.set_metrics_addr(metrics.as_ref().and_then(|m| m.local_addr().ok()));
         let shared = Arc::new(shared);
         let mut threads = Vec::new();
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        let spawn = |name: &str, f: Job| {
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(f)
@@ -183,8 +183,8 @@ impl Manager {
             )?);
         }
         let mut peer_threads = Vec::new();
-        let mut peer_spawn = |name: &str, f: Box<dyn FnOnce() + Send>| peer_threads.push(spawn(name, f));
-        peer::start(&shared, &mut peer_spawn).map_err(|err| ManagerError::PeerBind {
+        let mut peer_spawn = |name: &str, f: Job| peer_threads.push(spawn(name, f));
+        start_peers(&shared, &mut peer_spawn).map_err(|err| ManagerError::PeerBind {
             addr: shared
                 .config
                 .peers
@@ -237,6 +237,50 @@ impl Manager {
         let _ = std::fs::remove_file(&self.shared.config.socket);
         log!(Info, "stopped");
     }
+}
+
+/// A thread body, handed to a spawner that starts it under a name.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Start the peer listener and the etcd membership and TP-release threads, as
+/// configured. Each thread keeps `shared` alive and is handed only its parts:
+/// every peer connection's thread its `peer::Source`, the others the
+/// `PeerTier` and the [`shared::parts::Shutdown`] flag.
+fn start_peers(shared: &Arc<Shared>, spawn: &mut dyn FnMut(&str, Job)) -> std::io::Result<()> {
+    let Some(peer) = shared.peers.as_ref() else {
+        return Ok(());
+    };
+    if let Some(listener) = peer::listen(peer)? {
+        let sh = shared.clone();
+        spawn(
+            "orbitkv-peer-accept",
+            Box::new(move || peer::accept_loop(sh, listener)),
+        );
+    }
+    if peer.settings.etcd.is_some() {
+        let sh = shared.clone();
+        spawn(
+            "orbitkv-etcd",
+            Box::new(move || {
+                if let Some(peer) = sh.peers.as_ref() {
+                    peer::membership(peer, sh.shutdown());
+                }
+            }),
+        );
+    }
+    if peer.has_tp_shard_peers() {
+        let rx = peer.forwarder();
+        let sh = shared.clone();
+        spawn(
+            "orbitkv-tp-release",
+            Box::new(move || {
+                if let Some(peer) = sh.peers.as_ref() {
+                    peer::forward_releases(peer, sh.shutdown(), rx);
+                }
+            }),
+        );
+    }
+    Ok(())
 }
 
 /// Entry point of `orbitkv serve` and the `orbitkv-manager` binary: run until

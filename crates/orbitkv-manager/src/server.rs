@@ -11,7 +11,8 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 
 use crate::peer::PeerTier;
 use crate::session;
-use crate::shared::{Cache, Clock, Quarantine, Shared, Shutdown};
+use crate::shared::Shared;
+use crate::shared::parts::{Cache, Clock, Quarantine, Shutdown};
 
 const POLL: Timespec = Timespec {
     tv_sec: 0,

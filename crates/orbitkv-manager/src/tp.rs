@@ -18,7 +18,8 @@ use orbitkv_core::{CacheError, NsId, SessionId, TpToken};
 use orbitkv_proto::{ErrorCode, Request, Response, TP_TOKEN_BYTES};
 
 use crate::peer::PeerTier;
-use crate::shared::{Cache, Clock, Shared};
+use crate::shared::Shared;
+use crate::shared::parts::{Cache, Clock};
 
 /// A fresh token from the kernel's CSPRNG (never all zeros: zero means "no lease").
 fn draw_token() -> std::io::Result<TpToken> {
@@ -76,7 +77,16 @@ pub fn handle(
             let expires = deadline_ms(shared.clock(), shared.config.tp_lease_ttl);
             let found = match shared.peers.as_ref().filter(|p| p.has_tp_shard_peers()) {
                 // Some ranks' workers are clients of peer Managers (T1 across hosts).
-                Some(peer) => peer.lookup_across(shared, s, uid, &nss, hashes, token, expires),
+                Some(peer) => peer.lookup_across(
+                    shared.cache(),
+                    shared.config.tp_lease_ttl,
+                    s,
+                    uid,
+                    &nss,
+                    hashes,
+                    token,
+                    expires,
+                ),
                 None => shared
                     .cache()
                     .write()

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::format::{HEADER_SIZE, JournalRecord};
+use crate::header::{HeaderVerdict, header_verdict};
 use crate::key::SsdKey;
-use crate::recovery::{HeaderVerdict, header_verdict};
 use crate::state::State;
 use crate::uring::{AlignedBuf, Bufs, Engine, IoReq};
 

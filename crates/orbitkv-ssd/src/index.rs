@@ -7,13 +7,44 @@
 //! collide. A key whose digest another key already holds goes to `spill`, a table keyed
 //! by the full key: each key is in exactly one of the two, and a lookup always compares
 //! the full key.
+//!
+//! `Entry`, the value (one stored block: extent, sequence, payload checksum, LRU tick),
+//! is defined here too.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as Slot;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
+use crate::format::{FORMAT_VERSION, JournalRecord, RecordKind, SECTOR, extent_bytes};
 use crate::key::SsdKey;
-use crate::state::Entry;
+
+/// One stored block.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    pub(crate) off: u64,
+    pub(crate) len: u64,
+    pub(crate) seq: u64,
+    pub(crate) sum: u64,
+    pub(crate) tick: u64,
+}
+
+impl Entry {
+    pub(crate) fn units(&self) -> u64 {
+        extent_bytes(self.len) / SECTOR
+    }
+    pub(crate) fn put_record(&self, key: SsdKey) -> JournalRecord {
+        JournalRecord {
+            version: FORMAT_VERSION as u16,
+            kind: RecordKind::Put,
+            seq: self.seq,
+            key,
+            file: 0,
+            offset: self.off,
+            len: self.len,
+            payload_sum: self.sum,
+        }
+    }
+}
 
 /// The digest is already a keyed hash: the table uses it unchanged.
 #[derive(Default, Clone, Copy)]

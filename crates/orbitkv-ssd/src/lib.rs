@@ -17,6 +17,7 @@ mod config;
 mod dir;
 mod error;
 pub mod format;
+mod header;
 mod index;
 mod journal;
 mod key;

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::error::{Result, SsdError};
 use crate::format::{BlockHeader, DecodeError, HEADER_SIZE, checksum, round_up};
+use crate::index::Entry;
 use crate::key::SsdKey;
-use crate::state::Entry;
 use crate::tier::{SsdTier, is_aligned};
 use crate::uring::{AlignedBuf, Bufs, Done, IoReq};
 

@@ -15,9 +15,9 @@ use crate::config::{EnginePref, IoMode, RecoveryVerify, SsdConfig, check_direct_
 use crate::dir::{self, FILE_MODE};
 use crate::error::{Result, SsdError};
 use crate::format::{
-    BlockHeader, DecodeError, FORMAT_VERSION, HEADER_SIZE, JOURNAL_RECORD_SIZE, JournalRecord, RecordKind,
-    SECTOR, extent_bytes,
+    FORMAT_VERSION, HEADER_SIZE, JOURNAL_RECORD_SIZE, JournalRecord, RecordKind, SECTOR, extent_bytes,
 };
+use crate::header::{HeaderVerdict, header_verdict};
 use crate::journal::{self, Journal};
 use crate::key::SsdKey;
 use crate::state::State;
@@ -399,38 +399,6 @@ fn place_group(
         }
     }
     used.extend(kept.into_iter().map(|(s, e)| (s / SECTOR, (e - s) / SECTOR)));
-}
-
-/// What a block's header sector says about its journal record.
-pub(crate) enum HeaderVerdict {
-    Keep,
-    Corrupt,
-    Torn,
-    OtherVersion,
-}
-
-pub(crate) fn header_verdict(
-    r: &JournalRecord,
-    h: &[u8],
-    res: io::Result<crate::uring::Done>,
-) -> HeaderVerdict {
-    match res {
-        Ok(d) if d.bytes == HEADER_SIZE => match BlockHeader::decode(h) {
-            Ok(bh)
-                if bh.key == r.key
-                    && bh.len == r.len
-                    && bh.payload_sum == r.payload_sum
-                    && bh.seq == r.seq =>
-            {
-                HeaderVerdict::Keep
-            }
-            Ok(_) => HeaderVerdict::Corrupt,
-            Err(DecodeError::Version(_)) => HeaderVerdict::OtherVersion,
-            Err(_) => HeaderVerdict::Corrupt,
-        },
-        Ok(_) => HeaderVerdict::Torn,
-        Err(_) => HeaderVerdict::Corrupt, // unreadable sector: drop the block, keep going
-    }
 }
 
 /// Step 3 of recovery: read every placed block's header sector, in batches.

@@ -4,38 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::alloc::ExtentAllocator;
-use crate::format::{FORMAT_VERSION, JournalRecord, RecordKind, SECTOR, extent_bytes};
-use crate::index::KeyIndex;
+use crate::format::{FORMAT_VERSION, JournalRecord, RecordKind, SECTOR};
+use crate::index::{Entry, KeyIndex};
 use crate::journal::Journal;
 use crate::key::SsdKey;
-
-/// One stored block.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Entry {
-    pub(crate) off: u64,
-    pub(crate) len: u64,
-    pub(crate) seq: u64,
-    pub(crate) sum: u64,
-    pub(crate) tick: u64,
-}
-
-impl Entry {
-    pub(crate) fn units(&self) -> u64 {
-        extent_bytes(self.len) / SECTOR
-    }
-    pub(crate) fn put_record(&self, key: SsdKey) -> JournalRecord {
-        JournalRecord {
-            version: FORMAT_VERSION as u16,
-            kind: RecordKind::Put,
-            seq: self.seq,
-            key,
-            file: 0,
-            offset: self.off,
-            len: self.len,
-            payload_sum: self.sum,
-        }
-    }
-}
 
 pub(crate) struct State {
     pub(crate) index: KeyIndex,

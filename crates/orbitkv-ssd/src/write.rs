@@ -11,8 +11,8 @@ use crate::error::{Result, SsdError};
 use crate::format::{
     BlockHeader, FORMAT_VERSION, HEADER_SIZE, JournalRecord, SECTOR, checksum, extent_bytes, round_up,
 };
+use crate::index::Entry;
 use crate::key::SsdKey;
-use crate::state::Entry;
 use crate::tier::{SsdTier, is_aligned};
 use crate::uring::{ALIGN, AlignedBuf, Bufs, IoReq};
 

@@ -8,7 +8,7 @@ use orbitkv_proto::read_frame;
 
 use super::transport::Conn;
 use super::{PeerError, Piece, checksums_alongside};
-use crate::shared::Arena;
+use crate::shared::parts::Arena;
 
 /// A Manager-internal session that owns the save a fill writes into; ended
 /// (its save aborted if not committed) when dropped. The Manager's own thread

@@ -7,6 +7,7 @@
 //! - `transport.rs`: TCP, plain on literal loopback, mutual TLS otherwise;
 //! - `source.rs`: serving our blocks to peers (lease held until the reader
 //!   reports completion, its connection ends, or we shut down);
+//! - `source_context.rs`: what serving peers is handed of this Manager;
 //! - `etcd.rs`: membership in etcd (register under a lease, discover peers);
 //! - `fill.rs`: a fill on a local miss, peers asked one at a time, and the
 //!   `Fetch`/`Leased`/`Done` exchange of one peer;
@@ -49,6 +50,7 @@ mod fill_session;
 mod hashing;
 mod probe;
 mod source;
+mod source_context;
 mod split;
 mod status;
 mod tp;
@@ -64,8 +66,11 @@ use orbitkv_core::BlockHash;
 use orbitkv_proto::FrameError;
 
 use crate::config::PeerSettings;
-use crate::shared::Shared;
+pub use etcd::membership;
 pub(crate) use hashing::{Piece, checksums_alongside};
+pub use source::accept_loop;
+pub use source_context::{Source, SourceHost};
+pub use tp::forward_releases;
 use transport::{Conn, Tls};
 
 /// How long a peer that failed is skipped.
@@ -285,58 +290,27 @@ impl PeerTier {
     }
 }
 
-/// A thread body and the spawner that starts it under a name.
-pub type Job = Box<dyn FnOnce() + Send>;
-pub type Spawn<'a> = &'a mut dyn FnMut(&str, Job);
-
-/// Start the peer listener and the etcd membership thread, as configured.
-pub fn start(shared: &Arc<Shared>, spawn: Spawn<'_>) -> std::io::Result<()> {
-    let Some(peer) = shared.peers.as_ref() else {
-        return Ok(());
+/// Bind the peer listener when one is configured (`--peer-listen`), and note
+/// its address (status, and waking it at shutdown). The Manager's wiring
+/// (`lib.rs`) runs [`accept_loop`] on it, and starts the etcd membership
+/// ([`membership`]) and TP-release ([`forward_releases`]) threads.
+pub fn listen(peer: &PeerTier) -> std::io::Result<Option<std::net::TcpListener>> {
+    let Some(addr) = peer.settings.listen else {
+        return Ok(None);
     };
-    if let Some(addr) = peer.settings.listen {
-        let listener = std::net::TcpListener::bind(addr)?;
-        let local = listener.local_addr()?;
-        *peer.listen_addr.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
-        log!(
-            Info,
-            "serving peers on {local} ({})",
-            if peer.tls.is_some() {
-                "mutual TLS"
-            } else {
-                "plain TCP, loopback only"
-            }
-        );
-        let sh = shared.clone();
-        spawn(
-            "orbitkv-peer-accept",
-            Box::new(move || source::accept_loop(sh, listener)),
-        );
-    }
-    if peer.settings.etcd.is_some() {
-        let sh = shared.clone();
-        spawn(
-            "orbitkv-etcd",
-            Box::new(move || {
-                if let Some(peer) = sh.peers.as_ref() {
-                    etcd::membership(peer, sh.shutdown());
-                }
-            }),
-        );
-    }
-    if peer.has_tp_shard_peers() {
-        let rx = peer.forwarder();
-        let sh = shared.clone();
-        spawn(
-            "orbitkv-tp-release",
-            Box::new(move || {
-                if let Some(peer) = sh.peers.as_ref() {
-                    tp::forward_releases(peer, sh.shutdown(), rx);
-                }
-            }),
-        );
-    }
-    Ok(())
+    let listener = std::net::TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    *peer.listen_addr.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
+    log!(
+        Info,
+        "serving peers on {local} ({})",
+        if peer.tls.is_some() {
+            "mutual TLS"
+        } else {
+            "plain TCP, loopback only"
+        }
+    );
+    Ok(Some(listener))
 }
 
 /// At shutdown: close every peer connection and wake the peer accept loop.

@@ -26,11 +26,10 @@ use orbitkv_core::{AcquireStep, Fingerprint, LeaseId, LeasedSlot, NamespaceKey, 
 use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_request};
 use orbitkv_proto::{FrameError, read_frame, write_frame};
 
-use super::PeerTier;
+use super::source_context::{Source, SourceHost};
 use super::transport::{self, Conn};
 use crate::config::ManagerConfig;
-use crate::shared::{Arena, Cache, Clock, Shared, Shutdown};
-use crate::tier::Tier;
+use crate::shared::parts::Cache;
 
 /// Most peer connections served at once.
 const MAX_PEER_CONNECTIONS: u64 = 64;
@@ -40,37 +39,10 @@ pub const IDLE: Duration = Duration::from_secs(30);
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 static REFUSALS: crate::log::Occurrences = crate::log::Occurrences::new();
 
-/// What serving peers reads and changes of this Manager, and nothing else: the
-/// peer tier's own state, the arena blocks are sent from, the tier SSD-only
-/// blocks are staged from, the clock of TP deadlines, the settings, the stop flag.
-#[derive(Clone, Copy)]
-pub(super) struct Source<'a> {
-    pub(super) peer: &'a PeerTier,
-    pub(super) arena: Arena<'a>,
-    pub(super) tier: Option<&'a dyn Tier>,
-    pub(super) config: &'a ManagerConfig,
-    pub(super) clock: Clock,
-    pub(super) shutdown: &'a Shutdown,
-}
-
-impl<'a> Source<'a> {
-    /// `None` when no peer tier is configured.
-    fn of(shared: &'a Shared) -> Option<Source<'a>> {
-        Some(Source {
-            peer: shared.peers.as_ref()?,
-            arena: shared.arena(),
-            tier: shared.tier.as_deref(),
-            config: &shared.config,
-            clock: shared.clock(),
-            shutdown: shared.shutdown(),
-        })
-    }
-}
-
-/// The peer listener: one thread per connection (each holds `shared` alive
+/// The peer listener: one thread per connection (each holds `host` alive
 /// and serves it with its [`Source`] part only).
-pub fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let Some(src) = Source::of(&shared) else {
+pub fn accept_loop<H: SourceHost>(host: Arc<H>, listener: TcpListener) {
+    let Some(src) = host.source() else {
         return;
     };
     let peer = src.peer;
@@ -92,12 +64,12 @@ pub fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             continue;
         }
         open.fetch_add(1, Ordering::Relaxed);
-        let sh = shared.clone();
+        let sh = host.clone();
         let count = open.clone();
         let spawned = std::thread::Builder::new()
             .name("orbitkv-peer".into())
             .spawn(move || {
-                if let Some(src) = Source::of(&sh) {
+                if let Some(src) = sh.source() {
                     serve(src, stream);
                 }
                 count.fetch_sub(1, Ordering::Relaxed);

@@ -44,10 +44,10 @@ use orbitkv_core::{BlockHash, BlockKey, CacheError, NamespaceKey, NsId, SessionI
 use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
 use orbitkv_proto::{FrameError, read_frame, write_frame};
 
-use super::source::Source;
+use super::source_context::Source;
 use super::transport::Conn;
 use super::{PeerError, PeerTier};
-use crate::shared::{Cache, Shared, Shutdown};
+use crate::shared::parts::{Cache, Shutdown};
 
 /// A TP lease this Manager pinned parts of on peers, until its owner ends it.
 #[derive(Debug)]
@@ -232,11 +232,13 @@ impl PeerTier {
     }
 
     /// The scheduler's `LookupTp` over `nss` (shard `i` at `nss[i]`) when some
-    /// shards' workers are clients of peer Managers. See the module comment.
+    /// shards' workers are clients of peer Managers (`tp_lease_ttl`: this
+    /// Manager's `--tp-lease-ttl-ms`). See the module comment.
     #[allow(clippy::too_many_arguments)]
     pub fn lookup_across(
         &self,
-        shared: &Shared,
+        cache: &Cache,
+        tp_lease_ttl: Duration,
         s: SessionId,
         uid: u32,
         nss: &[NsId],
@@ -245,7 +247,7 @@ impl PeerTier {
         expires_ms: u64,
     ) -> Result<TpLookupResult, CacheError> {
         let (generation, key, block_bytes) = {
-            let cache = shared.cache().write();
+            let cache = cache.write();
             cache.check_tp_group(nss)?;
             let generation = cache.generation_of(nss[0])?;
             let block_bytes = cache.block_bytes(nss[0])?;
@@ -277,8 +279,7 @@ impl PeerTier {
         let mut ssd = BTreeSet::new();
         let mut local_pinned = false;
         if !local.is_empty() {
-            let r = shared
-                .cache()
+            let r = cache
                 .write()
                 .lookup_tp_part(s, Some(uid), &local, hashes, token, expires_ms)?;
             n = r.hit_blocks;
@@ -298,7 +299,7 @@ impl PeerTier {
             });
         }
         // 2. Pin at every holder, in parallel.
-        let ttl_ms = u64::try_from(shared.config.tp_lease_ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl_ms = u64::try_from(tp_lease_ttl.as_millis()).unwrap_or(u64::MAX);
         let asked = &hashes[..n as usize];
         let jobs: Vec<(&str, Vec<u32>)> = holders.into_iter().collect();
         let pinned = fan_out(jobs, self.settings.tp_parallel, |(addr, shards)| {
@@ -342,7 +343,7 @@ impl PeerTier {
             settle(at.clone(), 0);
         }
         // 4. Our own part.
-        if local_pinned && shared.cache().write().trim_tp(s, token, common).is_err() && common > 0 {
+        if local_pinned && cache.write().trim_tp(s, token, common).is_err() && common > 0 {
             // The scheduler's session ended meanwhile: end the holders' parts too.
             settle(at.clone(), 0);
             common = 0;
@@ -418,7 +419,8 @@ impl PeerTier {
         }
     }
 
-    /// Start forwarding releases on a thread of their own (`peer::start`).
+    /// Start forwarding releases on a thread of their own (started by the
+    /// Manager's wiring, `lib.rs`).
     pub fn forwarder(&self) -> Receiver<Forward> {
         let (tx, rx) = std::sync::mpsc::channel();
         *lock(&self.tp.forward) = Some(tx);

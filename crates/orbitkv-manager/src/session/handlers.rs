@@ -7,7 +7,8 @@ use orbitkv_core::{
 };
 use orbitkv_proto::{ErrorCode, Request, Response, SaveItem};
 
-use crate::shared::{ServerCounters, Shared};
+use crate::shared::Shared;
+use crate::shared::parts::ServerCounters;
 use crate::stats;
 
 /// `ReleaseQuiet`: release each lease as `Release` would, answer nothing. A

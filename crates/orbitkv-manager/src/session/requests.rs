@@ -10,7 +10,8 @@ use super::handlers::{handle, map, release_quiet};
 use super::reply::{frame_code, reply, reply_and_close};
 use super::{Conn, SessionCtx};
 use crate::framing::Stall;
-use crate::shared::{ServerCounters, Shared};
+use crate::shared::Shared;
+use crate::shared::parts::ServerCounters;
 
 /// Requests that hand out arena addresses, refused to a control-only session so
 /// that it provably never copies (and its leases can be dropped with its connection).

@@ -5,7 +5,7 @@
 use orbitkv_core::{Counters, Gauges};
 
 use super::{Metric, View, ld};
-use crate::shared::ServerCounters;
+use crate::shared::parts::ServerCounters;
 
 /// Lookups and the leases they grant.
 pub(super) fn lookups(c: &Counters, sc: &ServerCounters) -> Vec<Metric> {

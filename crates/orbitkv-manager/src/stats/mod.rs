@@ -18,7 +18,7 @@ use orbitkv_shm::Segment;
 use crate::config::ManagerConfig;
 use crate::peer::PeerTier;
 use crate::presence::Presence;
-use crate::shared::{Cache, Clock, Connections, Quarantine, ServerCounters};
+use crate::shared::parts::{Cache, Clock, Connections, Quarantine, ServerCounters};
 use crate::tier::Tier;
 use cache::{dram, lookups, saves, sessions, state, tp};
 use server::connections;

@@ -9,7 +9,7 @@
 //! - `write_behind.rs`: the write-behind worker (deletions, spills, making room);
 //! - `peer_slots.rs`: the peer tier's slot borrowing.
 //!
-//! The peer tier (`crate::peer`) fills DRAM on a miss rather than staging
+//! The peer tier (`peer/`) fills DRAM on a miss rather than staging
 //! blocks the cache already knows, so it is not an `impl Tier`; its byte moves
 //! into and out of arena slots are the functions of `peer_slots.rs`.
 //!
@@ -26,7 +26,7 @@ use orbitkv_core::{CacheState, SpillJob, StageJob, TierKey};
 use orbitkv_shm::Segment;
 use orbitkv_ssd::SsdStats;
 
-use crate::shared::{Arena, Cache};
+use crate::shared::parts::{Arena, Cache};
 pub use generations::persist_generations;
 pub use peer_slots::{recv_into_save_slot, recv_into_save_slot_hashed, send_leased_slot};
 pub use ssd::open;

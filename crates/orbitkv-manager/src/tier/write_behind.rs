@@ -6,7 +6,7 @@ use std::time::Duration;
 use orbitkv_core::SpillJob;
 
 use super::{SpillGuard, Spilled, Tier};
-use crate::shared::{Arena, Shutdown};
+use crate::shared::parts::{Arena, Shutdown};
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.
 const SPILL_BATCH: usize = 64;
