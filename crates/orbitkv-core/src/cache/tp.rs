@@ -347,6 +347,13 @@ impl CacheState {
 
     /// The owner ends its TP lease: parts not redeemed are released (no
     /// address was handed out for them); redeemed parts stay with their workers.
+    ///
+    /// When every rank has redeemed its part, nothing is left for the owner to
+    /// end: the TP lease ends with its last part, counted completed. The ranks
+    /// release their parts on their own sessions, so the Manager may apply the
+    /// owner's release first even when the ranks sent theirs before the owner
+    /// (an adapter's ranks report a load only after releasing); the count then
+    /// does not depend on which session thread ran first.
     pub fn release_tp(&mut self, s: SessionId, token: TpToken) -> Result<(), CacheError> {
         self.live_session(s)?;
         let tp = self.tp.get(&token).ok_or(CacheError::UnknownTpLease)?;
@@ -355,6 +362,9 @@ impl CacheState {
                 what: "TP lease",
                 id: s.0,
             });
+        }
+        if tp.parts.iter().all(|p| !matches!(p, TpPart::Pending(_))) {
+            return Ok(());
         }
         self.end_tp(token);
         self.counters.tp_leases_released += 1;
@@ -540,6 +550,36 @@ mod tests {
         assert_eq!(t.c.gauges().live_leases, 0);
         // The owner's late release finds nothing to end.
         assert_eq!(t.c.release_tp(t.sched, T), Err(CacheError::UnknownTpLease));
+    }
+
+    #[test]
+    fn the_owner_releasing_before_the_ranks_applied_theirs_still_counts_the_lease_completed() {
+        // Every rank redeemed its part; the owner's release is applied before the
+        // ranks' (they come on other sessions): nothing is ended early, and the TP
+        // lease is completed by the last part, as when the owner came last.
+        let mut t = setup(&[2, 2]);
+        t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(2), T, 1000)
+            .expect("lookup");
+        let ranks: Vec<(SessionId, LeaseId)> = (0..2)
+            .map(|i| {
+                let w = t.c.open_session();
+                (w, t.c.redeem_tp(w, UID, T, t.nss[i]).expect("redeem").lease)
+            })
+            .collect();
+        t.c.release_tp(t.sched, T).expect("owner release");
+        t.c.release_tp(t.sched, T)
+            .expect("a repeated owner release is a no-op");
+        assert_eq!(pins(&t.c), 4, "the ranks still hold their parts");
+        assert_eq!(t.c.counters().tp_leases_released, 0);
+        for (w, l) in ranks {
+            t.c.check_invariants().expect("invariants");
+            t.c.release(w, l).expect("rank release");
+        }
+        assert_eq!(pins(&t.c), 0);
+        assert!(t.c.tp_parts(T).is_none());
+        assert_eq!(t.c.counters().tp_leases_completed, 1);
+        assert_eq!(t.c.gauges().live_leases, 0);
+        t.c.check_invariants().expect("invariants");
     }
 
     #[test]
