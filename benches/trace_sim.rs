@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use orbitkv_core::policy::{Policy, PolicyKind};
-use orbitkv_core::{AcquireStep, BlockKey, CacheState, Fingerprint, NamespaceKey, SpillPolicy, TierKey};
+use orbitkv_core::{AcquireStep, BlockRef, CacheState, Fingerprint, NamespaceKey, SpillPolicy, TierKey};
 
 const BLOCK: u64 = 64 << 10;
 
@@ -65,7 +65,7 @@ impl Tally {
 }
 
 /// The Manager's policy code: `CacheState` with `policy`, `capacity` blocks of DRAM.
-fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockKey>) -> Result<Tally, String> {
+fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockRef>) -> Result<Tally, String> {
     let mut cache = CacheState::with_policy_instance(&[capacity * BLOCK], policy);
     let s = cache.open_session();
     let key = NamespaceKey {
@@ -145,7 +145,7 @@ fn run_core_tiered(
     trace: &[Vec<u64>],
     dram: u64,
     ssd: u64,
-    policy: Policy<BlockKey>,
+    policy: Policy<BlockRef>,
     joint: bool,
     writes_per_request: u64,
 ) -> Result<TierTally, String> {

@@ -14,9 +14,9 @@ mod table;
 
 pub use arena::{ALIGN, ArenaAllocator, aligned_len};
 pub use cache::{
-    AcquireStep, CacheError, CacheState, Counters, Gauges, HeapBytes, LeaseState, LeasedSlot, LookupResult,
-    MAX_BLOCK_BYTES, MAX_TP_SHARDS, PresenceSink, SaveSlot, SaveStatus, SessionEnd, SpillJob, SpillPolicy,
-    StageJob, TpLookupResult, TpPart, TpRedeemed, TpToken,
+    AcquireStep, BlockRef, CacheError, CacheState, Counters, Gauges, HeapBytes, LeaseState, LeasedSlot,
+    LookupResult, MAX_BLOCK_BYTES, MAX_TP_SHARDS, PresenceSink, SaveSlot, SaveStatus, SessionEnd, SpillJob,
+    SpillPolicy, StageJob, TpLookupResult, TpPart, TpRedeemed, TpToken,
 };
 pub use keys::{
     BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,

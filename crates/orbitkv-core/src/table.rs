@@ -11,7 +11,7 @@
 //! tag names, which it reads anyway. A policy never depends on the table's
 //! order, so it decides exactly as with a `HashMap`.
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 /// An empty bucket: all zeros, so a new table is `calloc`ed memory, zeroed
 /// by the kernel as it is first touched (a bucket holds its slot number + 1).
@@ -137,6 +137,34 @@ impl SlotTable {
     }
 }
 
+/// What the cache policy knows an indexed block by (in place of its 48-byte
+/// key, 8 bytes): the block's slot in the index's slab and its *tag*, the top
+/// 32 bits of the index's hash of its key.
+///
+/// The slot names the block while it is indexed; the tag tells a later
+/// occupant of the slot from it (a stale reference matches a new block only
+/// if their tags agree: 1 in 2^32). The policy must forget a block before the
+/// index drops it, so it holds no stale reference (`check_invariants`).
+///
+/// It hashes as its tag alone, so a block evicted and saved again (another
+/// slot, the same tag) is the same key to hash-keyed history: S3-FIFO's ghost,
+/// `duel`'s sample, W-TinyLFU's sketch. Two different blocks with the same tag
+/// (1 in 2^32 per pair) share such history, a policy decision made on the
+/// other's evidence, never a wrong block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BlockRef {
+    tag: u32,
+    slot: u32,
+}
+
+impl Hash for BlockRef {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u32(self.tag);
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<BlockRef>() == 8);
+
 /// A hash map whose entries live in a slab (a `Vec` grown by a quarter, so at
 /// most ~20 % of it is spare) indexed by a [`SlotTable`]: per entry the pair
 /// itself plus ~12 bytes, against the pair plus one control byte at 44–87 %
@@ -146,7 +174,7 @@ pub(crate) struct SlabMap<K, V> {
     slots: Vec<Option<(K, V)>>,
     free: Vec<u32>,
     table: SlotTable,
-    hasher: foldhash::fast::RandomState,
+    hasher: foldhash::fast::SeedableRandomState,
 }
 
 impl<K, V> Default for SlabMap<K, V> {
@@ -155,7 +183,22 @@ impl<K, V> Default for SlabMap<K, V> {
             slots: Vec::new(),
             free: Vec::new(),
             table: SlotTable::default(),
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: foldhash::fast::SeedableRandomState::random(),
+        }
+    }
+}
+
+impl<K, V> SlabMap<K, V> {
+    /// An empty map hashing with `seed` (the block index: the tags of its
+    /// [`BlockRef`]s, which the policy's sample and history hash, follow the
+    /// seed, so a seeded policy decides alike in every run).
+    pub(crate) fn with_seed(seed: u64) -> Self {
+        SlabMap {
+            hasher: foldhash::fast::SeedableRandomState::with_seed(
+                seed,
+                foldhash::SharedSeed::global_fixed(),
+            ),
+            ..Self::default()
         }
     }
 }
@@ -185,9 +228,49 @@ impl<K: Hash + Eq, V> SlabMap<K, V> {
     }
 
     fn slot_of(&self, key: &K) -> Option<usize> {
+        self.find(key).map(|(i, _)| i)
+    }
+
+    /// `key`'s slot and hash.
+    fn find(&self, key: &K) -> Option<(usize, u64)> {
         let slots = &self.slots;
-        self.table.get(self.hasher.hash_one(key), |i| {
-            slots[i].as_ref().is_some_and(|(k, _)| k == key)
+        let h = self.hasher.hash_one(key);
+        let i = self
+            .table
+            .get(h, |i| slots[i].as_ref().is_some_and(|(k, _)| k == key))?;
+        Some((i, h))
+    }
+
+    fn block_ref(slot: usize, hash: u64) -> BlockRef {
+        BlockRef {
+            tag: tag_of(hash),
+            slot: slot as u32, // below 2^32: the table's buckets hold slot + 1 in 32 bits
+        }
+    }
+
+    /// The reference to `key`'s entry, and the entry.
+    pub(crate) fn get_ref(&self, key: &K) -> Option<(BlockRef, &V)> {
+        let (i, h) = self.find(key)?;
+        self.slots[i].as_ref().map(|(_, v)| (Self::block_ref(i, h), v))
+    }
+
+    /// The reference to `key`'s entry.
+    pub(crate) fn ref_of(&self, key: &K) -> Option<BlockRef> {
+        self.get_ref(key).map(|(r, _)| r)
+    }
+
+    /// The entry `r` refers to, with its key; `None` when its slot is empty
+    /// or holds another block now.
+    pub(crate) fn by_ref(&self, r: BlockRef) -> Option<(&K, &V)> {
+        let (k, v) = self.slots.get(r.slot as usize)?.as_ref()?;
+        (tag_of(self.hasher.hash_one(k)) == r.tag).then_some((k, v))
+    }
+
+    /// Every entry with its reference (hashes each key: for start-up and checks).
+    pub(crate) fn iter_refs(&self) -> impl Iterator<Item = (BlockRef, &K, &V)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            let (k, v) = s.as_ref()?;
+            Some((Self::block_ref(i, self.hasher.hash_one(k)), k, v))
         })
     }
 
@@ -205,15 +288,16 @@ impl<K: Hash + Eq, V> SlabMap<K, V> {
         self.slot_of(key).is_some()
     }
 
-    /// Insert or replace; the value replaced.
-    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
+    /// Insert or replace; the entry's reference and the value replaced.
+    pub(crate) fn insert_ref(&mut self, key: K, value: V) -> (BlockRef, Option<V>) {
         let h = self.hasher.hash_one(&key);
         let slots = &self.slots;
         if let Some(i) = self
             .table
             .get(h, |i| slots[i].as_ref().is_some_and(|(k, _)| *k == key))
         {
-            return self.slots[i].replace((key, value)).map(|(_, v)| v);
+            let old = self.slots[i].replace((key, value)).map(|(_, v)| v);
+            return (Self::block_ref(i, h), old);
         }
         let i = match self.free.pop() {
             Some(i) => i as usize,
@@ -227,7 +311,7 @@ impl<K: Hash + Eq, V> SlabMap<K, V> {
         };
         self.slots[i] = Some((key, value));
         self.table.insert(h, i);
-        None
+        (Self::block_ref(i, h), None)
     }
 
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
@@ -319,14 +403,15 @@ mod tests {
 
     #[test]
     fn slab_map_behaves_like_a_hash_map() {
-        let mut m: SlabMap<u64, u64> = SlabMap::default();
+        let mut m: SlabMap<u64, u64> = SlabMap::with_seed(3);
         let mut reference: HashMap<u64, u64> = HashMap::new();
+        let mut refs: HashMap<u64, BlockRef> = HashMap::new();
         let mut x = 0x9e37_79b9_7f4a_7c15_u64;
         for step in 0..100_000u64 {
             xorshift(&mut x);
             let k = (x >> 16) % 3000;
             match x % 4 {
-                0 | 1 => assert_eq!(m.insert(k, step), reference.insert(k, step)),
+                0 | 1 => assert_eq!(m.insert_ref(k, step).1, reference.insert(k, step)),
                 2 => assert_eq!(m.remove(&k), reference.remove(&k)),
                 _ => {
                     if let Some(v) = m.get_mut(&k) {
@@ -339,6 +424,20 @@ mod tests {
             }
             assert_eq!(m.get(&k), reference.get(&k));
             assert_eq!(m.contains_key(&k), reference.contains_key(&k));
+            // A reference names its entry until the entry leaves; then it names
+            // nothing (a later occupant of the slot has another tag: 1 in 2^32
+            // would not, and with this seed none of these keys does).
+            match m.ref_of(&k) {
+                Some(r) => {
+                    assert_eq!(m.by_ref(r).map(|(k, _)| *k), Some(k));
+                    refs.insert(k, r);
+                }
+                None => {
+                    if let Some(r) = refs.remove(&k) {
+                        assert!(m.by_ref(r).is_none(), "step {step}: a stale reference");
+                    }
+                }
+            }
             assert_eq!(m.table.len(), reference.len());
         }
         let mut all: Vec<(u64, u64)> = m.iter().map(|(k, v)| (*k, *v)).collect();
@@ -347,5 +446,9 @@ mod tests {
         want.sort_unstable();
         assert_eq!(all, want);
         assert_eq!(m.values().count(), all.len());
+        assert_eq!(m.iter_refs().count(), all.len());
+        for (r, k, v) in m.iter_refs() {
+            assert_eq!(m.by_ref(r), Some((k, v)));
+        }
     }
 }

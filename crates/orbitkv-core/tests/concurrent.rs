@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use orbitkv_core::policy::{Policy, PolicyKind};
 use orbitkv_core::{
-    AcquireStep, BlockHash, BlockKey, CacheState, Fingerprint, LeaseId, NamespaceKey, NsId, SaveStatus,
+    AcquireStep, BlockHash, BlockRef, CacheState, Fingerprint, LeaseId, NamespaceKey, NsId, SaveStatus,
     SessionEnd, SessionId,
 };
 
@@ -182,7 +182,7 @@ fn shared_operations_beside_a_writer_never_hand_out_a_reused_slot() {
 /// compared after every save.
 /// `policy` is cloned for both runs: seeded policies (the duel's sample) then
 /// sample alike.
-fn run_policy(policy: &Policy<BlockKey>, shared: bool) -> Vec<Vec<(u32, u32)>> {
+fn run_policy(policy: &Policy<BlockRef>, shared: bool) -> Vec<Vec<(u32, u32)>> {
     let mut c = CacheState::with_policy_instance(&[64 * BLOCK], policy.clone());
     let owners = Owners::default();
     let (ns, _) = c.register_namespace(ns_key(), BLOCK).expect("ns");

@@ -43,9 +43,9 @@ impl CacheState {
                 hash,
             };
             if generation == current && len == info.block_bytes && !self.index.contains_key(&key) {
-                self.index.insert(key, Entry::on_ssd_only(len));
+                let (r, _) = self.index.insert_ref(key, Entry::on_ssd_only(len));
                 self.note_visibility(key, true);
-                self.policy.get().tiers_insert(key, len);
+                self.policy.get().tiers_insert(r, len);
                 self.tier.ssd_used += len;
                 self.counters.ssd_adopted_blocks += 1;
             } else {

@@ -24,6 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::Counters;
 use crate::keys::{BlockKey, LeaseId, SessionId};
 use crate::policy::Policy;
+use crate::table::BlockRef;
 
 /// Chains waiting in the touch log at which a lookup replays them itself: the
 /// Manager's policy thread replays every millisecond, so only a lookup that
@@ -137,7 +138,7 @@ impl HotCounters {
 pub(super) struct Touch {
     /// The lease id: grant order.
     pub(super) seq: u64,
-    pub(super) chain: Vec<BlockKey>,
+    pub(super) chain: Vec<BlockRef>,
     /// Blocks whose hit count reached the SSD admission threshold with this
     /// grant (eager spill policy only).
     pub(super) spill: Vec<BlockKey>,
@@ -208,25 +209,25 @@ impl TouchLog {
 /// it; the exclusive side reaches it without locking.
 #[derive(Debug)]
 pub(super) struct PolicyCell {
-    policy: Mutex<Policy<BlockKey>>,
+    policy: Mutex<Policy<BlockRef>>,
     /// Blocks found due for an eager spill by replays under the shared lock;
     /// the exclusive side queues them (the spill queue is exclusive state).
     due_spills: Mutex<Vec<BlockKey>>,
 }
 
 impl PolicyCell {
-    pub(super) fn new(policy: Policy<BlockKey>) -> Self {
+    pub(super) fn new(policy: Policy<BlockRef>) -> Self {
         PolicyCell {
             policy: Mutex::new(policy),
             due_spills: Mutex::new(Vec::new()),
         }
     }
 
-    pub(super) fn get(&mut self) -> &mut Policy<BlockKey> {
+    pub(super) fn get(&mut self) -> &mut Policy<BlockRef> {
         get_mut(&mut self.policy)
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Policy<BlockKey>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Policy<BlockRef>> {
         lock(&self.policy)
     }
 

@@ -201,10 +201,12 @@ pub(super) enum SlotFree {
 }
 
 impl CacheState {
-    /// The one hook into visibility changes (see [`PresenceSink`]).
+    /// The one hook into visibility changes (see [`PresenceSink`]). A block
+    /// that stops being visible is forgotten by the policy here, so it must
+    /// still be indexed (the policy knows it by its index reference).
     pub(super) fn note_visibility(&mut self, key: BlockKey, visible: bool) {
-        if !visible {
-            self.policy.get().forget(&key);
+        if !visible && let Some(r) = self.index.ref_of(&key) {
+            self.policy.get().forget(&r);
         }
         if let Some(sink) = self.presence.as_mut() {
             sink.changed(&key, visible);
@@ -232,19 +234,18 @@ impl CacheState {
         let victim = self
             .policy
             .get()
-            .evict_one(|k| !index.get(k).is_some_and(Entry::evictable));
-        let Some(key) = victim else {
+            .evict_one(|r| !index.by_ref(*r).is_some_and(|(_, e)| e.evictable()));
+        let Some(r) = victim else {
             return false;
+        };
+        let Some((&key, e)) = self.index.by_ref(r) else {
+            return true; // the policy only tracks indexed blocks; nothing to free
         };
         // With joint tiers: a block the two tiers together still keep, leaving
         // DRAM without an SSD copy, is lost because its spill came too late.
         let policy = self.policy.get();
-        let lost_spill = policy.tiers_enabled()
-            && policy.tiers_keep(&key)
-            && self
-                .index
-                .get(&key)
-                .is_some_and(|e| e.dram_slot().is_some() && !e.on_ssd);
+        let lost_spill =
+            policy.tiers_enabled() && policy.tiers_keep(&r) && e.dram_slot().is_some() && !e.on_ssd;
         let Some(e) = self.index.get_mut(&key) else {
             return true; // the policy only tracks indexed blocks; nothing to free
         };
@@ -257,8 +258,8 @@ impl CacheState {
             if lost_spill {
                 self.counters.evicted_unspilled += 1;
             }
-            self.index.remove(&key);
             self.note_visibility(key, false);
+            self.index.remove(&key);
             self.free_slot(slot, SlotFree::Evicted);
         }
         true

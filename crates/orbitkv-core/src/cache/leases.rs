@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use super::concurrent::{DRAIN_AT, HotCounters, Touch};
 use super::entries::Entry;
 use super::jobs::LeasedSlot;
-use super::{AcquireStep, CacheError, CacheState};
+use super::{AcquireStep, BlockRef, CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, LeaseId, NsId, SessionId};
 pub(in crate::cache) use records::{LeaseRecord, LeaseTable, TpLeaseRecord};
 pub use records::{LeaseState, TpPart, TpToken};
@@ -64,6 +64,7 @@ impl CacheState {
         HotCounters::add(&self.hot.lookup_blocks, hashes.len() as u64);
         // One pass: each hit block is found, pinned and counted once.
         let mut keys = Vec::new();
+        let mut refs = Vec::new();
         let mut ssd_blocks = Vec::new();
         let mut spill = Vec::new();
         for h in hashes {
@@ -72,13 +73,14 @@ impl CacheState {
                 generation,
                 hash: *h,
             };
-            match self.index.get(&key) {
-                Some(e) if !e.doomed => {
+            match self.index.get_ref(&key) {
+                Some((r, e)) if !e.doomed => {
                     if e.dram_slot().is_none() {
                         ssd_blocks.push(keys.len() as u32);
                     }
                     self.pin_hit(&key, e, &mut spill);
                     keys.push(key);
+                    refs.push(r);
                 }
                 _ => break,
             }
@@ -94,7 +96,7 @@ impl CacheState {
                 generation,
             });
         }
-        let id = self.record_lease(s, ns, keys, None, spill);
+        let id = self.record_lease(s, ns, keys, refs, None, spill);
         Ok(LookupResult {
             lease: Some(id),
             hit_blocks,
@@ -124,12 +126,14 @@ impl CacheState {
         tp: Option<TpToken>,
     ) -> LeaseId {
         let mut spill = Vec::new();
+        let mut refs = Vec::with_capacity(keys.len());
         for k in &keys {
-            if let Some(e) = self.index.get(k) {
+            if let Some((r, e)) = self.index.get_ref(k) {
                 self.pin_hit(k, e, &mut spill);
+                refs.push(r);
             }
         }
-        self.record_lease(s, ns, keys, tp, spill)
+        self.record_lease(s, ns, keys, refs, tp, spill)
     }
 
     /// Pin one hit block and count the hit (`spill`: the block just became
@@ -141,19 +145,21 @@ impl CacheState {
         }
     }
 
-    /// The lease over `keys`, pinned by the caller, and its touch for the policy.
+    /// The lease over `keys`, pinned by the caller, and its touch for the
+    /// policy (`refs`: the keys' index references, as the policy knows them).
     fn record_lease(
         &self,
         s: SessionId,
         ns: NsId,
         keys: Vec<BlockKey>,
+        refs: Vec<BlockRef>,
         tp: Option<TpToken>,
         spill: Vec<BlockKey>,
     ) -> LeaseId {
         let id = LeaseId(self.next());
         let touch = Touch {
             seq: id.0,
-            chain: keys.clone(),
+            chain: refs,
             spill,
         };
         if !self.touches.push(s, touch) {

@@ -57,6 +57,7 @@ use std::sync::atomic::AtomicU64;
 use crate::keys::{BlockKey, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SessionId};
 use crate::map::Map;
 use crate::policy::{Policy, PolicyHeap, PolicyKind};
+pub use crate::table::BlockRef;
 use crate::table::SlabMap;
 use concurrent::{HotCounters, PolicyCell, TouchLog};
 
@@ -156,6 +157,8 @@ pub struct Counters {
     pub evicted_unspilled: u64,
     pub spilled_blocks: u64,
     pub spill_failures: u64,
+    /// Walks of DRAM's cold end that planned the spill queue (`evict` policy).
+    pub spill_plans: u64,
     pub staged_blocks: u64,
     pub stage_failures: u64,
     pub ssd_dropped_blocks: u64,
@@ -256,13 +259,16 @@ impl CacheState {
         Self::with_policy_instance(segment_sizes, Policy::seeded(kind, capacity, seed))
     }
 
-    /// A cache with a policy built by the caller (the simulator's parameter sweeps).
-    pub fn with_policy_instance(segment_sizes: &[u64], policy: Policy<BlockKey>) -> Self {
+    /// A cache with a policy built by the caller (the simulator's parameter
+    /// sweeps). The policy knows blocks by [`BlockRef`]; the index hashes with
+    /// its [`Policy::block_seed`].
+    pub fn with_policy_instance(segment_sizes: &[u64], policy: Policy<BlockRef>) -> Self {
         let arena = Slots::new(segment_sizes);
+        let index = SlabMap::with_seed(policy.block_seed());
         CacheState {
             arena,
             policy: PolicyCell::new(policy),
-            index: SlabMap::default(),
+            index,
             namespaces: HashMap::new(),
             ns_by_key: HashMap::new(),
             generations: HashMap::new(),
@@ -543,12 +549,12 @@ impl CacheState {
         }
         let policy = self.policy.lock();
         let mut tracked = 0;
-        for (k, e) in &self.index {
+        for (r, k, e) in self.index.iter_refs() {
             if e.pins() != pins.get(k).copied().unwrap_or(0) {
                 return Err(format!("pin count mismatch on {k:?}"));
             }
             let should_track = e.dram_slot().is_some() && !e.doomed;
-            if should_track != policy.contains(k) {
+            if should_track != policy.contains(&r) {
                 return Err(format!("policy tracking of {k:?} should be {should_track}"));
             }
             tracked += usize::from(should_track);

@@ -122,6 +122,7 @@ impl CacheState {
         let save = self.take_owned_save(s, id)?;
         let ns_bytes = self.ns(save.ns).ok().map(|n| n.block_bytes);
         let mut visible = Vec::with_capacity(save.items.len());
+        let mut keys = Vec::with_capacity(save.items.len());
         let mut committed = 0;
         for (hash, st) in save.items {
             let SaveStatus::Allocated(slot) = st else {
@@ -138,12 +139,13 @@ impl CacheState {
                 continue;
             }
             let block_bytes = ns_bytes.unwrap_or(slot.len);
-            self.index.insert(key, Entry::in_dram(*slot, block_bytes));
+            let (r, _) = self.index.insert_ref(key, Entry::in_dram(*slot, block_bytes));
             self.note_visibility(key, true);
-            visible.push((key, slot.len));
+            visible.push((r, slot.len));
+            keys.push(key);
         }
         let readmitted = self.policy.get().insert_chain(&visible);
-        for (&(key, _), again) in visible.iter().zip(readmitted) {
+        for (key, again) in keys.into_iter().zip(readmitted) {
             self.note_committed(key, again);
             committed += 1;
         }

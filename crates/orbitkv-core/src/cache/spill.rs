@@ -2,10 +2,23 @@
 //! when — the [`SpillPolicy`], admission by hits on commit and on lookup, the
 //! [`SpillJob`]s handed to the Manager's workers and their completion.
 
-use super::CacheState;
 use super::entries::{Busy, Entry};
 use super::jobs::SpillJob;
+use super::tiers::SpillWalk;
+use super::{BlockRef, CacheState};
 use crate::keys::BlockKey;
+
+/// A plan of the `evict` policy's spill queue that listed at most this many
+/// blocks is made again at every call: such a walk takes a few milliseconds.
+const CHEAP_WALK: u64 = 4096;
+
+/// Positions of DRAM's cold end one call walks at most (~8 ms at a million
+/// resident blocks); a longer walk continues at the next calls.
+const WALK_STEP: usize = 8192;
+
+/// Larger plans are made again after changes of 1/this of what they listed
+/// (see `spill_plan_due`).
+const REPLAN_DIVISOR: u64 = 16;
 
 /// When blocks are copied to SSD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,35 +67,36 @@ impl CacheState {
 
     /// Up to `max` blocks to copy to SSD. Each is marked busy (its DRAM slot
     /// cannot be freed) until [`Self::spill_done`].
+    ///
+    /// With the `evict` policy the queue is a plan: the cold end of DRAM in the
+    /// order eviction reaches it, listed by a walk over up to 3/16 of the arena
+    /// (the cost grows with DRAM: ~0.2 s at a million resident blocks). A call
+    /// walks again only when the plan is due ([`Self::spill_plan_due`]); other
+    /// calls take from the queue, checking each block again as they go.
     pub fn spill_candidates(&mut self, max: usize) -> Vec<SpillJob> {
         if self.tier.enabled && self.tier.policy == SpillPolicy::Evict {
-            let low_water = self.arena.capacity() * 3 / 16;
-            // The queue only ever holds this call's view of the cold end.
-            self.tier.spill_queue.clear();
             self.trim_tiers();
-            if self.arena.free_bytes() < low_water {
-                let min_hits = self.tier.min_hits;
-                let index = &self.index;
-                let policy: &crate::policy::Policy<BlockKey> = self.policy.get();
-                // Only blocks that qualify count towards the low-water bytes: with
-                // `min_hits` > 0 the cold end is mostly unhit blocks, and stopping at
-                // them would spill nothing. With tiers, only blocks the two tiers
-                // together keep qualify. Blocks already on SSD count (they are the
-                // cold end too) but need no spill: otherwise every call would reach
-                // deeper, and all of DRAM would end up copied.
-                let eligible =
-                    |k: &BlockKey| index.get(k).is_some_and(|e| e.hits() >= min_hits) && policy.tiers_keep(k);
-                let cold = policy.coldest(low_water, eligible);
-                // Blocks with evidence of reuse (hit, or saved again soon after an
-                // eviction) first: when the disk falls behind, DRAM evicts the
-                // rest of the cold end unspilled, and the evidence decides what
-                // the slow disk holds. With a disk that keeps up, all are spilled.
-                let (mut reused, once): (Vec<BlockKey>, Vec<BlockKey>) = cold
-                    .into_iter()
-                    .filter(|k| self.index.get(k).is_some_and(|e| !e.on_ssd))
-                    .partition(|k| self.index.get(k).is_some_and(|e| e.hits() > 0));
-                reused.extend(once);
-                self.tier.spill_queue.extend(reused);
+            let low_water = self.arena.capacity() * 3 / 16;
+            if self.arena.free_bytes() >= low_water {
+                // No pressure: nothing is about to be evicted.
+                self.tier.spill_queue.clear();
+                self.tier.last_plan = None;
+                self.tier.walk = None;
+            } else {
+                if self.tier.walk.is_none() && self.spill_plan_due() {
+                    self.tier.walk = Some(SpillWalk {
+                        orders: self.policy.get().cold_orders(),
+                        at: 0,
+                        skip: 0,
+                        bytes: 0,
+                        first: std::collections::HashSet::new(),
+                        reused: Vec::new(),
+                        once: Vec::new(),
+                        listed: 0,
+                        stamp: self.spill_stamp(),
+                    });
+                }
+                self.step_spill_walk(low_water);
             }
         }
         let mut jobs = Vec::new();
@@ -93,13 +107,13 @@ impl CacheState {
             let Some(tier_key) = self.tier_key(&key) else {
                 continue;
             };
-            let Some(e) = self.index.get(&key) else {
+            let Some((r, e)) = self.index.get_ref(&key) else {
                 continue;
             };
             let (Some(slot), false, Busy::Idle, false) = (e.dram_slot(), e.on_ssd, e.busy, e.doomed) else {
                 continue;
             };
-            if !self.policy.get().tiers_keep(&key) {
+            if !self.policy.get().tiers_keep(&r) {
                 continue; // the two tiers together gave it up since it was queued
             }
             if !self.ssd_reserve(e.data_bytes()) {
@@ -124,6 +138,47 @@ impl CacheState {
         self.tier.spill_queue.len()
     }
 
+    /// A walk of DRAM's cold end is under way (`evict` policy): the next
+    /// [`Self::spill_candidates`] calls continue it, so the worker should make
+    /// them without waiting.
+    pub fn spill_walk_in_progress(&self) -> bool {
+        self.tier.walk.is_some()
+    }
+
+    /// Blocks committed, evicted or demoted (evicted with an SSD copy) so far:
+    /// what moves the cold end of DRAM. (Hits reorder it too, but only an
+    /// eviction, which only a commit causes, can lose a block before its spill.)
+    fn spill_stamp(&self) -> u64 {
+        self.counters.blocks_committed + self.counters.evictions + self.counters.demotions
+    }
+
+    /// Is a new walk of the cold end due? Always while the cold end is small
+    /// (the last plan listed at most [`CHEAP_WALK`] blocks: the walk costs little,
+    /// and one request's saves can move a small cold end by more than its depth).
+    /// Otherwise: never planned; or, with the queue drained, once the blocks
+    /// committed, evicted or demoted since reach 1/[`REPLAN_DIVISOR`] of what the
+    /// plan listed; with blocks still queued, once they also reach the queue's
+    /// length (the plan is stale by then). The nearest a new block starts from
+    /// eviction in any policy kind is W-TinyLFU's window, 1/100 of DRAM; 1/16 of
+    /// the cold end (3/16 of DRAM) in changes, which come about two per new
+    /// block, is 0.6 % of DRAM in new blocks, so the next walk finds it in time,
+    /// while walks cost at most 16 block visits per change.
+    fn spill_plan_due(&self) -> bool {
+        let Some((at, listed)) = self.tier.last_plan else {
+            return true;
+        };
+        if listed <= CHEAP_WALK {
+            return true;
+        }
+        let changed = self.spill_stamp().saturating_sub(at);
+        let enough = listed / REPLAN_DIVISOR;
+        if self.tier.spill_queue.is_empty() {
+            changed >= enough
+        } else {
+            changed >= enough.max(self.tier.spill_queue.len() as u64)
+        }
+    }
+
     /// A spill finished; `ok` when the SSD copy is durable.
     pub fn spill_done(&mut self, job: &SpillJob, ok: bool) {
         match self.index.get_mut(&job.key) {
@@ -145,6 +200,84 @@ impl CacheState {
                 }
             }
         }
+    }
+
+    /// Walks on along the cold end of DRAM, at most [`WALK_STEP`] positions,
+    /// sorting what it lists as it goes; once every cold order is walked, the
+    /// listed blocks become the spill queue (replacing it). Until then the queue
+    /// keeps serving the last plan. No step costs more than its positions.
+    fn step_spill_walk(&mut self, low_water: u64) {
+        let Some(mut w) = self.tier.walk.take() else {
+            return;
+        };
+        let min_hits = self.tier.min_hits;
+        let index = &self.index;
+        let policy: &crate::policy::Policy<BlockRef> = self.policy.get();
+        // Only blocks that qualify count towards the low-water bytes: with
+        // `min_hits` > 0 the cold end is mostly unhit blocks, and stopping at
+        // them would spill nothing. With tiers, only blocks the two tiers
+        // together keep qualify. Blocks already on SSD count (they are the
+        // cold end too) but need no spill: otherwise every call would reach
+        // deeper, and all of DRAM would end up copied.
+        let eligible = |r: &BlockRef| {
+            index.by_ref(*r).is_some_and(|(_, e)| e.hits() >= min_hits) && policy.tiers_keep(r)
+        };
+        let mut budget = WALK_STEP;
+        while budget > 0 && w.at < w.orders.len() {
+            let c = policy.coldest_step(
+                w.orders[w.at],
+                w.skip,
+                budget,
+                low_water.saturating_sub(w.bytes),
+                eligible,
+            );
+            budget -= c.visited;
+            w.skip += c.visited;
+            w.bytes += c.bytes;
+            let more_orders = w.orders.len() > 1;
+            for r in c.keys {
+                let Some((&k, e)) = index.by_ref(r) else {
+                    continue;
+                };
+                // `duel`: the other order's cold end after the leader's, each block once.
+                if w.at > 0 && w.first.contains(&k) {
+                    continue;
+                }
+                if w.at == 0 && more_orders {
+                    w.first.insert(k);
+                }
+                w.listed += 1;
+                // Blocks with evidence of reuse (hit, or saved again soon after an
+                // eviction) first: when the disk falls behind, DRAM evicts the
+                // rest of the cold end unspilled, and the evidence decides what
+                // the slow disk holds. With a disk that keeps up, all are spilled.
+                match (e.on_ssd, e.hits() > 0) {
+                    (true, _) => {}
+                    (false, true) => w.reused.push(k),
+                    (false, false) => w.once.push(k),
+                }
+            }
+            if c.end {
+                w.at += 1;
+                w.skip = 0;
+                w.bytes = 0;
+            }
+        }
+        if w.at < w.orders.len() {
+            self.tier.walk = Some(w);
+            return;
+        }
+        let SpillWalk {
+            mut reused,
+            once,
+            listed,
+            stamp,
+            ..
+        } = w;
+        reused.extend(once);
+        self.tier.spill_queue = reused.into();
+        self.tier.last_plan = Some((stamp, listed));
+        self.counters.spill_plans += 1;
     }
 }
 
@@ -168,6 +301,97 @@ mod tests {
         c.spill_done(&jobs[0], true); // the in-flight spill lands after the purge
         assert_eq!(c.take_ssd_removals().len(), 1, "and is deleted too");
         assert_eq!(c.gauges().visible_blocks, 0);
+        c.check_invariants().expect("invariants");
+    }
+
+    fn wide(i: u32) -> BlockHash {
+        let mut b = [0u8; 32];
+        b[..4].copy_from_slice(&i.to_le_bytes());
+        b[31] = 0xAB;
+        b
+    }
+
+    /// An LRU cache of `slots` 4 KiB slots with an SSD tier (`evict` policy),
+    /// filled with blocks `wide(0..slots)`, coldest first.
+    fn filled_lru_tier(slots: u32) -> (CacheState, crate::cache::SessionId, crate::NsId, Vec<BlockHash>) {
+        let mut c = CacheState::with_policy(&[u64::from(slots) * 4096], crate::policy::PolicyKind::Lru);
+        c.enable_ssd_with(0, SpillPolicy::Evict);
+        let s = c.open_session();
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([2; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        let (ns, _) = c.register_namespace(key, 4096).expect("ns");
+        let all: Vec<BlockHash> = (0..slots).map(wide).collect();
+        for chunk in all.chunks(4096) {
+            save(&mut c, s, ns, chunk);
+        }
+        (c, s, ns, all)
+    }
+
+    #[test]
+    fn the_evict_plan_is_walked_again_only_when_due() {
+        // 32,768 slots (cold end 6,144, above CHEAP_WALK): filled, the plan lists
+        // the cold end once; draining it 64 blocks per call walks nothing more,
+        // nor do idle calls; 1/16 of the listed blocks in changes (commits and
+        // the evictions or demotions they cause) makes the next walk due.
+        let slots = 32_768u32;
+        let (mut c, s, ns, all) = filled_lru_tier(slots);
+        let mut spilled = Vec::new();
+        loop {
+            let jobs = c.spill_candidates(64);
+            if jobs.is_empty() {
+                break;
+            }
+            for j in jobs {
+                spilled.push(j.key.hash);
+                c.spill_done(&j, true);
+            }
+        }
+        assert_eq!(c.counters().spill_plans, 1, "one walk for the whole cold end");
+        assert_eq!(spilled.len(), 6_144, "the coldest 3/16");
+        assert_eq!(spilled, all[..6_144].to_vec(), "coldest first");
+        for _ in 0..10 {
+            assert!(c.spill_candidates(64).is_empty());
+        }
+        assert_eq!(c.counters().spill_plans, 1, "idle calls walk nothing");
+        let few: Vec<BlockHash> = (slots..slots + 100).map(wide).collect();
+        save(&mut c, s, ns, &few); // 200 changes < 6,144 / 16
+        let _ = c.spill_candidates(64);
+        assert_eq!(c.counters().spill_plans, 1, "not due yet");
+        let more: Vec<BlockHash> = (slots + 100..slots + 300).map(wide).collect();
+        save(&mut c, s, ns, &more); // 600 changes in all
+        let jobs = c.spill_candidates(64);
+        assert_eq!(
+            c.counters().spill_plans,
+            2,
+            "due after 1/16 of the listed blocks changed"
+        );
+        assert!(!jobs.is_empty(), "the newly cold blocks");
+        for j in &jobs {
+            c.spill_done(j, true);
+        }
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn a_long_walk_is_made_over_several_calls() {
+        // 65,536 slots: the cold end (12,288 blocks) is longer than one call's
+        // WALK_STEP, so the first call walks part of it and spills nothing yet;
+        // the second completes the plan and spills the coldest blocks.
+        let slots = 65_536u32;
+        let (mut c, _, _, all) = filled_lru_tier(slots);
+        assert!(c.spill_candidates(64).is_empty(), "the walk is not complete yet");
+        assert_eq!(c.counters().spill_plans, 0);
+        let jobs = c.spill_candidates(64);
+        assert_eq!(c.counters().spill_plans, 1);
+        let got: Vec<BlockHash> = jobs.iter().map(|j| j.key.hash).collect();
+        assert_eq!(got, all[..64].to_vec(), "coldest first");
+        for j in &jobs {
+            c.spill_done(j, true);
+        }
+        assert_eq!(c.pending_spills(), 12_288 - 64);
         c.check_invariants().expect("invariants");
     }
 

@@ -6,6 +6,7 @@
 use super::CacheState;
 use super::entries::{Busy, Entry};
 use crate::keys::{BlockKey, TierKey};
+use crate::table::BlockRef;
 
 /// The block's SSD copy must stay: I/O in flight, or a lease will read it from SSD.
 fn tier_pinned(e: &Entry) -> bool {
@@ -22,7 +23,7 @@ impl CacheState {
     pub(super) fn trim_tiers(&mut self) {
         while self.policy.get().tiers_excess() > 0 {
             let index = &self.index;
-            let pinned = |k: &BlockKey| index.get(k).is_some_and(tier_pinned);
+            let pinned = |r: &BlockRef| index.by_ref(*r).is_some_and(|(_, e)| tier_pinned(e));
             let Some(victim) = self.policy.get().tiers_evict_one(pinned) else {
                 break;
             };
@@ -84,7 +85,7 @@ impl CacheState {
         }
         let index = &self.index;
         // Blocks without an SSD copy free nothing: they stay.
-        let pinned = |k: &BlockKey| index.get(k).is_none_or(|e| tier_pinned(e) || !e.on_ssd);
+        let pinned = |r: &BlockRef| index.by_ref(*r).is_none_or(|(_, e)| tier_pinned(e) || !e.on_ssd);
         let Some(victim) = self.policy.get().tiers_evict_one(pinned) else {
             return false;
         };
@@ -92,9 +93,12 @@ impl CacheState {
         true
     }
 
-    /// The tiers' policy evicted `key`: its SSD copy goes; an SSD-only block
+    /// The tiers' policy evicted `r`: its SSD copy goes; an SSD-only block
     /// stops being visible, a DRAM-resident one stays until DRAM evicts it.
-    fn tiers_drop(&mut self, key: BlockKey) {
+    fn tiers_drop(&mut self, r: BlockRef) {
+        let Some((&key, _)) = self.index.by_ref(r) else {
+            return;
+        };
         let tier_key = self.tier_key(&key);
         let Some(e) = self.index.get_mut(&key) else {
             return;
@@ -107,10 +111,10 @@ impl CacheState {
         self.counters.ssd_dropped_blocks += 1;
         if e.dram_slot().is_none() {
             let was_visible = !e.doomed;
-            self.index.remove(&key);
             if was_visible {
                 self.note_visibility(key, false);
             }
+            self.index.remove(&key);
         }
         if let Some(tk) = tier_key {
             self.tier.removals.push(tk);
@@ -145,10 +149,10 @@ impl CacheState {
             self.tier.ssd_used = self.tier.ssd_used.saturating_sub(e.data_bytes());
             if e.dram_slot().is_none() {
                 let was_visible = !e.doomed;
-                self.index.remove(&key);
                 if was_visible {
                     self.note_visibility(key, false);
                 }
+                self.index.remove(&key);
             }
             self.counters.ssd_dropped_blocks += 1;
             ok.push(*tk);

@@ -18,7 +18,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::entries::{Busy, SlotFree};
-use super::{CacheError, CacheState};
+use super::{BlockRef, CacheError, CacheState};
 use crate::keys::{BlockHash, BlockKey, NamespaceKey, TierKey};
 
 pub use super::jobs::{LeasedSlot, SaveSlot, SpillJob, StageJob};
@@ -37,6 +37,28 @@ pub enum AcquireStep {
     Lost { blocks: usize },
 }
 
+/// A walk of DRAM's cold end made in steps of at most `WALK_STEP` positions
+/// (spill.rs), so that a large DRAM never holds the cache lock for a whole walk.
+#[derive(Debug)]
+pub(super) struct SpillWalk {
+    /// The policy's cold orders, in listing order, and the one being walked.
+    pub(super) orders: Vec<usize>,
+    pub(super) at: usize,
+    /// Positions of the current order already walked, and the weight listed.
+    pub(super) skip: usize,
+    pub(super) bytes: u64,
+    /// Blocks the first order listed, when there are more (each block is
+    /// listed once).
+    pub(super) first: std::collections::HashSet<BlockKey>,
+    /// Listed blocks not on SSD yet, with a hit and without, in listing order.
+    pub(super) reused: Vec<BlockKey>,
+    pub(super) once: Vec<BlockKey>,
+    /// How many blocks were listed (on SSD or not).
+    pub(super) listed: u64,
+    /// The cache's change count when the walk began.
+    pub(super) stamp: u64,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct TierState {
     pub(super) enabled: bool,
@@ -47,6 +69,11 @@ pub(super) struct TierState {
     /// SSD bytes held or being written by indexed blocks.
     pub(super) ssd_used: u64,
     pub(super) spill_queue: VecDeque<BlockKey>,
+    /// `evict` policy: when the spill queue was last planned, as the cache's
+    /// change count then (`spill_stamp`) and how many blocks the plan listed.
+    pub(super) last_plan: Option<(u64, u64)>,
+    /// `evict` policy: the walk of DRAM's cold end under way, one step per call.
+    pub(super) walk: Option<SpillWalk>,
     /// Blocks staged back into DRAM whose SSD copy was kept (newest last):
     /// the first copies to go when the SSD needs room, as DRAM holds them.
     pub(super) staged_copies: Vec<BlockKey>,
@@ -100,11 +127,11 @@ impl CacheState {
             return;
         }
         self.tier.ssd_capacity = ssd_bytes;
-        let visible: Vec<(BlockKey, u64)> = self
+        let visible: Vec<(BlockRef, u64)> = self
             .index
-            .iter()
-            .filter(|(_, e)| !e.doomed)
-            .map(|(k, e)| (*k, e.dram_slot().map_or(e.data_bytes(), |s| s.len)))
+            .iter_refs()
+            .filter(|(_, _, e)| !e.doomed)
+            .map(|(r, _, e)| (r, e.dram_slot().map_or(e.data_bytes(), |s| s.len)))
             .collect();
         let total = self.arena.capacity().saturating_add(ssd_bytes);
         self.policy.get().enable_tiers(total, visible);
@@ -138,8 +165,8 @@ impl CacheState {
         }
         let policy = self.policy.lock();
         if policy.tiers_enabled() {
-            for (k, e) in &self.index {
-                if e.dram_slot().is_none() && !e.doomed && !policy.tiers_keep(k) {
+            for (r, k, e) in self.index.iter_refs() {
+                if e.dram_slot().is_none() && !e.doomed && !policy.tiers_keep(&r) {
                     return Err(format!("SSD-only {k:?} is not ranked by the tiers' policy"));
                 }
             }
@@ -202,6 +229,10 @@ impl CacheState {
     /// A staging read finished. `ok == false` (checksum mismatch, missing or
     /// unreadable copy) dooms the block: invisible now, deleted once unpinned.
     pub fn finish_stage(&mut self, job: &StageJob, ok: bool) {
+        let Some(r) = self.index.ref_of(&job.key) else {
+            self.free_slot(job.slot, SlotFree::StageDiscarded);
+            return;
+        };
         let Some(e) = self.index.get_mut(&job.key) else {
             self.free_slot(job.slot, SlotFree::StageDiscarded);
             return;
@@ -218,7 +249,7 @@ impl CacheState {
                         .retain(|k| index.get(k).is_some_and(|e| e.dram_slot().is_some() && e.on_ssd));
                 }
             }
-            self.policy.get().insert(job.key, job.slot.len);
+            self.policy.get().insert(r, job.slot.len);
             self.counters.staged_blocks += 1;
         } else {
             self.free_slot(job.slot, SlotFree::StageDiscarded);
@@ -231,9 +262,13 @@ impl CacheState {
 
     /// Make a block invisible; it is deleted (slot and SSD copy) once unpinned and idle.
     pub(super) fn doom(&mut self, key: BlockKey) {
+        let r = self.index.ref_of(&key);
         if let Some(e) = self.index.get_mut(&key) {
-            if !e.doomed && e.dram_slot().is_some() {
-                self.policy.get().remove(&key);
+            if !e.doomed
+                && e.dram_slot().is_some()
+                && let Some(r) = r
+            {
+                self.policy.get().remove(&r);
             }
             let was_visible = !e.doomed;
             e.doomed = true;

@@ -278,6 +278,21 @@ impl<K: Copy + Eq + Hash + Ord> Duel<K> {
         }
     }
 
+    /// The two cold orders [`Self::coldest`] lists, leader first: 0 is
+    /// S3-FIFO's, 1 the recency order.
+    pub fn cold_orders(&self) -> [usize; 2] {
+        if self.leader == LRU { [1, 0] } else { [0, 1] }
+    }
+
+    /// Cold order `which` (see [`Self::cold_orders`]).
+    pub fn cold_order(&self, which: usize) -> super::ColdOrder<'_, K> {
+        if which == 1 {
+            Box::new(self.s3.cold_order_by_recency())
+        } else {
+            Box::new(self.s3.cold_order())
+        }
+    }
+
     /// The entries the leader would evict first (see the policies), then those
     /// the other order would: the leader changes with the shadows' hits,
     /// and a spill-ahead that listed only the current leader's cold end would

@@ -1,19 +1,25 @@
 //! S3-FIFO's ghost history: a FIFO of recently evicted keys, each known by a
-//! 64-bit hash, with an index from hash to its newest FIFO element.
+//! 32-bit fingerprint (the high half of its 64-bit hash), with an index from
+//! fingerprint to its newest FIFO element.
 //!
 //! The history remembers several times more keys than are resident (`duel`:
 //! 4× the capacity), so its per-key cost dominates the policy's memory. Each
-//! element is 9 bytes: the hash, and its weight with a from-main bit as a
+//! element is 5 bytes: the fingerprint, and its weight with a from-main bit as a
 //! one-byte code into a table of the distinct values seen (a cache has a few
 //! block sizes; past 256 distinct values the codes become the 4-byte values
-//! themselves, 12 bytes an element), in two rings. The index is an
+//! themselves, 8 bytes an element), in two rings. The index is an
 //! open-addressing table of 4-byte element numbers (linear probing,
-//! backward-shift deletion, 53–80 % full), about 15 bytes per remembered key in
+//! backward-shift deletion, 53–80 % full), about 11 bytes per remembered key in
 //! all against ~50 in a `HashMap<u64, u64>` over a `VecDeque<(u64, u64)>`.
-//! The behaviour is the same: an element is found only
-//! while the index points at it (a later eviction of the same hash, or a
-//! readmission, makes an older element stale), and stale elements still count
-//! towards the byte limit until they leave the front.
+//! The behaviour is that of such a map keyed by the fingerprint: an element is
+//! found only while the index points at it (a later eviction of the same
+//! fingerprint, or a readmission, makes an older element stale), and stale
+//! elements still count towards the byte limit until they leave the front.
+//!
+//! A key never remembered is taken for a remembered one when its fingerprint
+//! matches one of the N remembered: with probability N / 2^32 (0.5 % at 20 M
+//! remembered keys, a 5 M-block cache). The cost is a policy decision, never a
+//! wrong block: the key is admitted to main instead of the small queue.
 
 use std::collections::VecDeque;
 
@@ -24,6 +30,12 @@ const MODULUS: u64 = u32::MAX as u64;
 const EMPTY: u32 = 0;
 /// Weights above this are remembered as this (blocks are at most 1 GiB).
 const MAX_WEIGHT: u64 = (u32::MAX >> 1) as u64;
+
+/// The 32 bits of a 64-bit key hash the history keeps: the high half (the
+/// low half of a foldhash is the weaker one).
+fn fingerprint(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
 
 /// The ring of element values (weight `<< 1`, `| 1` when evicted from main),
 /// oldest first.
@@ -110,8 +122,8 @@ impl Values {
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct Ghost {
-    /// Element hashes, oldest first; element `j` has number `head + j`.
-    hashes: VecDeque<u64>,
+    /// Element fingerprints, oldest first; element `j` has number `head + j`.
+    hashes: VecDeque<u32>,
     /// Element weight `<< 1`, `| 1` when it was evicted from main.
     weights: Values,
     head: u64,
@@ -127,13 +139,13 @@ impl Ghost {
     /// Heap bytes: the table's allocation; the rings count by the elements held: their room is reserved for what
     /// the byte limit implies (`reserve`), so at steady state the two agree.
     pub(super) fn heap_bytes(&self) -> u64 {
-        (self.hashes.len() * 8 + self.weights.heap_bytes(self.hashes.len()) + self.table.capacity() * 4)
+        (self.hashes.len() * 4 + self.weights.heap_bytes(self.hashes.len()) + self.table.capacity() * 4)
             as u64
     }
 
-    /// Forget `hash`; `Some(from_main)` when it was remembered.
+    /// Forget `hash`; `Some(from_main)` when it (its fingerprint) was remembered.
     pub(super) fn take(&mut self, hash: u64) -> Option<bool> {
-        let at = self.find(hash)?;
+        let at = self.find(fingerprint(hash))?;
         let off = self.offset(self.table[at]);
         self.remove_at(at);
         Some(self.weights.get(off) & 1 == 1)
@@ -142,6 +154,7 @@ impl Ghost {
     /// Remember `hash` (evicted with `weight`, from main or not) as the newest
     /// element, then drop the oldest until at most `limit` bytes are held.
     pub(super) fn add(&mut self, hash: u64, weight: u64, from_main: bool, limit: u64) {
+        let hash = fingerprint(hash);
         if self.hashes.len() as u64 >= MODULUS - 1 {
             self.pop_front();
         }
@@ -220,16 +233,16 @@ impl Ghost {
         self.weights.reserve_exact(more);
     }
 
-    fn home(&self, hash: u64) -> usize {
-        ((u128::from(hash) * self.table.len() as u128) >> 64) as usize
+    fn home(&self, fp: u32) -> usize {
+        ((u64::from(fp) * self.table.len() as u64) >> 32) as usize
     }
 
     fn next(&self, at: usize) -> usize {
         if at + 1 == self.table.len() { 0 } else { at + 1 }
     }
 
-    /// The table slot pointing at `hash`'s element.
-    fn find(&self, hash: u64) -> Option<usize> {
+    /// The table slot pointing at the element of fingerprint `hash`.
+    fn find(&self, hash: u32) -> Option<usize> {
         if self.table.is_empty() {
             return None;
         }
@@ -299,9 +312,10 @@ mod tests {
 
     impl Reference {
         fn take(&mut self, h: u64) -> Option<bool> {
-            self.index.remove(&h).map(|v| v & 1 == 1)
+            self.index.remove(&(h >> 32)).map(|v| v & 1 == 1)
         }
         fn add(&mut self, h: u64, w: u64, main: bool, limit: u64) {
+            let h = h >> 32; // the history knows keys by their fingerprint
             let seq = self.head + self.ring.len() as u64;
             self.ring.push_back((h, w));
             self.index.insert(h, seq << 1 | u64::from(main));
@@ -343,7 +357,7 @@ mod tests {
             assert_eq!(g.indexed, r.index.len());
         }
         for h in r.index.keys() {
-            assert!(g.find(*h).is_some());
+            assert!(g.find(*h as u32).is_some());
         }
     }
 
@@ -377,13 +391,13 @@ mod tests {
             if step == 49_999 {
                 assert!(matches!(&g.weights, Values::Coded { dict, .. } if dict.len() == 4));
                 let rings = g.heap_bytes() - g.table.capacity() as u64 * 4;
-                assert_eq!(rings, g.hashes.len() as u64 * 9 + 16, "9 bytes an element");
+                assert_eq!(rings, g.hashes.len() as u64 * 5 + 16, "5 bytes an element");
             }
         }
         assert!(matches!(g.weights, Values::Plain(_)));
         assert_eq!(
             g.heap_bytes(),
-            (g.hashes.len() * 12 + g.table.capacity() * 4) as u64
+            (g.hashes.len() * 8 + g.table.capacity() * 4) as u64
         );
     }
 }

@@ -122,19 +122,13 @@ impl<K: Copy + Eq + Hash + Ord> Lru<K> {
 
     /// Least recently used entries for which `wanted` holds, up to `limit_bytes` of
     /// their weight. Nothing is changed.
-    pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
-        let mut bytes = 0;
-        let mut out = Vec::new();
-        for n in self.iter() {
-            if bytes >= limit_bytes {
-                break;
-            }
-            if wanted(&n.key) {
-                bytes += n.weight;
-                out.push(n.key);
-            }
-        }
-        out
+    pub fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        super::walk_cold(self.cold_order(), 0, usize::MAX, limit_bytes, wanted).keys
+    }
+
+    /// Every entry, least recently used first (for [`Self::coldest`]).
+    pub fn cold_order(&self) -> impl Iterator<Item = super::ColdItem<K>> + '_ {
+        self.iter().map(|n| Some((n.key, n.weight)))
     }
 }
 

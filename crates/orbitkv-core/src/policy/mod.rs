@@ -112,6 +112,67 @@ impl PolicyHeap {
     }
 }
 
+/// One position of a cold order (the order eviction reaches entries in):
+/// `Some((key, weight))` for an entry that may be listed, `None` for one that
+/// never is (a stale queue element, an S3-FIFO entry with hits).
+pub type ColdItem<K> = Option<(K, u64)>;
+
+/// A cold order of one policy, walked from the end eviction reaches first.
+pub type ColdOrder<'a, K> = Box<dyn Iterator<Item = ColdItem<K>> + 'a>;
+
+/// One step of a walk over a cold order ([`Policy::coldest_step`]).
+#[derive(Debug)]
+pub struct ColdChunk<K> {
+    /// Entries `wanted` accepted, coldest first.
+    pub keys: Vec<K>,
+    /// Their weight.
+    pub bytes: u64,
+    /// Positions of the order this step went through.
+    pub visited: usize,
+    /// The order ended or `limit_bytes` was reached: the walk of it is complete.
+    pub end: bool,
+}
+
+/// The positions of `order` after the first `skip` (passed over without a
+/// look), at most `max_visit` of them, listing those `wanted` accepts until
+/// their weight reaches `limit_bytes`.
+pub fn walk_cold<K>(
+    order: impl Iterator<Item = ColdItem<K>>,
+    skip: usize,
+    max_visit: usize,
+    limit_bytes: u64,
+    mut wanted: impl FnMut(&K) -> bool,
+) -> ColdChunk<K> {
+    let mut c = ColdChunk {
+        keys: Vec::new(),
+        bytes: 0,
+        visited: 0,
+        end: false,
+    };
+    let mut order = order.skip(skip);
+    loop {
+        if c.bytes >= limit_bytes {
+            c.end = true;
+            break;
+        }
+        if c.visited == max_visit {
+            break;
+        }
+        let Some(item) = order.next() else {
+            c.end = true;
+            break;
+        };
+        c.visited += 1;
+        if let Some((k, w)) = item
+            && wanted(&k)
+        {
+            c.bytes += w;
+            c.keys.push(k);
+        }
+    }
+    c
+}
+
 /// One policy of one kind over one capacity.
 #[derive(Debug, Clone)]
 enum Inner<K> {
@@ -285,6 +346,22 @@ impl<K: Copy + Eq + Hash + Ord> Inner<K> {
             Inner::Duel(p) => p.coldest(limit_bytes, wanted),
         }
     }
+
+    fn cold_orders(&self) -> Vec<usize> {
+        match self {
+            Inner::Duel(p) => p.cold_orders().to_vec(),
+            _ => vec![0],
+        }
+    }
+
+    fn cold_order(&self, which: usize) -> ColdOrder<'_, K> {
+        match self {
+            Inner::S3Fifo(p) => Box::new(p.cold_order()),
+            Inner::Lru(p) => Box::new(p.cold_order()),
+            Inner::TinyLfu(p) => Box::new(p.cold_order()),
+            Inner::Duel(p) => p.cold_order(which),
+        }
+    }
 }
 
 /// The policy instance a `CacheState` owns: one over the DRAM-resident blocks
@@ -302,6 +379,8 @@ pub struct Policy<K> {
     /// The seed of `duel`'s sample and `tinylfu`'s sketch (`None`: random per
     /// process); the tiers' policy uses it too.
     seed: Option<u64>,
+    /// The seed of the block index's hash (see [`Self::block_seed`]).
+    block_seed: u64,
     tiers: Option<Tiers<K>>,
 }
 
@@ -318,8 +397,21 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             deepest_first,
             recipe,
             seed,
+            block_seed: seed.unwrap_or_else(|| {
+                use std::hash::BuildHasher;
+                std::collections::hash_map::RandomState::new().hash_one(0x0b17_u64)
+            }),
             tiers: None,
         }
+    }
+
+    /// The seed the cache's block index hashes with: the policy knows blocks
+    /// by references that carry the top bits of that hash (`BlockRef`), and
+    /// its sample and history hash those bits, so the index must hash alike
+    /// wherever the policy should decide alike. `seed` when given, else
+    /// random, drawn once: a clone hashes as the original does.
+    pub fn block_seed(&self) -> u64 {
+        self.block_seed
     }
 
     /// An S3-FIFO with explicit parameters (the simulator's parameter sweeps).
@@ -503,6 +595,27 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         self.dram.coldest(limit_bytes, wanted)
     }
 
+    /// The cold orders [`Self::coldest`] lists, in its listing order (`duel`:
+    /// the leading policy's, then the other's), for a walk in steps.
+    pub fn cold_orders(&self) -> Vec<usize> {
+        self.dram.cold_orders()
+    }
+
+    /// One step of a walk of DRAM's cold end in cold order `order` (from
+    /// [`Self::cold_orders`]): see [`walk_cold`]. Walking each order in steps
+    /// until its chunk ends, with `limit_bytes` less the weight listed so far,
+    /// lists what [`Self::coldest`] lists when nothing changes in between.
+    pub fn coldest_step(
+        &self,
+        order: usize,
+        skip: usize,
+        max_visit: usize,
+        limit_bytes: u64,
+        wanted: impl FnMut(&K) -> bool,
+    ) -> ColdChunk<K> {
+        walk_cold(self.dram.cold_order(order), skip, max_visit, limit_bytes, wanted)
+    }
+
     /// Do the two tiers together still keep `key` (so DRAM should demote it to
     /// SSD rather than drop it)? Always true without tiers.
     pub fn tiers_keep(&self, key: &K) -> bool {
@@ -579,6 +692,49 @@ mod tests {
             let a = victims(kind);
             assert!(a.len() > 1000, "{kind}: {}", a.len());
             assert_eq!(a, victims(kind), "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_cold_walk_in_steps_lists_what_coldest_lists() {
+        // Every kind, after inserts, hits and evictions: walking each cold order
+        // a few positions at a time, carrying the position and the weight listed,
+        // lists exactly what one `coldest` call lists (duel: both orders, each
+        // block once).
+        for kind in PolicyKind::ALL {
+            let mut p = Policy::seeded(kind, 400 * 10, Some(5));
+            for i in 0..1500u32 {
+                p.insert(i, 10 + u64::from(i % 3));
+                if i % 4 == 0 {
+                    p.touch_chain(&[i / 2, i / 3]);
+                }
+                while p.len() > 400 {
+                    if p.evict_one(|_| false).is_none() {
+                        break;
+                    }
+                }
+            }
+            for (limit, step) in [(u64::MAX, 7usize), (600, 5), (1, 3), (2_000, 1)] {
+                let wanted = |k: &u32| !k.is_multiple_of(5);
+                let whole = p.coldest(limit, wanted);
+                let mut listed: Vec<u32> = Vec::new();
+                for order in p.cold_orders() {
+                    let (mut skip, mut bytes, mut this) = (0usize, 0u64, Vec::new());
+                    loop {
+                        let c = p.coldest_step(order, skip, step, limit.saturating_sub(bytes), wanted);
+                        assert!(c.visited <= step, "{kind}");
+                        skip += c.visited;
+                        bytes += c.bytes;
+                        this.extend(c.keys);
+                        if c.end {
+                            break;
+                        }
+                    }
+                    let seen: std::collections::HashSet<u32> = listed.iter().copied().collect();
+                    listed.extend(this.into_iter().filter(|k| !seen.contains(k)));
+                }
+                assert_eq!(listed, whole, "{kind}, limit {limit}, step {step}");
+            }
         }
     }
 

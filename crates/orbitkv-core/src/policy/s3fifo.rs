@@ -41,8 +41,9 @@ enum Queue {
     Main,
 }
 
-/// One tracked entry: with a 48-byte `BlockKey` 56 bytes, 64 with its slab
-/// links (it was 72 + 8 with a `u64` seq, a `u64` tag and two flag bytes).
+/// One tracked entry: with the cache's 8-byte `BlockRef` 16 bytes, 24 with its
+/// slab links (with a 48-byte `BlockKey` it was 56 + 8; before that, 72 + 8
+/// with a `u64` seq, a `u64` tag and two flag bytes).
 #[derive(Debug, Clone)]
 struct Slot<K> {
     key: K,
@@ -132,11 +133,10 @@ pub struct S3Fifo<K> {
     adaptive: bool,
     small: VecDeque<Elem>,
     main: VecDeque<Elem>,
-    /// Evicted keys by their 64-bit ghost hash, oldest first (see `ghost.rs`).
-    /// A hash instead of the key (48 bytes for a `BlockKey`): the ghost
-    /// remembers several times more keys than are resident, and two keys would
-    /// merge only on a 64-bit collision under a per-process random hash (which
-    /// at worst admits one key to main).
+    /// Evicted keys by a 32-bit fingerprint of their hash, oldest first (see
+    /// `ghost.rs`). A fingerprint instead of the key: the ghost remembers
+    /// several times more keys than are resident, and a fingerprint collision
+    /// at worst admits one key to main.
     ghost: Ghost,
     /// Hashes keys for `entries` and the ghost history (per process, random).
     hasher: foldhash::fast::RandomState,
@@ -456,43 +456,36 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// With a recency list: the least recently inserted or hit entries for
     /// which `wanted` holds, up to `limit_bytes` of their weight (empty without
     /// one). Nothing is changed.
-    pub fn coldest_by_recency(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
-        let mut out = Vec::new();
-        let mut bytes = 0;
-        for i in self.order.iter(&self.slots) {
-            if bytes >= limit_bytes {
-                break;
-            }
+    pub fn coldest_by_recency(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        super::walk_cold(self.cold_order_by_recency(), 0, usize::MAX, limit_bytes, wanted).keys
+    }
+
+    /// The recency list, least recent first (for [`Self::coldest_by_recency`]).
+    pub fn cold_order_by_recency(&self) -> impl Iterator<Item = super::ColdItem<K>> + '_ {
+        self.order.iter(&self.slots).map(|i| {
             let s = &self.slots[i];
-            if wanted(&s.key) {
-                bytes += u64::from(s.weight);
-                out.push(s.key);
-            }
-        }
-        out
+            Some((s.key, u64::from(s.weight)))
+        })
     }
 
     /// The coldest entries for which `wanted` holds, in the order eviction would
     /// reach them, up to `limit_bytes` of their weight: unhit entries at the front
     /// of the small queue, then unhit entries at the front of main (hit entries
     /// would be promoted or given another round first). Nothing is changed.
-    pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
-        let mut out = Vec::new();
-        let mut bytes = 0;
-        for &e in self.small.iter().chain(self.main.iter()) {
-            if bytes >= limit_bytes {
-                break;
-            }
+    pub fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        super::walk_cold(self.cold_order(), 0, usize::MAX, limit_bytes, wanted).keys
+    }
+
+    /// The small queue then main, front first; only live unhit entries may be
+    /// listed (for [`Self::coldest`]).
+    pub fn cold_order(&self) -> impl Iterator<Item = super::ColdItem<K>> + '_ {
+        self.small.iter().chain(self.main.iter()).map(|&e| {
             if !is_live(&self.slots, e) {
-                continue;
+                return None;
             }
             let s = &self.slots[e.slot as usize];
-            if s.freq() == 0 && wanted(&s.key) {
-                bytes += u64::from(s.weight);
-                out.push(s.key);
-            }
-        }
-        out
+            (s.freq() == 0).then(|| (s.key, u64::from(s.weight)))
+        })
     }
 
     /// Give back slot `i` (its key already out of `entries`): its weight leaves

@@ -374,9 +374,13 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
     /// `limit_bytes` of their weight: window entries past its share, probation,
     /// protected, then the rest of the window, least recent first in each.
     /// Nothing is changed.
-    pub fn coldest(&self, limit_bytes: u64, mut wanted: impl FnMut(&K) -> bool) -> Vec<K> {
-        let mut out = Vec::new();
-        let mut bytes = 0;
+    pub fn coldest(&self, limit_bytes: u64, wanted: impl FnMut(&K) -> bool) -> Vec<K> {
+        super::walk_cold(self.cold_order(), 0, usize::MAX, limit_bytes, wanted).keys
+    }
+
+    /// Window entries past its share, probation, protected, then the rest of
+    /// the window, least recent first in each (for [`Self::coldest`]).
+    pub fn cold_order(&self) -> impl Iterator<Item = super::ColdItem<K>> + '_ {
         let over = self.window_bytes.saturating_sub(self.window_target);
         let mut window_bytes = 0;
         let split = self
@@ -389,20 +393,11 @@ impl<K: Copy + Eq + Hash + Ord> TinyLfu<K> {
             .count();
         let window = self.window.iter().take(split);
         let window_rest = self.window.iter().skip(split);
-        let order = window
+        window
             .chain(self.probation.iter())
             .chain(self.protected.iter())
-            .chain(window_rest);
-        for (_, k) in order {
-            if bytes >= limit_bytes {
-                break;
-            }
-            if wanted(k) {
-                bytes += self.entries.get(k).map_or(0, |m| m.weight);
-                out.push(*k);
-            }
-        }
-        out
+            .chain(window_rest)
+            .map(|(_, k)| Some((*k, self.entries.get(k).map_or(0, |m| m.weight))))
     }
 }
 

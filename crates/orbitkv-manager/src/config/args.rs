@@ -109,9 +109,9 @@ pub struct Args {
     #[arg(long, env = "ORBITKV_CACHE_POLICY")]
     pub cache_policy: Option<String>,
     /// Seed of the policy's random choices (a u64; `duel`'s key sample, `tinylfu`'s sketch
-    /// hash): the same seed decides the same in every run, for reproducible measurements.
-    /// Unset, the seed is random per process, so clients cannot aim keys at the sample
-    /// [default: random]
+    /// hash, the block index's hash): the same seed decides the same in every run, for
+    /// reproducible measurements. Unset, the seed is random per process, so clients cannot
+    /// aim keys at the sample or the index [default: random]
     #[arg(long, env = "ORBITKV_CACHE_POLICY_SEED")]
     pub cache_policy_seed: Option<u64>,
     /// Slots of the presence table clients read to answer "certainly absent" without a

@@ -17,6 +17,12 @@ pub(super) fn ssd_tier(c: &Counters, g: &Gauges, ssd: &SsdStats) -> Vec<Metric> 
             c.spilled_blocks,
         ),
         (
+            "ssd_spill_plans_total",
+            "Walks of DRAM's cold end that chose what to spill (evict policy)",
+            "counter",
+            c.spill_plans,
+        ),
+        (
             "ssd_spill_failures_total",
             "Spills that failed (block stays DRAM-only)",
             "counter",

@@ -41,7 +41,9 @@ pub fn worker(wb: WriteBehind<'_>, shutdown: &Shutdown) {
         let made_room = cache.write().take_ssd_removals();
         tier.remove(&made_room);
         if jobs.is_empty() {
-            if removals.is_empty() {
+            // A walk of the cold end goes on at the next call (each call holds the
+            // lock for one bounded step; lookups run between them).
+            if removals.is_empty() && !cache.read().spill_walk_in_progress() {
                 std::thread::sleep(Duration::from_millis(10));
             }
             continue;

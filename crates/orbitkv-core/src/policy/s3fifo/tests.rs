@@ -144,8 +144,8 @@ fn the_recency_order_evicts_like_lru() {
 #[test]
 fn slots_and_queue_elements_are_packed() {
     use std::mem::size_of;
-    assert_eq!(size_of::<crate::BlockKey>(), 48);
-    assert_eq!(size_of::<Slot<crate::BlockKey>>(), 56); // + 8 bytes of slab links
+    assert_eq!(size_of::<crate::BlockRef>(), 8);
+    assert_eq!(size_of::<Slot<crate::BlockRef>>(), 16); // + 8 bytes of slab links
     assert_eq!(size_of::<Slot<u64>>(), 16);
     assert_eq!(size_of::<Elem>(), 8);
     let mut s = Slot {
