@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_request, decode_peer_response};
+use orbitkv_proto::peer::{BlockQuery, PeerRequest, PeerResponse, decode_peer_request, decode_peer_response};
 use orbitkv_proto::{read_frame, write_frame};
 use support::*;
 
@@ -239,14 +239,14 @@ fn fetch_by_hand(port: u16, chain: u8, n: usize) -> (TcpStream, u64, Vec<Vec<u8>
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    let req = PeerRequest::Fetch {
+    let req = PeerRequest::Fetch(BlockQuery {
         fingerprint: FP,
         shard: 0,
         salt: orbitkv_client::namespace_salt(b""),
         block_bytes: BB as u64,
         generation: 0,
         hashes: hashes(chain, n),
-    };
+    });
     write_frame(&mut s, req.kind(), 1, &req.encode()).expect("send");
     let (h, body) = read_frame(&mut s).expect("leased");
     let PeerResponse::Leased { lease, blocks, .. } = decode_peer_response(h.kind, &body).expect("decode")
@@ -289,14 +289,14 @@ fn the_source_lease_lives_until_completion_and_no_longer() {
     write_frame(&mut s, done.kind(), 3, &done.encode()).expect("duplicate done");
     let (_s2, _, again) = {
         // The connection still works after the duplicate (it counted nothing).
-        let req = PeerRequest::Fetch {
+        let req = PeerRequest::Fetch(BlockQuery {
             fingerprint: FP,
             shard: 0,
             salt: orbitkv_client::namespace_salt(b""),
             block_bytes: BB as u64,
             generation: 0,
             hashes: hashes(6, 1),
-        };
+        });
         write_frame(&mut s, req.kind(), 4, &req.encode()).expect("send");
         let (h, body) = read_frame(&mut s).expect("leased");
         let Ok(PeerResponse::Leased { blocks: 1, .. }) = decode_peer_response(h.kind, &body) else {
@@ -469,7 +469,7 @@ fn a_peer_sending_garbage_or_wrong_bytes_stores_nothing() {
 /// A well-formed transfer of every block asked for (`bytes(i)` each), with
 /// the right xxh3-64 per block except for block `wrong`.
 fn transfer(req: &PeerRequest, wrong: Option<usize>, bytes: fn(usize) -> Vec<u8>) -> Vec<u8> {
-    let PeerRequest::Fetch { hashes, .. } = req else {
+    let PeerRequest::Fetch(BlockQuery { hashes, .. }) = req else {
         return Vec::new();
     };
     let blocks: Vec<Vec<u8>> = (0..hashes.len()).map(bytes).collect();
@@ -610,7 +610,7 @@ fn big_hashes(n: usize) -> Vec<[u8; 32]> {
 /// A transfer of 1 MiB blocks: the range whose first hash is block 18's gets
 /// a wrong checksum for its first block (the third of four ranges of 9).
 fn big_transfer_third_range_lies(req: &PeerRequest) -> Vec<u8> {
-    let PeerRequest::Fetch { hashes, .. } = req else {
+    let PeerRequest::Fetch(BlockQuery { hashes, .. }) = req else {
         return Vec::new();
     };
     let first = usize::from(hashes.first().map_or(0, |h| h[1]));
@@ -767,14 +767,14 @@ fn mutual_tls_serves_and_a_wrong_certificate_is_refused() {
     let mut s = TcpStream::connect(("127.0.0.1", pa)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    let req = PeerRequest::Fetch {
+    let req = PeerRequest::Fetch(BlockQuery {
         fingerprint: FP,
         shard: 0,
         salt: orbitkv_client::namespace_salt(b""),
         block_bytes: BB as u64,
         generation: 0,
         hashes: hashes(13, 4),
-    };
+    });
     let _ = write_frame(&mut s, req.kind(), 1, &req.encode());
     let mut sink = Vec::new();
     let _ = s.read_to_end(&mut sink);
@@ -820,14 +820,14 @@ fn plain_loopback_refuses_a_peer_of_another_uid() {
     let a = manager(Some(pa), &[], &[]);
     save(&a, 14, &blocks(140, 2));
     // uid 65534 connects to A's plain peer port and sends a valid Fetch.
-    let req = PeerRequest::Fetch {
+    let req = PeerRequest::Fetch(BlockQuery {
         fingerprint: FP,
         shard: 0,
         salt: orbitkv_client::namespace_salt(b""),
         block_bytes: BB as u64,
         generation: 0,
         hashes: hashes(14, 2),
-    };
+    });
     let mut frame = Vec::new();
     write_frame(&mut frame, req.kind(), 1, &req.encode()).expect("frame");
     let dir = tempfile::tempdir().expect("tempdir");

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
+use orbitkv_proto::peer::{BlockQuery, PeerRequest, PeerResponse, decode_peer_response};
 use orbitkv_proto::{read_frame, write_frame};
 use support::*;
 
@@ -177,14 +177,14 @@ fn a_dead_silent_or_garbled_peer_beside_a_good_one_costs_no_hit() {
 }
 
 fn probe(s: &mut TcpStream, n: usize) -> (u64, u32) {
-    let req = PeerRequest::Probe {
+    let req = PeerRequest::Probe(BlockQuery {
         fingerprint: FP,
         shard: 0,
         salt: orbitkv_client::namespace_salt(b""),
         block_bytes: BB as u64,
         generation: 0,
         hashes: hashes(n),
-    };
+    });
     write_frame(s, req.kind(), 1, &req.encode()).expect("probe");
     let (h, body) = read_frame(s).expect("leased");
     match decode_peer_response(h.kind, &body).expect("decode") {

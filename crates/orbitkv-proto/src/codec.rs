@@ -105,6 +105,16 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
 
+    /// A counted list of block hashes (at most `MAX_HASHES`).
+    pub(crate) fn hashes(&mut self) -> Result<Vec<[u8; HASH_BYTES]>, DecodeError> {
+        let n = self.count("hashes", crate::MAX_HASHES, HASH_BYTES)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(self.hash("hash")?);
+        }
+        Ok(out)
+    }
+
     pub(crate) fn bytes(&mut self, field: &'static str, limit: usize) -> Result<Vec<u8>, DecodeError> {
         let n = self.count(field, limit, 1)?;
         Ok(self.take(n, field)?.to_vec())
@@ -154,5 +164,13 @@ impl Writer {
     }
     pub(crate) fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.count(v.len()).raw(v)
+    }
+    /// A counted list of block hashes ([`Reader::hashes`] reads it).
+    pub(crate) fn hashes(&mut self, hs: &[[u8; HASH_BYTES]]) -> &mut Self {
+        self.count(hs.len());
+        for h in hs {
+            self.raw(h);
+        }
+        self
     }
 }

@@ -232,22 +232,6 @@ pub enum Response {
     },
 }
 
-fn hashes(w: &mut Writer, hs: &[[u8; HASH_BYTES]]) {
-    w.count(hs.len());
-    for h in hs {
-        w.raw(h);
-    }
-}
-
-fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<[u8; HASH_BYTES]>, DecodeError> {
-    let n = r.count("hashes", MAX_HASHES, HASH_BYTES)?;
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(r.hash("hash")?);
-    }
-    Ok(out)
-}
-
 impl Request {
     pub fn kind(&self) -> Kind {
         match self {
@@ -292,7 +276,7 @@ impl Request {
             }
             Request::Lookup { ns, hashes: hs } | Request::BeginSave { ns, hashes: hs } => {
                 w.u32(*ns);
-                hashes(&mut w, hs);
+                w.hashes(hs);
             }
             Request::Acquire { lease } | Request::Release { lease } => {
                 w.u64(*lease);
@@ -315,7 +299,7 @@ impl Request {
                 for ns in nss {
                     w.u32(*ns);
                 }
-                hashes(&mut w, hs);
+                w.hashes(hs);
             }
             Request::RedeemTp { token, ns } => {
                 w.raw(token).u32(*ns);
@@ -359,7 +343,7 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
         },
         0x03 => Request::Lookup {
             ns: r.u32("ns")?,
-            hashes: read_hashes(&mut r)?,
+            hashes: r.hashes()?,
         },
         0x04 => Request::Acquire {
             lease: r.u64("lease")?,
@@ -369,7 +353,7 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
         },
         0x06 => Request::BeginSave {
             ns: r.u32("ns")?,
-            hashes: read_hashes(&mut r)?,
+            hashes: r.hashes()?,
         },
         0x07 => Request::CommitSave { save: r.u64("save")? },
         0x08 => Request::AbortSave { save: r.u64("save")? },
@@ -388,7 +372,7 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
             }
             Request::LookupTp {
                 nss,
-                hashes: read_hashes(&mut r)?,
+                hashes: r.hashes()?,
             }
         }
         0x0e => Request::RedeemTp {

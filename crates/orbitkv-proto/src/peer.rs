@@ -67,33 +67,53 @@ pub const PEER_ERROR: u16 = 0x04ff;
 /// reader expect more than its own namespace's block size anyway).
 pub const MAX_PEER_BLOCK_BYTES: u64 = 1 << 30;
 
+/// What a `Fetch` or a `Probe` asks for: `hashes` in the namespace
+/// `(fingerprint, shard, salt)` at the reader's `generation` (another
+/// generation is a miss), blocks of `block_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockQuery {
+    pub fingerprint: [u8; 32],
+    pub shard: u32,
+    pub salt: [u8; 32],
+    pub block_bytes: u64,
+    pub generation: u64,
+    pub hashes: Vec<[u8; HASH_BYTES]>,
+}
+
+impl BlockQuery {
+    fn encode(&self, w: &mut Writer) {
+        w.raw(&self.fingerprint)
+            .u32(self.shard)
+            .raw(&self.salt)
+            .u64(self.block_bytes)
+            .u64(self.generation)
+            .hashes(&self.hashes);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<BlockQuery, DecodeError> {
+        Ok(BlockQuery {
+            fingerprint: r.hash("fingerprint")?,
+            shard: r.u32("shard")?,
+            salt: r.hash("salt")?,
+            block_bytes: block_bytes(r)?,
+            generation: r.u64("generation")?,
+            hashes: r.hashes()?,
+        })
+    }
+}
+
 /// Reader → source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerRequest {
-    /// Pin and send the longest contiguous run of `hashes` the source holds
-    /// (DRAM or SSD), in the namespace `(fingerprint, shard, salt)` at the
-    /// reader's `generation` (another generation is a miss).
-    Fetch {
-        fingerprint: [u8; 32],
-        shard: u32,
-        salt: [u8; 32],
-        block_bytes: u64,
-        generation: u64,
-        hashes: Vec<[u8; HASH_BYTES]>,
-    },
+    /// Pin and send the longest contiguous run of the query's hashes the
+    /// source holds (DRAM or SSD).
+    Fetch(BlockQuery),
     /// The reader is done with `lease` (`stored`: it kept the bytes); the
     /// source releases it. A duplicate or unknown lease is ignored.
     Done { lease: u64, stored: bool },
     /// As `Fetch`, but only pin: the answer is a `Leased` with no bytes; the
     /// reader then sends `Send` (fetch them) or `Done` (release them).
-    Probe {
-        fingerprint: [u8; 32],
-        shard: u32,
-        salt: [u8; 32],
-        block_bytes: u64,
-        generation: u64,
-        hashes: Vec<[u8; HASH_BYTES]>,
-    },
+    Probe(BlockQuery),
     /// Send the blocks of the probed `lease`: answered as a `Fetch` is.
     Send { lease: u64 },
     /// Pin the common prefix of `hashes` over `shards` (of the namespace
@@ -143,9 +163,9 @@ pub enum PeerResponse {
 impl PeerRequest {
     pub fn kind(&self) -> u16 {
         match self {
-            PeerRequest::Fetch { .. } => PEER_FETCH,
+            PeerRequest::Fetch(_) => PEER_FETCH,
             PeerRequest::Done { .. } => PEER_DONE,
-            PeerRequest::Probe { .. } => PEER_PROBE,
+            PeerRequest::Probe(_) => PEER_PROBE,
             PeerRequest::Send { .. } => PEER_SEND,
             PeerRequest::TpPin { .. } => PEER_TP_PIN,
             PeerRequest::TpSettle { .. } => PEER_TP_SETTLE,
@@ -156,32 +176,7 @@ impl PeerRequest {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            PeerRequest::Fetch {
-                fingerprint,
-                shard,
-                salt,
-                block_bytes,
-                generation,
-                hashes,
-            }
-            | PeerRequest::Probe {
-                fingerprint,
-                shard,
-                salt,
-                block_bytes,
-                generation,
-                hashes,
-            } => {
-                w.raw(fingerprint)
-                    .u32(*shard)
-                    .raw(salt)
-                    .u64(*block_bytes)
-                    .u64(*generation);
-                w.count(hashes.len());
-                for h in hashes {
-                    w.raw(h);
-                }
-            }
+            PeerRequest::Fetch(q) | PeerRequest::Probe(q) => q.encode(&mut w),
             PeerRequest::Done { lease, stored } => {
                 w.u64(*lease).u8(u8::from(*stored));
             }
@@ -205,10 +200,7 @@ impl PeerRequest {
                 for s in shards {
                     w.u32(*s);
                 }
-                w.count(hashes.len());
-                for h in hashes {
-                    w.raw(h);
-                }
+                w.hashes(hashes);
             }
             PeerRequest::TpSettle { token, blocks } => {
                 w.raw(token).u32(*blocks);
@@ -284,37 +276,8 @@ fn block_bytes(r: &mut Reader<'_>) -> Result<u64, DecodeError> {
 pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, DecodeError> {
     let mut r = Reader::new(body);
     let req = match kind {
-        PEER_FETCH | PEER_PROBE => {
-            let fingerprint = r.hash("fingerprint")?;
-            let shard = r.u32("shard")?;
-            let salt = r.hash("salt")?;
-            let block_bytes = block_bytes(&mut r)?;
-            let generation = r.u64("generation")?;
-            let n = r.count("hashes", MAX_HASHES, HASH_BYTES)?;
-            let mut hashes = Vec::with_capacity(n);
-            for _ in 0..n {
-                hashes.push(r.hash("hash")?);
-            }
-            if kind == PEER_FETCH {
-                PeerRequest::Fetch {
-                    fingerprint,
-                    shard,
-                    salt,
-                    block_bytes,
-                    generation,
-                    hashes,
-                }
-            } else {
-                PeerRequest::Probe {
-                    fingerprint,
-                    shard,
-                    salt,
-                    block_bytes,
-                    generation,
-                    hashes,
-                }
-            }
-        }
+        PEER_FETCH => PeerRequest::Fetch(BlockQuery::decode(&mut r)?),
+        PEER_PROBE => PeerRequest::Probe(BlockQuery::decode(&mut r)?),
         PEER_SEND => PeerRequest::Send {
             lease: r.u64("lease")?,
         },
@@ -357,11 +320,7 @@ pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, Decode
                 }
                 shards.push(s);
             }
-            let n = r.count("hashes", MAX_HASHES, HASH_BYTES)?;
-            let mut hashes = Vec::with_capacity(n);
-            for _ in 0..n {
-                hashes.push(r.hash("hash")?);
-            }
+            let hashes = r.hashes()?;
             PeerRequest::TpPin {
                 token,
                 fingerprint,
@@ -459,14 +418,14 @@ mod tests {
     #[test]
     fn round_trips() {
         let reqs = [
-            PeerRequest::Fetch {
+            PeerRequest::Fetch(BlockQuery {
                 fingerprint: [1; 32],
                 shard: 3,
                 salt: [2; 32],
                 block_bytes: 4096,
                 generation: 7,
                 hashes: vec![[9; 32], [8; 32]],
-            },
+            }),
             PeerRequest::Done {
                 lease: 5,
                 stored: true,
@@ -486,14 +445,14 @@ mod tests {
                 blocks: 2,
             },
             PeerRequest::TpRelease { token: [4; 16] },
-            PeerRequest::Probe {
+            PeerRequest::Probe(BlockQuery {
                 fingerprint: [1; 32],
                 shard: 0,
                 salt: [2; 32],
                 block_bytes: 64,
                 generation: 1,
                 hashes: vec![[3; 32]],
-            },
+            }),
             PeerRequest::Send { lease: 9 },
         ];
         for r in reqs {

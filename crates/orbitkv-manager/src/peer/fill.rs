@@ -7,7 +7,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use orbitkv_core::{BlockHash, BlockKey, NsId};
-use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
+use orbitkv_proto::peer::{BlockQuery, PeerRequest, PeerResponse, decode_peer_response};
 use orbitkv_proto::{read_frame, write_frame};
 
 use super::fill_session::FillSession;
@@ -41,7 +41,7 @@ impl PeerTier {
             };
             (tk.ns, generation, block_bytes)
         };
-        let req = PeerRequest::Fetch {
+        let query = BlockQuery {
             fingerprint: key.fingerprint.0,
             shard: key.shard,
             salt: key.salt,
@@ -49,16 +49,10 @@ impl PeerTier {
             generation,
             hashes: hashes.to_vec(),
         };
+        let req = PeerRequest::Fetch(query.clone());
         let candidates = self.candidates(first);
         if candidates.len() > 1 && self.settings.fill_parallel > 1 {
-            let probe = PeerRequest::Probe {
-                fingerprint: key.fingerprint.0,
-                shard: key.shard,
-                salt: key.salt,
-                block_bytes,
-                generation,
-                hashes: hashes.to_vec(),
-            };
+            let probe = PeerRequest::Probe(query);
             return self.fill_parallel(arena, ns, (&probe, &req), hashes, block_bytes, candidates);
         }
         for addr in candidates {
@@ -153,7 +147,7 @@ impl PeerTier {
         block_bytes: u64,
     ) -> Result<usize, PeerError> {
         let streams = self.streams_for(hashes.len(), block_bytes as usize);
-        if streams > 1 && matches!(req, PeerRequest::Fetch { .. }) {
+        if streams > 1 && matches!(req, PeerRequest::Fetch(_)) {
             return self.fetch_split(arena, addr, ns, req, hashes, block_bytes, streams);
         }
         let (conn, leased) = self.open_leased(addr, req.kind(), &req.encode(), hashes.len(), block_bytes)?;

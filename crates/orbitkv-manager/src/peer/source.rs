@@ -179,39 +179,23 @@ fn requests(src: Source<'_>, conn: &mut Conn, s: SessionId) -> Result<(), Source
         };
         conn.set_timeouts(Some(peer.settings.timeout))?;
         match decode_peer_request(h.kind, &body) {
-            Ok(req @ (PeerRequest::Fetch { .. } | PeerRequest::Probe { .. })) => {
-                let probe = matches!(req, PeerRequest::Probe { .. });
-                let (PeerRequest::Fetch {
-                    fingerprint,
-                    shard,
-                    salt,
-                    block_bytes,
-                    generation,
-                    hashes,
-                }
-                | PeerRequest::Probe {
-                    fingerprint,
-                    shard,
-                    salt,
-                    block_bytes,
-                    generation,
-                    hashes,
-                }) = req
-                else {
+            Ok(req @ (PeerRequest::Fetch(_) | PeerRequest::Probe(_))) => {
+                let probe = matches!(req, PeerRequest::Probe(_));
+                let (PeerRequest::Fetch(q) | PeerRequest::Probe(q)) = req else {
                     continue;
                 };
                 let key = NamespaceKey {
-                    fingerprint: Fingerprint(fingerprint),
-                    shard,
-                    salt,
+                    fingerprint: Fingerprint(q.fingerprint),
+                    shard: q.shard,
+                    salt: q.salt,
                 };
                 let want = Want {
                     key,
-                    block_bytes,
-                    generation,
+                    block_bytes: q.block_bytes,
+                    generation: q.generation,
                     probe,
                 };
-                fetch(src, conn, s, h.request_id, want, &hashes)?;
+                fetch(src, conn, s, h.request_id, want, &q.hashes)?;
             }
             // A `Send` for no probed lease: nothing is pinned for it, a miss.
             Ok(PeerRequest::Send { .. }) => {

@@ -47,8 +47,8 @@ impl PeerTier {
         let open = |range: &[BlockHash]| -> Result<(Conn, u64, usize), PeerError> {
             // `req` with only this range's hashes.
             let mut req = req.clone();
-            if let PeerRequest::Fetch { hashes, .. } = &mut req {
-                *hashes = range.to_vec();
+            if let PeerRequest::Fetch(q) = &mut req {
+                q.hashes = range.to_vec();
             }
             let (conn, (lease, blocks, _)) =
                 self.open_leased(addr, req.kind(), &req.encode(), range.len(), block_bytes)?;
