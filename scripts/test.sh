@@ -4,9 +4,9 @@
 #   2. the wheel, built and installed into .venv
 #   3. Python: ruff, source-only tests, real-process tests through the wheel
 #      (as root, 8 huge pages are reserved for the run when fewer are free)
-#   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0), each in its
-#      own cached venv under .cache/venvs, git-ignored (8.5 / 9.5 GB; a cold build of
-#      both took ~8 min on this 2-core box; pip keeps no second copy of the wheels) — see docs/adapters.md
+#   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0, 0.34.0), each in its
+#      own cached venv under .cache/venvs, git-ignored (8.5 / 9.5 / 9.5 GB; a cold build
+#      takes ~4 min a pin on this 2-core box; pip keeps no second copy of the wheels) — see docs/adapters.md
 #   5. the SGLang adapter suite on each qualified pin (0.5.21, 0.5.23), each in its own
 #      cached venv (~2-4 min / 5.3 and 6.0 GB the first time) — see docs/adapters.md
 set -euo pipefail
@@ -40,6 +40,16 @@ if ! command -v etcd >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-
     fi
 fi
 
+# The remote tier's tests need a real Redis Cluster (Debian redis-server, redis-tools);
+# installed the same way, or those tests print why they did not run.
+if ! command -v redis-server >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing redis-server for the remote tier's cluster tests"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null 2>&1; }; }; then
+        echo "== could not install redis-server; the remote tier's cluster tests will not run"
+    fi
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
@@ -66,7 +76,7 @@ echo "== the .pyi stub matches the native module (mypy stubtest)"
 echo "== pytest (source-only + real Manager processes)"
 ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -rs -p no:cacheprovider
 
-echo "== vLLM adapter suite on 0.31.0 and 0.33.0 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
+echo "== vLLM adapter suite on 0.31.0, 0.33.0 and 0.34.0 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
 echo "== SGLang adapter suite on 0.5.21 and 0.5.23 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings
