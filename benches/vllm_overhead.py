@@ -166,20 +166,12 @@ def run_variant(
     return result
 
 
-_HOOKS = (
-    "on_new_request",
-    "get_num_new_matched_tokens",
-    "update_state_after_alloc",
-    "build_connector_meta",
-    "update_connector_output",
-    "request_finished",
-)
-
-
 def _instrument(connector: Any) -> list[float]:
     """Accumulate time spent inside OrbitKV's scheduler-side hooks (profiler clock)."""
+    from orbitkv.vllm.connector import SCHEDULER_METHODS
+
     clock = [0.0]
-    for name in _HOOKS:
+    for name in SCHEDULER_METHODS:
         fn = getattr(connector, name)
 
         def timed(*args: Any, _fn: Any = fn, **kw: Any) -> Any:

@@ -57,6 +57,19 @@ if TYPE_CHECKING:
     from orbitkv.vllm.worker import OrbitKVWorker
 
 
+#: The connector methods vLLM's scheduler calls (its scheduler side), for
+#: measuring what the connector costs the scheduler (benches/vllm_overhead.py,
+#: the GPU engine suite's driver).
+SCHEDULER_METHODS = (
+    "on_new_request",
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished",
+)
+
+
 class OrbitKVConnector(compat.current().ConnectorHooks, KVConnectorBase_V1):
     """Not `SupportsHMA`: vLLM turns the hybrid allocator off, one KV group remains.
     The release's own hooks (`compat.<pin>.ConnectorHooks`) come first in the MRO."""

@@ -40,13 +40,7 @@ __all__ = ["UnsupportedProfileError", "check_profile", "identity_document"]
 def check_profile(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, settings: OrbitKVSettings) -> AttentionSpec:
     """Reject configurations OrbitKV cannot serve correctly. Returns the group spec."""
     release = compat.current()  # an unknown vLLM version is rejected here, naming the pins
-    release.check_profile(vllm_config)
-    if vllm_config.use_v2_model_runner:
-        raise UnsupportedProfileError(
-            "OrbitKVConnector requires the V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0 "
-            "(Model Runner V2 passes different start_load_kv arguments and metadata "
-            "ordering that this adapter does not qualify)"
-        )
+    release.check_profile(vllm_config)  # the runner, sleep mode, the KV cache's allocation
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         kinds = ", ".join(get_kv_cache_spec_kind(g.kv_cache_spec).value for g in groups)

@@ -290,6 +290,22 @@ class OrbitKVScheduler:
     def on_new_request(self, request: Request) -> None:
         self._state(request)
 
+    def may_load_async(self, request: Request) -> bool:
+        """Whether `request` may load from OrbitKV (vLLM 0.34, asked only with
+        `--max-num-inflight-kv-loads`, when the request enters the waiting queues): then
+        vLLM may look it up and start its load while the running batch is full, so its KV
+        is in place when a slot frees. True unless OrbitKV does not serve it or the
+        presence table (no message) says its first block is certainly absent; a request
+        whose prefix the engine holds itself gets its answer at the lookup (a miss)."""
+        st = self._state(request)
+        if st.bypass is not None or not self.settings.loads:
+            return False
+        if (request.kv_transfer_params or {}).get("do_remote_prefill"):
+            return False  # another connector owns this request's incoming KV (V5)
+        if (request.num_tokens - 1) // self.block_size < 1 or not request.block_hashes:
+            return False  # no complete block OrbitKV could serve
+        return not self._certainly_absent(st, request.block_hashes[0])
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._state(request)
         start = num_computed_tokens // self.block_size

@@ -34,6 +34,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from orbitkv.engine.session import connection_lost
+from orbitkv.vllm import compat
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, CpuPages, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
@@ -119,6 +120,9 @@ class OrbitKVWorker:
         self._engine_session = -1  # session id of the Client the arena view maps
         self._kv_loads: dict[str, _KvLoad] = {}
         self._kv_saves: list[_KvSave] = []
+        # The release's runner rewrites blocks before it reports preemptions (vLLM 0.34):
+        # each step's saves are then ordered before the next step's device work.
+        self._saves_before_next_step: bool = compat.current().SAVES_BEFORE_NEXT_STEP
         self._save_reqs: dict[str, _ReqSaves] = {}  # SaveSpec seen since the last preemption
         self._finishing: set[str] = set()  # finished, reported once their saves drained
         self._batch_saves: dict[int, int] = {}  # save batch -> saves still in flight
@@ -526,6 +530,14 @@ class OrbitKVWorker:
         if batch is not None and self._batch_saves[batch] == 0:
             del self._batch_saves[batch]
             self._saved_batches.add(batch)
+        engine = self.engine
+        if self._saves_before_next_step and after is not None and self._kv_saves and engine is not None:
+            # vLLM 0.34's runner zeroes new blocks and applies copy-on-write copies on the
+            # current stream before it reports preemptions to `handle_preemptions`: a block
+            # a preempted request freed could be rewritten while a save still reads it. So
+            # the current stream waits (device-side, no host sync) until these saves have
+            # read their pages, before the next step's work.
+            engine.wait_saves()
 
     def _issue_save(
         self, spec: SaveSpec, req: _ReqSaves, batch: int | None, after: torch.cuda.Event | None

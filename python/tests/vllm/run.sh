@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the OrbitKV vLLM adapter suite against every qualified vLLM pin (0.31.0, 0.33.0),
+# Run the OrbitKV vLLM adapter suite against every qualified vLLM pin (0.31.0, 0.33.0, 0.34.0),
 # one after the other, or only ORBITKV_VLLM_PIN when it is set.
 #
 #   python/tests/vllm/run.sh [pytest args...]
@@ -12,4 +12,4 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 source "$ROOT/python/tests/support/engine_suite.sh"
 run_engine_suite vLLM ORBITKV_VLLM_PIN "$ROOT/scripts/vllm-venv.sh" "$ROOT/python/tests/vllm" \
-    0.31.0 0.33.0 -- "$@"
+    0.31.0 0.33.0 0.34.0 -- "$@"

@@ -1,7 +1,8 @@
 """What differs between the qualified vLLM pins (orbitkv.vllm.compat), on the released
 package that is installed: the release module selected, unknown versions rejected, and
-each pin's own behaviour - per-tier hit reporting and sleep mode on 0.33.0, sleep mode
-rejected on 0.31.0. run.sh runs this module once per pin; a test for the other pin is
+each pin's own behaviour - per-tier hit reporting and sleep mode from 0.33.0, sleep mode
+rejected on 0.31.0, the extensible KV cache rejected and saves ordered before the next
+step on 0.34.0. run.sh runs this module once per pin; a test for the other pin is
 skipped with the pin named."""
 
 # ruff: noqa: E402 - each module skips (with its reason) before it imports vLLM
@@ -46,7 +47,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.native]
 NO_MANAGER = "/nonexistent/orbitkv-compat-test.sock"
 PROMPT = tokens(100, seed=33)  # 6 full blocks + 4 tokens
 FULL_BLOCKS = len(PROMPT) // BLOCK
-only_033 = pytest.mark.skipif(vllm.__version__ != "0.33.0", reason="vLLM 0.33.0 hook (this run: another pin)")
+only_033 = pytest.mark.skipif(
+    vllm.__version__ not in ("0.33.0", "0.34.0"), reason="vLLM 0.33.0 hook, kept in 0.34.0 (this run: another pin)"
+)
+only_034 = pytest.mark.skipif(vllm.__version__ != "0.34.0", reason="vLLM 0.34.0 guard (this run: another pin)")
 only_031 = pytest.mark.skipif(vllm.__version__ != "0.31.0", reason="vLLM 0.31.0 guard (this run: another pin)")
 
 
@@ -66,14 +70,16 @@ def _run_checked(e: Engine, r: Any, steps: list[Any] | None = None) -> list[Any]
 def test_the_installed_release_selects_its_module() -> None:
     release = compat.current()
     assert release.VERSION == vllm.__version__ and vllm.__version__ in compat.SUPPORTED_PINS
-    assert compat.SUPPORTED_PINS == ("0.31.0", "0.33.0")
+    assert compat.SUPPORTED_PINS == ("0.31.0", "0.33.0", "0.34.0")
+    # Only a runner that rewrites blocks before it reports preemptions (0.34) orders saves.
+    assert release.SAVES_BEFORE_NEXT_STEP is (vllm.__version__ == "0.34.0")
     # The release's own hooks precede the base class, once, in the connector's MRO.
     assert OrbitKVConnector.__mro__[1] is release.ConnectorHooks
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.33.1", "0.31.0rc1", ""])
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.1", "0.34.1", "0.31.0rc1", ""])
 def test_an_unknown_version_is_rejected_naming_the_pins(version: str) -> None:
-    with pytest.raises(UnsupportedProfileError, match=r"vllm 0\.31\.0 and 0\.33\.0, found"):
+    with pytest.raises(UnsupportedProfileError, match=r"vllm 0\.31\.0, 0\.33\.0, 0\.34\.0, found"):
         compat.select(version)
 
 
@@ -81,8 +87,23 @@ def test_the_connector_rejects_an_unknown_installed_version(model_dir: Path, mon
     monkeypatch.setattr(vllm, "__version__", "0.32.0")
     monkeypatch.setattr(compat, "_current", None)  # selected again from the (patched) version
     cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER)
-    with pytest.raises(UnsupportedProfileError, match=r"0\.31\.0 and 0\.33\.0, found 0\.32\.0"):
+    with pytest.raises(UnsupportedProfileError, match=r"0\.31\.0, 0\.33\.0, 0\.34\.0, found 0\.32\.0"):
         KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, make_kv_cache_config(64, "LBNHC"))
+
+
+# ---- 0.34.0: the extensible KV cache ----------------------------------------------------
+
+
+@only_034
+def test_the_extensible_kv_cache_is_rejected_on_0_34_naming_the_flag(model_dir: Path) -> None:
+    """On by default on CUDA (off on CPU): one storage per layer, which the copy engine's
+    page geometry does not take yet; rejected at connector construction in both roles."""
+    cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER)
+    assert cfg.cache_config.enable_extensible_kv_cache is False  # CPU resolves it off
+    cfg.cache_config.enable_extensible_kv_cache = True
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(UnsupportedProfileError, match="--no-enable-extensible-kv-cache"):
+            KVConnectorFactory.create_connector(cfg, role, make_kv_cache_config(64, "LBNHC"))
 
 
 # ---- sleep mode -----------------------------------------------------------------------

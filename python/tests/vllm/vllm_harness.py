@@ -1,4 +1,4 @@
-"""A CPU engine loop around the released vLLM 0.31.0 Scheduler and OrbitKV's worker role.
+"""A CPU engine loop around the released vLLM Scheduler (0.31.0 / 0.33.0 / 0.34.0) and OrbitKV's worker role.
 
 `Engine` builds the real `Scheduler` (OrbitKV as its connector, constructed by vLLM's
 own factory) plus a worker-role `OrbitKVConnector` with real CPU KV pages allocated by
@@ -14,6 +14,7 @@ would have computed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -62,6 +63,8 @@ LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 EOS = 2
 
 init_none_hash(sha256_cbor)
+# vLLM 0.34 dropped `ModelRunnerOutput.req_id_to_index` (0.31 / 0.33 require it).
+_RUNNER_OUTPUT_HAS_INDEX = "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
 
 
 def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
@@ -82,9 +85,10 @@ def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
 
 def runner_output(req_ids: list[str], sampled: list[list[int]], kv_connector_output: Any = None) -> ModelRunnerOutput:
     """The `ModelRunnerOutput` a model runner would return for one step."""
+    index = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if _RUNNER_OUTPUT_HAS_INDEX else {}
     return ModelRunnerOutput(
         req_ids=req_ids,
-        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        **index,
         sampled_token_ids=sampled,
         logprobs=None,
         prompt_logprobs_dict={},
@@ -136,14 +140,19 @@ def make_vllm_config(
     failure_policy: str = "fail",
     lora: bool = False,
     max_num_batched_tokens: int = 1024,
+    max_num_seqs: int = 16,
+    scheduler: dict[str, Any] | None = None,
 ) -> VllmConfig:
+    """`scheduler`: further `SchedulerConfig` fields (e.g. vLLM 0.34's
+    `max_num_inflight_kv_loads`)."""
     model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float16", seed=0)
     scheduler_config = SchedulerConfig(
-        max_num_seqs=16,
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=2048,
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
+        **(scheduler or {}),
     )
     cache_config = CacheConfig(block_size=BLOCK, enable_prefix_caching=True, prefix_caching_hash_algo=hash_algo)
     cache_config.kv_cache_layout = layout  # resolved before connectors are built

@@ -25,12 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from orbitkv.vllm.compat import v0_31_0
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.kv_transfer import KVTransferConfig
     from vllm.v1.request import Request
 
 VERSION = "0.33.0"
+
+SAVES_BEFORE_NEXT_STEP = False
 
 
 class ConnectorHooks:
@@ -62,4 +66,5 @@ class ConnectorHooks:
 
 
 def check_profile(vllm_config: VllmConfig) -> None:
-    """No 0.33.0-only guard."""
+    """0.33.0 still has both model runners; OrbitKV is qualified on V1 there."""
+    v0_31_0.require_v1_runner(vllm_config)
