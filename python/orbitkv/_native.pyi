@@ -158,6 +158,7 @@ class PendingSave:
 @final
 class PendingLookup:
     def done(self) -> bool: ...  # the Manager answered, or the lookup failed
+    def wait(self, timeout_s: float) -> bool: ...  # done within timeout_s (GIL released); ValueError if < 0
     def result(self) -> Lease: ...  # waits (GIL released); raises the lookup's error; once
 
 @final

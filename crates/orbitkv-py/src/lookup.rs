@@ -3,9 +3,10 @@
 //! thread.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use orbitkv_client::ClientError;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::errors::to_py;
@@ -39,6 +40,36 @@ impl PendingLookup {
     /// True once the Manager answered (or the lookup failed).
     fn done(&self) -> bool {
         self.slot.0.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Wait at most `timeout_s` seconds, with the GIL released, for the answer:
+    /// True once it is there (or the lookup failed: `result()` then raises at
+    /// once), False when the time ran out first. A timeout that is negative or
+    /// not finite is a `ValueError`.
+    fn wait(&self, py: Python<'_>, timeout_s: f64) -> PyResult<bool> {
+        if !timeout_s.is_finite() || timeout_s < 0.0 {
+            return Err(PyValueError::new_err(format!(
+                "wait: timeout_s must be a finite number of seconds >= 0, got {timeout_s}"
+            )));
+        }
+        let deadline = Instant::now() + Duration::from_secs_f64(timeout_s);
+        Ok(py.detach(|| {
+            let (m, cv) = &*self.slot;
+            let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if g.is_some() || Arc::strong_count(&self.slot) == 1 {
+                    return true; // answered, or the thread is gone: result() says which
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return false;
+                }
+                g = cv
+                    .wait_timeout(g, deadline - now)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        }))
     }
 
     /// The lease (waits for the answer with the GIL released); raises the

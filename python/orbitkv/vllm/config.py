@@ -70,6 +70,12 @@ class OrbitKVSettings:
     # None from get_num_new_matched_tokens); False: looked up inline on the scheduler
     # thread. A certain miss never sends a message either way.
     async_lookups: bool = True
+    # With async_lookups: how long, in all, one scheduler step may wait for background
+    # lookups to answer before the requests still waiting are asked again next step. A
+    # local Manager answers in ~50-200 us, and a deferred request loses a whole engine
+    # step (~7 ms for an 8B model on an H200), so the default waits up to 1 ms; 0 never
+    # waits (the scheduler thread never blocks on the Manager).
+    lookup_wait_us: int = 1000
 
     @property
     def loads(self) -> bool:
@@ -82,6 +88,8 @@ class OrbitKVSettings:
         vLLM device config, so the scheduler knows whether saves complete asynchronously."""
         return self.copy_engine == "torch" or device_type == "cuda"
 
+
+MAX_LOOKUP_WAIT_US = 100_000
 
 _KEYS = {
     "socket_path",
@@ -97,6 +105,7 @@ _KEYS = {
     "copy_kernel",
     "query_control",
     "async_lookups",
+    "lookup_wait_us",
 }
 
 
@@ -206,4 +215,12 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
         kwargs["query_control"] = _expect_bool("query_control", raw["query_control"])
     if "async_lookups" in raw:
         kwargs["async_lookups"] = _expect_bool("async_lookups", raw["async_lookups"])
+    if "lookup_wait_us" in raw:
+        wait = _expect_int("lookup_wait_us", raw["lookup_wait_us"], 0)
+        if wait > MAX_LOOKUP_WAIT_US:
+            raise OrbitKVConfigError(
+                f"{PREFIX}lookup_wait_us must be at most {MAX_LOOKUP_WAIT_US} (100 ms: longer stalls the "
+                f"engine's scheduler), got {wait}; use async_lookups=false to wait for every answer"
+            )
+        kwargs["lookup_wait_us"] = wait
     return OrbitKVSettings(**kwargs)

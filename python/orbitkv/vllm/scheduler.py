@@ -30,6 +30,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,10 +130,15 @@ class OrbitKVScheduler:
             "resets": 0,
             "delayed_frees": 0,
         }
-        self.counters.update({"presence_misses": 0, "async_lookups": 0, "stale_lookups": 0})
+        self.counters.update(
+            {"presence_misses": 0, "async_lookups": 0, "lookups_answered_in_step": 0, "stale_lookups": 0}
+        )
         # Seconds of successful lookups (vLLM connector stats): inline, the round trip;
         # in the background, from its start until the scheduler took its answer.
         self.lookup_seconds = 0.0
+        # What is left of this step's wait for background lookups (orbitkv.lookup_wait_us);
+        # refilled when the step's metadata is built.
+        self._wait_left = self.settings.lookup_wait_us / 1e6
         self._stats = CounterDeltas(SCHEDULER_KEYS)
         # Background lookups (one thread: the session's connection serves one request at
         # a time anyway). Their leases are taken, or released, on the scheduler thread.
@@ -236,6 +242,8 @@ class OrbitKVScheduler:
                 return 0
             st.pending_since = time.perf_counter()
             self.counters["async_lookups"] += 1
+            if self._wait_for_answer(st):
+                return self._collect(st)
             return None
         t0 = time.perf_counter()
         try:
@@ -245,6 +253,23 @@ class OrbitKVScheduler:
             return 0
         self.lookup_seconds += time.perf_counter() - t0
         return self._take(st, lease, len(hashes))
+
+    def _wait_for_answer(self, st: _ReqState) -> bool:
+        """Wait for `st`'s background lookup within what is left of this step's budget
+        (orbitkv.lookup_wait_us): True if it answered, so the hit is taken this step
+        instead of the next."""
+        fut = st.pending
+        if fut is None or self._wait_left <= 0.0:
+            return False
+        t0 = time.perf_counter()
+        if isinstance(fut, Future):
+            done = bool(wait_futures([fut], timeout=self._wait_left).done)
+        else:
+            done = fut.wait(self._wait_left)
+        self._wait_left = max(0.0, self._wait_left - (time.perf_counter() - t0))
+        if done:
+            self.counters["lookups_answered_in_step"] += 1
+        return done
 
     def _collect(self, st: _ReqState) -> int | None:
         """The answer of `st`'s background lookup if it completed (None: not yet)."""
@@ -378,6 +403,7 @@ class OrbitKVScheduler:
         self.counters["loads_started"] += 1
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OrbitKVConnectorMetadata:
+        self._wait_left = self.settings.lookup_wait_us / 1e6  # the next step's wait budget
         preempted = tuple(sorted(scheduler_output.preempted_req_ids or ()))
         meta = OrbitKVConnectorMetadata(loads=self._pending_loads, epoch=self._epoch, preempted=preempted)
         self._pending_loads = []

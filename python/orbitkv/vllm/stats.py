@@ -33,6 +33,7 @@ SCHEDULER_KEYS: dict[str, str] = {
     "lookup_seconds": "Seconds of Manager lookups (inline: the round trip; background: start to answer taken)",
     "presence_misses": "Requests answered a miss from the presence table (no Manager message)",
     "async_lookups": "Lookups of probable hits sent from the background thread",
+    "lookups_answered_in_step": "Background lookups answered within the step's wait (orbitkv.lookup_wait_us)",
     "loads_started": "Asynchronous loads planned",
     "loads_finished": "Loads completed",
     "loads_failed": "Loads that failed (blocks recomputed by vLLM)",

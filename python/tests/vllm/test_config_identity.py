@@ -77,6 +77,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
             "orbitkv.copy_engine": "torch",
             "orbitkv.copy_kernel": "triton",
             "orbitkv.query_control": True,
+            "orbitkv.lookup_wait_us": 0,
         }
     )
     assert s.mode is Mode.SAVE_ONLY and not s.loads
@@ -89,6 +90,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
     assert not default.uses_kvcopy("cpu") and default.uses_kvcopy("cuda")
     assert (s.query_control, default.query_control) == (True, False)
     assert (s.copy_kernel, default.copy_kernel) == ("triton", "auto")
+    assert (s.lookup_wait_us, default.lookup_wait_us) == (0, 1000)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +106,9 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
         ({"orbitkv.static_lora_adapters": {"x": "/nonexistent/adapter"}}, "not a local directory"),
         ({"orbitkv.static_lora_adapters": "x"}, "orbitkv.static_lora_adapters"),
         ({"orbitkv.query_control": "yes"}, "orbitkv.query_control must be true or false"),
+        ({"orbitkv.lookup_wait_us": -1}, "orbitkv.lookup_wait_us must be an integer >= 0"),
+        ({"orbitkv.lookup_wait_us": 0.5}, "orbitkv.lookup_wait_us must be an integer >= 0"),
+        ({"orbitkv.lookup_wait_us": 100_001}, "orbitkv.lookup_wait_us must be at most 100000"),
     ],
 )
 def test_settings_rejections_name_the_key(extra: dict, needle: str) -> None:

@@ -94,7 +94,7 @@ def test_a_probable_hit_is_answered_a_step_later_byte_exact(
 
     monkeypatch.setattr(OrbitKVScheduler, "_lookup_call", spy)  # the inline (Python) lookup path
     before = orbit_manager.stats()["lookups_total"]
-    b = build(model_dir, orbit_manager)
+    b = build(model_dir, orbit_manager, **{"orbitkv.lookup_wait_us": 0})  # never waits: always a step later
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
     first = b.step()
@@ -135,6 +135,41 @@ def test_the_inline_lookup_setting_answers_in_the_same_step(model_dir: Path, orb
     b.run_to_completion([r.request_id])
     c = counters(b)
     assert (c["lookups"], c["async_lookups"], c["hit_blocks"], c["loads_finished"]) == (1, 0, FULL_BLOCKS, 1), c
+    b.run_until_drained()
+    b.assert_drained()
+    b.shutdown()
+
+
+def test_a_background_lookup_answered_within_the_step_wait_is_taken_the_same_step(
+    model_dir: Path, orbit_manager: ManagerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """orbitkv.lookup_wait_us: the lookup still runs on the client's native thread (the
+    scheduler thread makes no lookup call), but the step waits for its answer within the
+    budget, so the hit is admitted and its load planned in the first step."""
+    save_prompt(model_dir, orbit_manager, PROMPT)
+    threads: list[int] = []
+    real = OrbitKVScheduler._lookup_call
+
+    def spy(self: OrbitKVScheduler, salt: bytes, hashes: list[bytes]):  # type: ignore[no-untyped-def]
+        threads.append(threading.get_ident())
+        return real(self, salt, hashes)
+
+    monkeypatch.setattr(OrbitKVScheduler, "_lookup_call", spy)
+    # A budget no loaded CI machine exceeds; the default (1 ms) is sized for a GPU host.
+    b = build(model_dir, orbit_manager, **{"orbitkv.lookup_wait_us": 100_000})
+    r = make_request(PROMPT)
+    b.scheduler.add_request(r)
+    so = b.scheduler.schedule()
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS, "admitted for its load in the first step"
+    assert [len(spec.block_ids) for spec in so.kv_connector_metadata.loads] == [FULL_BLOCKS]
+    assert threads == [], "no lookup ran on the scheduler thread"
+    b.execute(so)
+    b.run_until(lambda: r.status == RequestStatus.RUNNING and r.num_computed_tokens >= len(PROMPT), what="prefill")
+    b.check_pages(r, len(PROMPT))
+    b.run_to_completion([r.request_id])
+    c = counters(b)
+    assert (c["lookups"], c["async_lookups"], c["lookups_answered_in_step"]) == (1, 1, 1), c
+    assert (c["hit_blocks"], c["loads_finished"]) == (FULL_BLOCKS, 1), c
     b.run_until_drained()
     b.assert_drained()
     b.shutdown()
