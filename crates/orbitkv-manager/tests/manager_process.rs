@@ -204,6 +204,17 @@ fn read_error(s: &mut UnixStream) -> (u16, String) {
     }
 }
 
+/// An encoded frame header of kind 3 announcing a body of `len` bytes.
+fn kind3_header(len: u32, request_id: u32) -> [u8; orbitkv_proto::HEADER_LEN] {
+    orbitkv_proto::Header {
+        version: orbitkv_proto::PROTOCOL_VERSION,
+        kind: 3,
+        len,
+        request_id,
+    }
+    .encode()
+}
+
 #[test]
 fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_working() {
     let m = ManagerProc::start(&["--dram-size", "4MiB"]);
@@ -228,13 +239,7 @@ fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_worki
 
     // Oversized frame: error, then the connection is dropped.
     let mut s2 = raw_session(&m);
-    let mut hdr = orbitkv_proto::Header {
-        version: orbitkv_proto::PROTOCOL_VERSION,
-        kind: 3,
-        len: 0,
-        request_id: 5,
-    }
-    .encode();
+    let mut hdr = kind3_header(0, 5);
     hdr[8..12].copy_from_slice(&(64u32 << 20).to_le_bytes());
     s2.write_all(&hdr).expect("write");
     let (code, msg) = read_error(&mut s2);
@@ -258,14 +263,7 @@ fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_worki
 
     // A frame cut off mid-body, then EOF.
     let mut s4 = raw_session(&m);
-    let mut hdr = orbitkv_proto::Header {
-        version: orbitkv_proto::PROTOCOL_VERSION,
-        kind: 3,
-        len: 100,
-        request_id: 6,
-    }
-    .encode()
-    .to_vec();
+    let mut hdr = kind3_header(100, 6).to_vec();
     hdr.extend_from_slice(&[0; 10]);
     s4.write_all(&hdr).expect("write");
     drop(s4);

@@ -44,6 +44,14 @@ fn manager(port: Option<u16>, peers: &[u16], extra: &[&str]) -> ManagerProc {
     m
 }
 
+/// A source A serving peers on a free port and B asking it: (A's port, A, B).
+fn a_and_b() -> (u16, ManagerProc, ManagerProc) {
+    let pa = free_port();
+    let a = manager(Some(pa), &[], &[]);
+    let b = manager(None, &[pa], &[]);
+    (pa, a, b)
+}
+
 fn blocks(seed: u8, n: usize) -> Vec<Vec<u8>> {
     (0..n).map(|i| block(seed.wrapping_add(i as u8), BB)).collect()
 }
@@ -66,6 +74,17 @@ fn restore(m: &ManagerProc, chain: u8, n: usize) -> (usize, Vec<Vec<u8>>) {
     restore_blocks(m, FP, BB, &hashes(chain, n))
 }
 
+/// A restore through `b` that hit `hit` blocks must be a miss that stored
+/// nothing, after one peer error (`ctx` ends the messages): B's stats.
+fn assert_a_miss_storing_nothing(b: &ManagerProc, hit: usize, ctx: &str) -> serde_json::Value {
+    assert_eq!(hit, 0, "a miss{ctx}");
+    let s = b.stats();
+    assert_eq!(s["blocks_committed_total"], 0, "nothing stored{ctx}");
+    assert_eq!(s["dram_visible_blocks"], 0);
+    assert_eq!(peer_stat(b, "errors"), 1);
+    s
+}
+
 fn peer_stat(m: &ManagerProc, field: &str) -> u64 {
     let s = m.stats();
     s["peers"]["peers"]
@@ -82,9 +101,7 @@ fn source_stat(m: &ManagerProc, field: &str) -> u64 {
 
 #[test]
 fn restore_through_b_is_byte_exact_from_a_dram() {
-    let pa = free_port();
-    let a = manager(Some(pa), &[], &[]);
-    let b = manager(None, &[pa], &[]);
+    let (pa, a, b) = a_and_b();
     let data = blocks(10, 6);
     save(&a, 1, &data);
     let (hit, got) = restore(&b, 1, 6);
@@ -111,9 +128,7 @@ fn restore_through_b_is_byte_exact_from_a_dram() {
 
 #[test]
 fn a_partial_local_hit_is_completed_from_a_peer() {
-    let pa = free_port();
-    let a = manager(Some(pa), &[], &[]);
-    let b = manager(None, &[pa], &[]);
+    let (_, a, b) = a_and_b();
     let data = blocks(20, 5);
     save(&a, 2, &data);
     save(&b, 2, &data[..2]);
@@ -234,19 +249,30 @@ fn a_killed_mid_transfer_is_a_miss_never_wrong_bytes() {
     assert_eq!(restore(&b, 5, 2), (2, blocks(50, 2)));
 }
 
-/// Speak the peer protocol to a source by hand: Fetch, read the blocks.
-fn fetch_by_hand(port: u16, chain: u8, n: usize) -> (TcpStream, u64, Vec<Vec<u8>>) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let req = PeerRequest::Fetch(BlockQuery {
+/// A Fetch of `n` blocks of `chain` in namespace `FP`.
+fn fetch(chain: u8, n: usize) -> PeerRequest {
+    PeerRequest::Fetch(BlockQuery {
         fingerprint: FP,
         shard: 0,
         salt: orbitkv_client::namespace_salt(b""),
         block_bytes: BB as u64,
         generation: 0,
         hashes: hashes(chain, n),
-    });
+    })
+}
+
+/// A plain TCP connection to the peer port `port`, reads timing out after 10 s.
+fn peer_conn(port: u16) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s
+}
+
+/// Speak the peer protocol to a source by hand: Fetch, read the blocks.
+fn fetch_by_hand(port: u16, chain: u8, n: usize) -> (TcpStream, u64, Vec<Vec<u8>>) {
+    let mut s = peer_conn(port);
+    let req = fetch(chain, n);
     write_frame(&mut s, req.kind(), 1, &req.encode()).expect("send");
     let (h, body) = read_frame(&mut s).expect("leased");
     let PeerResponse::Leased { lease, blocks, .. } = decode_peer_response(h.kind, &body).expect("decode")
@@ -289,14 +315,7 @@ fn the_source_lease_lives_until_completion_and_no_longer() {
     write_frame(&mut s, done.kind(), 3, &done.encode()).expect("duplicate done");
     let (_s2, _, again) = {
         // The connection still works after the duplicate (it counted nothing).
-        let req = PeerRequest::Fetch(BlockQuery {
-            fingerprint: FP,
-            shard: 0,
-            salt: orbitkv_client::namespace_salt(b""),
-            block_bytes: BB as u64,
-            generation: 0,
-            hashes: hashes(6, 1),
-        });
+        let req = fetch(6, 1);
         write_frame(&mut s, req.kind(), 4, &req.encode()).expect("send");
         let (h, body) = read_frame(&mut s).expect("leased");
         let Ok(PeerResponse::Leased { blocks: 1, .. }) = decode_peer_response(h.kind, &body) else {
@@ -378,9 +397,7 @@ fn garbage_to_a_source_is_disconnected_and_serving_goes_on() {
         &[0u8; 64][..],
         &[0xffu8; 20000][..],
     ] {
-        let mut s = TcpStream::connect(("127.0.0.1", pa)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
+        let mut s = peer_conn(pa);
         let _ = s.write_all(garbage);
         let mut sink = Vec::new();
         let _ = s.read_to_end(&mut sink); // returns once A closed the connection
@@ -457,11 +474,7 @@ fn a_peer_sending_garbage_or_wrong_bytes_stores_nothing() {
     });
     for port in [garbage, lying, greedy] {
         let b = manager(None, &[port], &[]);
-        assert_eq!(restore(&b, 9, 3).0, 0, "a miss");
-        let s = b.stats();
-        assert_eq!(s["blocks_committed_total"], 0, "nothing stored");
-        assert_eq!(s["dram_visible_blocks"], 0);
-        assert_eq!(peer_stat(&b, "errors"), 1);
+        let s = assert_a_miss_storing_nothing(&b, restore(&b, 9, 3).0, "");
         assert!(s["peers"]["peers"][0]["last_error"].is_string());
     }
 }
@@ -540,11 +553,7 @@ fn a_bulk_fill_is_byte_exact_and_one_bad_block_or_a_cut_stores_nothing() {
         assert_eq!(peer_stat(&b, "blocks"), N as u64);
         for port in [one_bad, cut] {
             let b = manager(None, &[port], &flag);
-            assert_eq!(restore(&b, 12, N).0, 0, "a miss ({mode})");
-            let s = b.stats();
-            assert_eq!(s["blocks_committed_total"], 0, "nothing stored ({mode})");
-            assert_eq!(s["dram_visible_blocks"], 0);
-            assert_eq!(peer_stat(&b, "errors"), 1);
+            let s = assert_a_miss_storing_nothing(&b, restore(&b, 12, N).0, &format!(" ({mode})"));
             assert!(s["peers"]["peers"][0]["last_error"].is_string());
         }
     }
@@ -576,11 +585,7 @@ fn a_block_in_many_receives_is_exact_and_a_byte_changed_mid_block_stores_nothing
         let want: Vec<Vec<u8>> = (0..N).map(|i| block(i as u8, BB)).collect();
         assert!(got == want, "byte-exact ({mode})");
         let b = manager(None, &[flipped], &flag);
-        assert_eq!(restore(&b, 13, N).0, 0, "a miss ({mode})");
-        let s = b.stats();
-        assert_eq!(s["blocks_committed_total"], 0, "nothing stored ({mode})");
-        assert_eq!(s["dram_visible_blocks"], 0);
-        assert_eq!(peer_stat(&b, "errors"), 1);
+        let s = assert_a_miss_storing_nothing(&b, restore(&b, 13, N).0, &format!(" ({mode})"));
         assert!(
             s["peers"]["peers"][0]["last_error"]
                 .as_str()
@@ -607,6 +612,16 @@ fn big_hashes(n: usize) -> Vec<[u8; 32]> {
     (0..n).map(|i| hash(0x5b, i as u8)).collect()
 }
 
+/// Save the 1 MiB blocks `data` as `hashes` on `m`: the blocks stored.
+fn save_big(m: &ManagerProc, hashes: &[[u8; 32]], data: &[Vec<u8>]) -> usize {
+    let c = m.client();
+    let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let stored = c.save(&ns, hashes, &src).expect("save").stored as usize;
+    c.close().expect("close");
+    stored
+}
+
 /// A transfer of 1 MiB blocks: the range whose first hash is block 18's gets
 /// a wrong checksum for its first block (the third of four ranges of 9).
 fn big_transfer_third_range_lies(req: &PeerRequest) -> Vec<u8> {
@@ -630,16 +645,7 @@ fn a_split_fetch_is_exact_and_one_bad_range_stores_nothing() {
     let pa = free_port();
     let a = manager(Some(pa), &[], &big);
     let data: Vec<Vec<u8>> = (0..N).map(|i| block(i as u8, BIG)).collect();
-    {
-        let c = a.client();
-        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
-        let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-        assert_eq!(
-            c.save(&ns, &big_hashes(N), &src).expect("save").stored as usize,
-            N
-        );
-        c.close().expect("close");
-    }
+    assert_eq!(save_big(&a, &big_hashes(N), &data), N);
     let restore_big = |m: &ManagerProc, n: usize| restore_blocks(m, BIG_FP, BIG, &big_hashes(n));
     let streams = ["--dram-size", "96MiB", "--peer-fill-streams", "4"];
     let b = manager(None, &[pa], &streams);
@@ -656,26 +662,13 @@ fn a_split_fetch_is_exact_and_one_bad_range_stores_nothing() {
     // The third range's first checksum is wrong: no range is stored.
     let liar = fake_source(big_transfer_third_range_lies);
     let b = manager(None, &[liar], &streams);
-    assert_eq!(restore_big(&b, N).0, 0, "a miss");
-    let s = b.stats();
-    assert_eq!(s["blocks_committed_total"], 0, "nothing stored");
-    assert_eq!(s["dram_visible_blocks"], 0);
-    assert_eq!(peer_stat(&b, "errors"), 1);
+    assert_a_miss_storing_nothing(&b, restore_big(&b, N).0, "");
 
     // A source holding only the first 20 blocks: the first two ranges whole,
     // the third's prefix (2 blocks), the fourth a miss.
     let pc = free_port();
     let c_src = manager(Some(pc), &[], &big);
-    {
-        let c = c_src.client();
-        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
-        let src: Vec<&[u8]> = data[..20].iter().map(|v| v.as_slice()).collect();
-        assert_eq!(
-            c.save(&ns, &big_hashes(20), &src).expect("save").stored as usize,
-            20
-        );
-        c.close().expect("close");
-    }
+    assert_eq!(save_big(&c_src, &big_hashes(20), &data[..20]), 20);
     let b = manager(None, &[pc], &streams);
     let (hit, got) = restore_big(&b, N);
     assert_eq!(hit, 20, "the leading whole ranges and the third's prefix");
@@ -688,14 +681,8 @@ fn a_split_fetch_is_exact_and_one_bad_range_stores_nothing() {
     // range alone, a miss, no other range requested.
     let pd = free_port();
     let d_src = manager(Some(pd), &[], &big);
-    {
-        let c = d_src.client();
-        let ns = c.register_namespace(BIG_FP, BIG as u64, 0, b"").expect("ns");
-        let src: Vec<&[u8]> = data[9..].iter().map(|v| v.as_slice()).collect();
-        let stored = c.save(&ns, &big_hashes(N)[9..], &src).expect("save").stored as usize;
-        assert_eq!(stored, N - 9);
-        c.close().expect("close");
-    }
+    let stored = save_big(&d_src, &big_hashes(N)[9..], &data[9..]);
+    assert_eq!(stored, N - 9);
     let b = manager(None, &[pd], &streams);
     assert_eq!(restore_big(&b, N).0, 0, "a miss");
     assert_eq!(source_stat(&d_src, "fetches"), 1, "only the first range asked");
@@ -764,17 +751,8 @@ fn mutual_tls_serves_and_a_wrong_certificate_is_refused() {
     assert_eq!(peer_stat(&c, "errors"), 1);
     assert_eq!(source_stat(&a, "refused"), 1, "C's handshake refused");
     // A plain-TCP client on the TLS port gets nothing either.
-    let mut s = TcpStream::connect(("127.0.0.1", pa)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let req = PeerRequest::Fetch(BlockQuery {
-        fingerprint: FP,
-        shard: 0,
-        salt: orbitkv_client::namespace_salt(b""),
-        block_bytes: BB as u64,
-        generation: 0,
-        hashes: hashes(13, 4),
-    });
+    let mut s = peer_conn(pa);
+    let req = fetch(13, 4);
     let _ = write_frame(&mut s, req.kind(), 1, &req.encode());
     let mut sink = Vec::new();
     let _ = s.read_to_end(&mut sink);
@@ -820,14 +798,7 @@ fn plain_loopback_refuses_a_peer_of_another_uid() {
     let a = manager(Some(pa), &[], &[]);
     save(&a, 14, &blocks(140, 2));
     // uid 65534 connects to A's plain peer port and sends a valid Fetch.
-    let req = PeerRequest::Fetch(BlockQuery {
-        fingerprint: FP,
-        shard: 0,
-        salt: orbitkv_client::namespace_salt(b""),
-        block_bytes: BB as u64,
-        generation: 0,
-        hashes: hashes(14, 2),
-    });
+    let req = fetch(14, 2);
     let mut frame = Vec::new();
     write_frame(&mut frame, req.kind(), 1, &req.encode()).expect("frame");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -853,9 +824,7 @@ fn plain_loopback_refuses_a_peer_of_another_uid() {
 
 #[test]
 fn a_restarted_source_is_reached_again_on_a_fresh_connection() {
-    let pa = free_port();
-    let mut a = manager(Some(pa), &[], &[]);
-    let b = manager(None, &[pa], &[]);
+    let (pa, mut a, b) = a_and_b();
     save(&a, 15, &blocks(150, 2));
     assert_eq!(restore(&b, 15, 2), (2, blocks(150, 2)));
     // B keeps that connection pooled; A dies and comes back on the same port.

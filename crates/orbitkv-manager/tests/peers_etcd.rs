@@ -188,10 +188,8 @@ fn etcd_status(m: &ManagerProc) -> String {
 
 #[test]
 fn membership_over_https_with_client_certificates() {
-    let pki = tempfile::tempdir().expect("pki dir");
+    let pki = support::pki::loopback_pki(&["etcd", "m"]);
     let d = pki.path();
-    support::pki::make_pki(d, "ca", &[("etcd", "127.0.0.1"), ("m", "127.0.0.1")]);
-    support::pki::make_pki(d, "other", &[("x", "127.0.0.1")]);
     let Some(etcd) = Etcd::start_with(Some(d)) else {
         eprintln!("SKIPPED: no etcd binary (install the etcd-server package)");
         return;

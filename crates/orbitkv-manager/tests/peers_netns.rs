@@ -42,10 +42,6 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl Netns {
-    fn create() -> Result<Netns, String> {
-        Netns::create_tagged("")
-    }
-
     /// `t` tells apart the namespaces and veths of tests running at once.
     fn create_tagged(t: &str) -> Result<Netns, String> {
         let k = std::process::id() % 200 + 20;
@@ -81,6 +77,27 @@ impl Drop for Netns {
     }
 }
 
+/// The namespaces of [`Netns::create_tagged`] with tag `t`, or `None` (the
+/// reason printed) where the test cannot run here: not root, no openssl
+/// command, or no namespaces and veth pairs to be made.
+fn netns_or_skip(t: &str) -> Option<Netns> {
+    if orbitkv_shm::peer::my_uid() != 0 {
+        eprintln!("SKIPPED: creating network namespaces needs root");
+        return None;
+    }
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIPPED: the openssl command (to make test certificates) is not installed");
+        return None;
+    }
+    match Netns::create_tagged(t) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            eprintln!("SKIPPED: cannot create network namespaces and a veth pair here: {e}");
+            None
+        }
+    }
+}
+
 /// A Manager process inside network namespace `ns`.
 struct InNs {
     child: Child,
@@ -96,14 +113,7 @@ impl InNs {
             .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_orbitkv-manager")])
             .arg("--socket")
             .arg(&socket)
-            .args([
-                "--dram-size",
-                "8MiB",
-                "--metrics-addr",
-                "off",
-                "--log-level",
-                "warn",
-            ])
+            .args(quiet_flags("8MiB"))
             .args(args)
             .stdout(Stdio::null())
             .spawn()
@@ -118,8 +128,28 @@ impl InNs {
         }
     }
 
+    /// [`InNs::start`] with `args` and the TLS files of certificate `cert`
+    /// of CA `ca` in `pki`.
+    fn start_tls(ns: &str, args: &[&str], pki: &std::path::Path, cert: &str, ca: &str) -> InNs {
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.extend(pki::tls_flags(pki, cert, ca));
+        InNs::start(ns, &args)
+    }
+
     fn client(&self) -> Client {
         Client::connect(&self.socket, None, Duration::from_secs(10)).expect("connect")
+    }
+
+    /// Restore the blocks `hs` of namespace `FP` through a fresh client: the
+    /// blocks hit and a buffer for each hash.
+    fn restore(&self, hs: &[[u8; 32]]) -> (u32, Vec<Vec<u8>>) {
+        let c = self.client();
+        let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+        let mut out = vec![vec![0u8; BB]; hs.len()];
+        let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let hit = c.restore(&ns, hs, &mut dst).expect("restore");
+        c.close().expect("close");
+        (hit, out)
     }
 
     fn stats(&self) -> serde_json::Value {
@@ -137,31 +167,27 @@ impl Drop for InNs {
     }
 }
 
+/// A Manager in namespace `ns` with `args` and no TLS files must refuse to
+/// start (exit code 2) for want of mutual TLS.
+fn assert_refused_without_tls(ns: &str, args: &[&str]) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_orbitkv-manager")])
+        .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
+        .args(args)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("requires mutual TLS"));
+}
+
 #[test]
 fn two_network_namespaces_over_mutual_tls() {
-    if orbitkv_shm::peer::my_uid() != 0 {
-        eprintln!("SKIPPED: creating network namespaces needs root");
-        return;
-    }
-    if Command::new("openssl").arg("version").output().is_err() {
-        eprintln!("SKIPPED: the openssl command (to make test certificates) is not installed");
-        return;
-    }
-    let net = match Netns::create() {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("SKIPPED: cannot create network namespaces and a veth pair here: {e}");
-            return;
-        }
-    };
+    let Some(net) = netns_or_skip("") else { return };
     let pki = tempfile::tempdir().expect("tempdir");
     pki::make_pki(pki.path(), "ca", &[("a", &net.ip_a), ("b", &net.ip_b)]);
     pki::make_pki(pki.path(), "rogue", &[("r", &net.ip_b)]);
-    let mut a_args = vec!["--peer-listen".to_string(), format!("{}:{PORT}", net.ip_a)];
-    a_args.extend(pki::tls_flags(pki.path(), "a", "ca"));
-    let a = InNs::start(&net.a, &a_args);
-    let mut b_args = vec!["--peer".to_string(), format!("{}:{PORT}", net.ip_a)];
-    b_args.extend(pki::tls_flags(pki.path(), "b", "ca"));
+    let to_a = format!("{}:{PORT}", net.ip_a);
+    let a = InNs::start_tls(&net.a, &["--peer-listen", &to_a], pki.path(), "a", "ca");
 
     let data: Vec<Vec<u8>> = (0..4).map(|i| block(90 + i, BB)).collect();
     let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(21, i)).collect();
@@ -173,83 +199,39 @@ fn two_network_namespaces_over_mutual_tls() {
 
     // B, in the other namespace, reaches A only across the veth, over mutual TLS.
     {
-        let b = InNs::start(&net.b, &b_args);
-        let c = b.client();
-        let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
-        let mut out = vec![vec![0u8; BB]; 4];
-        let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
-        assert_eq!(c.restore(&ns, &hs, &mut dst).expect("restore"), 4);
-        c.close().expect("close");
+        let b = InNs::start_tls(&net.b, &["--peer", &to_a], pki.path(), "b", "ca");
+        let (hit, out) = b.restore(&hs);
+        assert_eq!(hit, 4);
         assert_eq!(out, data, "byte-exact across the veth");
         assert_eq!(b.stats()["peers"]["peers"][0]["health"], "up");
         assert_eq!(a.stats()["peers"]["source"]["blocks_sent"], 4);
     }
 
     // The same Manager with a certificate from another CA is refused.
-    let mut r_args = vec!["--peer".to_string(), format!("{}:{PORT}", net.ip_a)];
-    r_args.extend(pki::tls_flags(pki.path(), "r", "rogue"));
-    let r = InNs::start(&net.b, &r_args);
-    let c = r.client();
-    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
-    let mut out = vec![vec![0u8; BB]; 4];
-    let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
-    assert_eq!(
-        c.restore(&ns, &hs, &mut dst).expect("restore"),
-        0,
-        "refused: a miss"
-    );
-    c.close().expect("close");
+    let r = InNs::start_tls(&net.b, &["--peer", &to_a], pki.path(), "r", "rogue");
+    assert_eq!(r.restore(&hs).0, 0, "refused: a miss");
     let st = r.stats();
     assert_eq!(st["blocks_committed_total"], 0);
     assert_eq!(st["peers"]["peers"][0]["errors"], 1);
     assert_eq!(a.stats()["peers"]["source"]["refused"], 1);
 
     // Without TLS files, the non-loopback address is refused at start-up.
-    let out = Command::new("ip")
-        .args(["netns", "exec", &net.b, env!("CARGO_BIN_EXE_orbitkv-manager")])
-        .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
-        .args(["--peer", &format!("{}:{PORT}", net.ip_a)])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("requires mutual TLS"));
+    assert_refused_without_tls(&net.b, &["--peer", &format!("{}:{PORT}", net.ip_a)]);
 }
 
 #[test]
 fn tp_across_two_network_namespaces_over_mutual_tls() {
-    if orbitkv_shm::peer::my_uid() != 0 {
-        eprintln!("SKIPPED: creating network namespaces needs root");
-        return;
-    }
-    if Command::new("openssl").arg("version").output().is_err() {
-        eprintln!("SKIPPED: the openssl command (to make test certificates) is not installed");
-        return;
-    }
-    let net = match Netns::create_tagged("t") {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("SKIPPED: cannot create network namespaces and a veth pair here: {e}");
-            return;
-        }
-    };
+    let Some(net) = netns_or_skip("t") else { return };
     let pki = tempfile::tempdir().expect("tempdir");
     pki::make_pki(pki.path(), "ca", &[("a", &net.ip_a), ("b", &net.ip_b)]);
     // B holds shard 1 (its rank's worker is B's client); A is the scheduler's
     // Manager with rank 0, and places shard 1 on B across the veth.
-    let mut b_args = vec![
-        "--enable-query-control".to_string(),
-        "--peer-listen".into(),
-        format!("{}:{PORT}", net.ip_b),
-    ];
-    b_args.extend(pki::tls_flags(pki.path(), "b", "ca"));
-    let b = InNs::start(&net.b, &b_args);
-    let mut a_args = vec![
-        "--enable-query-control".to_string(),
-        "--tp-shard-peer".into(),
-        format!("1={}:{PORT}", net.ip_b),
-    ];
-    a_args.extend(pki::tls_flags(pki.path(), "a", "ca"));
-    let a = InNs::start(&net.a, &a_args);
+    let listen = format!("{}:{PORT}", net.ip_b);
+    let b_args = ["--enable-query-control", "--peer-listen", &listen];
+    let b = InNs::start_tls(&net.b, &b_args, pki.path(), "b", "ca");
+    let shard_1 = format!("1={}:{PORT}", net.ip_b);
+    let a_args = ["--enable-query-control", "--tp-shard-peer", &shard_1];
+    let a = InNs::start_tls(&net.a, &a_args, pki.path(), "a", "ca");
     let shard_block = |r: u8, i: u8| block(r * 64 + i, BB);
     let rank = |m: &InNs, r: u8, n: u8| {
         let c = m.client();
@@ -299,16 +281,12 @@ fn tp_across_two_network_namespaces_over_mutual_tls() {
     assert_eq!(a.stats()["peers"]["tls"], true);
 
     // Without TLS files, a shard placed off loopback is refused at start-up.
-    let out = Command::new("ip")
-        .args(["netns", "exec", &net.a, env!("CARGO_BIN_EXE_orbitkv-manager")])
-        .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
-        .args([
+    assert_refused_without_tls(
+        &net.a,
+        &[
             "--enable-query-control",
             "--tp-shard-peer",
             &format!("1={}:{PORT}", net.ip_b),
-        ])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("requires mutual TLS"));
+        ],
+    );
 }

@@ -8,18 +8,37 @@ mod support;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orbitkv_client::{Client, ClientError, ConnectOptions};
-use support::ManagerProc;
+use support::{ManagerProc, quiet_flags};
 
 const NOBODY: u32 = 65534;
 const TOKEN: &str = "0123456789abcdef-secret";
 
 fn is_root() -> bool {
     orbitkv_shm::peer::my_uid() == 0
+}
+
+/// True, the reason printed, where this test is skipped: it needs root to do
+/// what `needs` says.
+fn skipped_unless_root(needs: &str) -> bool {
+    if is_root() {
+        return false;
+    }
+    println!("skipped: needs root to {needs}");
+    true
+}
+
+/// A new directory `name` in `parent`: mode 0700, owned by uid 65534.
+fn private_dir_of_nobody(parent: &Path, name: &str) -> PathBuf {
+    let dir = parent.join(name);
+    std::fs::create_dir(&dir).expect("mkdir");
+    chmod(&dir, 0o700);
+    chown(&dir, NOBODY);
+    dir
 }
 
 fn chmod(p: &Path, mode: u32) {
@@ -34,14 +53,7 @@ fn chown(p: &Path, uid: u32) {
 /// Manager that starts anyway is killed and the test fails.
 fn refused_start(args: &[&str]) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
-        .args([
-            "--dram-size",
-            "4MiB",
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-        ])
+        .args(quiet_flags("4MiB"))
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -83,20 +95,7 @@ fn socket_directory_is_created_private_and_reused_only_when_private() {
     // Created by the Manager: 0700, ours.
     let fresh = root.path().join("fresh");
     let sock = fresh.join("m.sock");
-    let m = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
-        .args([
-            "--dram-size",
-            "4MiB",
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-            "--socket",
-        ])
-        .arg(&sock)
-        .spawn()
-        .expect("spawn");
-    let m = KillOnDrop(m);
+    let m = spawn_on(&sock);
     until("manager up", || {
         std::os::unix::net::UnixStream::connect(&sock).is_ok()
     });
@@ -139,15 +138,11 @@ fn socket_directory_is_created_private_and_reused_only_when_private() {
 
 #[test]
 fn socket_directory_of_another_uid_is_refused() {
-    if !is_root() {
-        println!("skipped: needs root to chown a directory to another uid");
+    if skipped_unless_root("chown a directory to another uid") {
         return;
     }
     let root = tempfile::tempdir().expect("tmp");
-    let dir = root.path().join("squatted");
-    std::fs::create_dir(&dir).expect("mkdir");
-    chmod(&dir, 0o700);
-    chown(&dir, NOBODY);
+    let dir = private_dir_of_nobody(root.path(), "squatted");
     let (code, err) = refused_start(&["--socket", dir.join("m.sock").to_str().expect("utf8")]);
     assert_eq!(code, Some(1), "{err}");
     assert!(
@@ -199,20 +194,7 @@ fn only_a_stale_socket_is_replaced_anything_else_at_the_path_is_left_alone() {
 
     // A socket nobody listens on (a dead Manager's) is replaced.
     drop(UnixListener::bind(&sock).expect("bind"));
-    let m = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
-        .args([
-            "--dram-size",
-            "4MiB",
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-            "--socket",
-        ])
-        .arg(&sock)
-        .spawn()
-        .expect("spawn");
-    let m = KillOnDrop(m);
+    let m = spawn_on(&sock);
     until("manager up on the stale path", || {
         Client::connect(&sock, None, Duration::from_secs(5)).is_ok()
     });
@@ -220,6 +202,17 @@ fn only_a_stale_socket_is_replaced_anything_else_at_the_path_is_left_alone() {
 }
 
 struct KillOnDrop(std::process::Child);
+
+/// A Manager on `sock` (quiet flags, a 4 MiB arena), killed on drop.
+fn spawn_on(sock: &Path) -> KillOnDrop {
+    let m = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
+        .args(quiet_flags("4MiB"))
+        .arg("--socket")
+        .arg(sock)
+        .spawn()
+        .expect("spawn");
+    KillOnDrop(m)
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -277,16 +270,12 @@ fn spawn_retrying_busy(
 /// root refuses it unless told to trust 65534, and sends it nothing.
 #[test]
 fn client_checks_who_answers_before_sending_the_token() {
-    if !is_root() {
-        println!("skipped: needs root to run a Manager as another uid");
+    if skipped_unless_root("run a Manager as another uid") {
         return;
     }
     let root = tempfile::tempdir().expect("tmp");
     chmod(root.path(), 0o711); // uid 65534 may pass through, not list
-    let dir = root.path().join("srv");
-    std::fs::create_dir(&dir).expect("mkdir");
-    chmod(&dir, 0o700);
-    chown(&dir, NOBODY);
+    let dir = private_dir_of_nobody(root.path(), "srv");
     let tok = root.path().join("token");
     std::fs::write(&tok, format!("{TOKEN}\n")).expect("write");
     chmod(&tok, 0o600);

@@ -4,71 +4,36 @@
 //! 2nd, 4th, 8th …), and a restart on the full disk comes up and serves every block
 //! that was on SSD, byte-exact, leaving no temporary file behind.
 
+#[path = "../../orbitkv-ssd/tests/common/small_fs.rs"]
+mod small_fs;
 mod support;
 
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orbitkv_client::Client;
-use support::{block, hash};
+use small_fs::SmallFs;
+use support::{block, hash, quiet_flags};
 
 const BB: usize = 16 * 1024;
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// A size-limited tmpfs, unmounted on drop.
-struct SmallFs {
-    _base: tempfile::TempDir,
-    mnt: PathBuf,
-}
-
+/// Fill-up checks of this test on the shared tmpfs.
 impl SmallFs {
     fn mount(size: &str) -> Option<SmallFs> {
-        let base = tempfile::tempdir().expect("tempdir");
-        let mnt = base.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mkdir");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
-            .arg(&mnt)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(SmallFs { _base: base, mnt }),
-            Ok(o) => {
-                eprintln!(
-                    "skipped: cannot mount a small tmpfs (needs root): {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
+        SmallFs::mount_in(tempfile::tempdir().expect("tempdir"), size)
     }
 
     /// Write a filler file until ENOSPC, and check that not one more byte fits.
     fn fill(&self) {
-        let mut f = std::fs::File::create(self.mnt.join("filler")).expect("filler");
-        let chunk = vec![0x5au8; 4096];
-        let err = loop {
-            if let Err(e) = f.write_all(&chunk) {
-                break e;
-            }
-        };
+        let err = self.write_filler_until_error();
         assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
         assert!(
             std::fs::write(self.mnt.join("one-more-byte"), b"x").is_err(),
             "the filesystem is not full"
         );
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
     }
 }
 
@@ -85,14 +50,7 @@ impl Manager {
         let child = Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
             .arg("--socket")
             .arg(&socket)
-            .args([
-                "--dram-size",
-                "4MiB",
-                "--metrics-addr",
-                "off",
-                "--log-level",
-                "warn",
-            ])
+            .args(quiet_flags("4MiB"))
             .arg("--ssd-dir")
             .arg(ssd)
             .args([
@@ -108,19 +66,26 @@ impl Manager {
             .spawn()
             .expect("spawn manager");
         let mut m = Manager { child, socket, log };
-        let t0 = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&m.socket).is_err() {
+        m.until(|m| {
+            if std::os::unix::net::UnixStream::connect(&m.socket).is_ok() {
+                return Ok(());
+            }
             if let Ok(Some(st)) = m.child.try_wait() {
                 panic!("manager {name} exited ({st}) at start:\n{}", m.log_text());
             }
-            assert!(
-                t0.elapsed() < DEADLINE,
-                "manager {name} did not come up:\n{}",
-                m.log_text()
-            );
+            Err(format!("manager {name} did not come up"))
+        });
+        m
+    }
+
+    /// Poll `ready` every 20 ms until it is `Ok`; past [`DEADLINE`], fail with
+    /// its last `Err` and the log.
+    fn until(&mut self, mut ready: impl FnMut(&mut Manager) -> Result<(), String>) {
+        let t0 = Instant::now();
+        while let Err(why) = ready(self) {
+            assert!(t0.elapsed() < DEADLINE, "{why}:\n{}", self.log_text());
             std::thread::sleep(Duration::from_millis(20));
         }
-        m
     }
 
     fn client(&self) -> Client {
@@ -136,20 +101,11 @@ impl Manager {
             .unwrap_or_else(|| panic!("no counter {name} in {s}"))
     }
 
-    fn wait_for(&self, name: &str, at_least: u64) {
-        let t0 = Instant::now();
-        loop {
-            let n = self.stat(name);
-            if n >= at_least {
-                return;
-            }
-            assert!(
-                t0.elapsed() < DEADLINE,
-                "{name} stayed at {n} (< {at_least}):\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    fn wait_for(&mut self, name: &str, at_least: u64) {
+        self.until(|m| match m.stat(name) {
+            n if n >= at_least => Ok(()),
+            n => Err(format!("{name} stayed at {n} (< {at_least})")),
+        });
     }
 
     fn log_text(&self) -> String {
@@ -218,7 +174,7 @@ fn full_ssd_filesystem_spills_fail_quietly_and_restart_serves() {
     let a = chain(1, 16);
     let b = chain(2, 64);
 
-    let m1 = Manager::start(work.path(), "first", &ssd);
+    let mut m1 = Manager::start(work.path(), "first", &ssd);
     save(&m1, &a, 0);
     m1.wait_for("ssd_spilled_blocks_total", a.len() as u64);
     fs.fill();

@@ -9,7 +9,7 @@ mod support;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use orbitkv_client::{Client, ClientError, ConnectOptions, Namespace};
+use orbitkv_client::{Client, Namespace};
 use orbitkv_proto::ErrorCode;
 use support::*;
 
@@ -40,14 +40,6 @@ fn placement(shards: &[(u32, u16)]) -> Vec<String> {
         .iter()
         .flat_map(|(s, p)| ["--tp-shard-peer".to_string(), format!("{s}=127.0.0.1:{p}")])
         .collect()
-}
-
-fn control(m: &ManagerProc) -> Client {
-    let opts = ConnectOptions {
-        map_arena: false,
-        ..ConnectOptions::new(Duration::from_secs(5))
-    };
-    Client::connect_with(m.socket(), &opts).expect("control connect")
 }
 
 /// Rank `r`'s bytes for block `i` (distinct per shard: a wrong shard shows).
@@ -85,13 +77,6 @@ fn stat(m: &ManagerProc, field: &str) -> u64 {
 
 fn tp_stat(m: &ManagerProc, field: &str) -> u64 {
     m.stats()["peers"]["tp"][field].as_u64().expect("u64 tp stat")
-}
-
-fn server_code(e: &ClientError) -> Option<ErrorCode> {
-    match e {
-        ClientError::Server { code, .. } => Some(*code),
-        _ => None,
-    }
 }
 
 /// Redeem, copy out and check `hit` blocks of rank `r`'s part; then report done
@@ -383,14 +368,7 @@ fn an_idle_link_keeps_its_parts_and_a_link_closed_for_idleness_is_replaced() {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_orbitkv-manager"))
         .arg("--socket")
         .arg(&socket)
-        .args([
-            "--dram-size",
-            "8MiB",
-            "--metrics-addr",
-            "off",
-            "--log-level",
-            "warn",
-        ])
+        .args(quiet_flags("8MiB"))
         .args(["--enable-query-control", "--enable-fault-injection"])
         .args(["--peer-listen", &format!("127.0.0.1:{pb}")])
         .env("ORBITKV_PEER_IDLE_MS", "300")
@@ -431,16 +409,14 @@ fn an_idle_link_keeps_its_parts_and_a_link_closed_for_idleness_is_replaced() {
 
 #[test]
 fn tp_across_managers_over_mutual_tls_and_a_holder_with_a_foreign_certificate_is_a_miss() {
-    let pki = tempfile::tempdir().expect("pki");
+    let pki = pki::loopback_pki(&["a", "b"]);
     let d = pki.path();
-    support::pki::make_pki(d, "ca", &[("a", "127.0.0.1"), ("b", "127.0.0.1")]);
-    support::pki::make_pki(d, "other", &[("x", "127.0.0.1")]);
     let (pb, px) = (free_port(), free_port());
-    let b = manager(Some(pb), &support::pki::tls_flags(d, "b", "ca"));
+    let b = manager(Some(pb), &pki::tls_flags(d, "b", "ca"));
     // A holder whose certificate chains to another CA.
-    let x = manager(Some(px), &support::pki::tls_flags(d, "x", "other"));
+    let x = manager(Some(px), &pki::tls_flags(d, "x", "other"));
     let mut extra = placement(&[(1, pb)]);
-    extra.extend(support::pki::tls_flags(d, "a", "ca"));
+    extra.extend(pki::tls_flags(d, "a", "ca"));
     let a = manager(None, &extra);
     assert_eq!(a.stats()["peers"]["tls"], true);
     let w0 = rank(&a, 0, 4);
@@ -456,7 +432,7 @@ fn tp_across_managers_over_mutual_tls_and_a_holder_with_a_foreign_certificate_is
     // The same group with shard 1 placed on the foreign-CA holder: refused, a miss.
     let _x1 = rank(&x, 1, 3);
     let mut extra = placement(&[(1, px)]);
-    extra.extend(support::pki::tls_flags(d, "a", "ca"));
+    extra.extend(pki::tls_flags(d, "a", "ca"));
     let a2 = manager(None, &extra);
     let _w0 = rank(&a2, 0, 4);
     let (sched2, nss2) = scheduler(&a2, 2);

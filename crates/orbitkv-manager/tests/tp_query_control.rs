@@ -6,22 +6,12 @@
 
 mod support;
 
-use std::time::Duration;
-
-use orbitkv_client::{Client, ClientError, ConnectOptions, Namespace};
+use orbitkv_client::{Client, Namespace};
 use orbitkv_proto::ErrorCode;
 use support::*;
 
 const BB: usize = 4096;
 const FP: [u8; 32] = [0x5a; 32];
-
-fn control(m: &ManagerProc) -> Client {
-    let opts = ConnectOptions {
-        map_arena: false,
-        ..ConnectOptions::new(Duration::from_secs(5))
-    };
-    Client::connect_with(m.socket(), &opts).expect("control connect")
-}
 
 /// Rank `r`'s bytes for block `i` (distinct per shard: a wrong shard shows).
 fn shard_block(r: u8, i: u8) -> Vec<u8> {
@@ -51,11 +41,19 @@ fn shard_nss(c: &Client, n: u32) -> Vec<Namespace> {
         .collect()
 }
 
-fn server_code(e: &ClientError) -> Option<ErrorCode> {
-    match e {
-        ClientError::Server { code, .. } => Some(*code),
-        _ => None,
-    }
+/// A Manager started with `args`, worker sessions as [`ranks`] makes them for
+/// `present`, and the scheduler's control-only session with a namespace per shard.
+fn group(args: &[&str], present: &[u8]) -> (ManagerProc, Vec<(Client, Namespace)>, Client, Vec<Namespace>) {
+    let m = ManagerProc::start(args);
+    let workers = ranks(&m, present);
+    let sched = control(&m);
+    let nss = shard_nss(&sched, present.len() as u32);
+    (m, workers, sched, nss)
+}
+
+/// The token of a TP lookup of `hs` that must hit.
+fn hit_token(sched: &Client, nss: &[Namespace], hs: &[[u8; 32]]) -> [u8; 16] {
+    sched.lookup_tp(nss, hs).expect("lookup").token.expect("hit")
 }
 
 #[test]
@@ -71,11 +69,8 @@ fn query_control_is_refused_unless_the_manager_enables_it() {
 #[test]
 fn every_rank_restores_its_own_shard_from_one_lookup() {
     for tp in [2u8, 4] {
-        let m = ManagerProc::start(&["--enable-query-control"]);
         let present: Vec<u8> = (0..tp).map(|r| if r == 1 { 3 } else { 5 }).collect();
-        let workers = ranks(&m, &present);
-        let sched = control(&m);
-        let nss = shard_nss(&sched, u32::from(tp));
+        let (m, workers, sched, nss) = group(&["--enable-query-control"], &present);
         let hs: Vec<_> = (0..5).map(|i| hash(1, i)).collect();
         let hit = sched.lookup_tp(&nss, &hs).expect("lookup_tp");
         assert_eq!(
@@ -118,10 +113,7 @@ fn every_rank_restores_its_own_shard_from_one_lookup() {
 
 #[test]
 fn a_rank_missing_the_first_block_makes_a_miss_for_every_rank() {
-    let m = ManagerProc::start(&["--enable-query-control"]);
-    let _workers = ranks(&m, &[4, 0]);
-    let sched = control(&m);
-    let nss = shard_nss(&sched, 2);
+    let (m, _workers, sched, nss) = group(&["--enable-query-control"], &[4, 0]);
     let hit = sched.lookup_tp(&nss, &[hash(1, 0), hash(1, 1)]).expect("lookup");
     assert_eq!((hit.hit_blocks, hit.token), (0, None));
     assert_eq!(m.stats()["live_leases"], 0, "nothing pinned");
@@ -129,15 +121,8 @@ fn a_rank_missing_the_first_block_makes_a_miss_for_every_rank() {
 
 #[test]
 fn the_token_is_bound_to_its_shards_and_redeemed_only_by_arena_sessions() {
-    let m = ManagerProc::start(&["--enable-query-control"]);
-    let workers = ranks(&m, &[2, 2]);
-    let sched = control(&m);
-    let nss = shard_nss(&sched, 2);
-    let token = sched
-        .lookup_tp(&nss, &[hash(1, 0)])
-        .expect("lookup")
-        .token
-        .expect("hit");
+    let (m, workers, sched, nss) = group(&["--enable-query-control"], &[2, 2]);
+    let token = hit_token(&sched, &nss, &[hash(1, 0)]);
     // Another fingerprint's namespace is not a shard of this lease.
     let other = workers[0]
         .0
@@ -166,15 +151,8 @@ fn the_token_is_bound_to_its_shards_and_redeemed_only_by_arena_sessions() {
 
 #[test]
 fn the_owner_vanishing_releases_unredeemed_parts_and_redeemed_ones_stay_with_their_rank() {
-    let m = ManagerProc::start(&["--enable-query-control"]);
-    let workers = ranks(&m, &[2, 2]);
-    let sched = control(&m);
-    let nss = shard_nss(&sched, 2);
-    let token = sched
-        .lookup_tp(&nss, &[hash(1, 0), hash(1, 1)])
-        .expect("lookup")
-        .token
-        .expect("hit");
+    let (m, workers, sched, nss) = group(&["--enable-query-control"], &[2, 2]);
+    let token = hit_token(&sched, &nss, &[hash(1, 0), hash(1, 1)]);
     let (c0, ns0) = &workers[0];
     let lease = c0.redeem_tp(token, ns0).expect("redeem");
     c0.acquire(lease.lease).expect("acquire");
@@ -198,15 +176,8 @@ fn the_owner_vanishing_releases_unredeemed_parts_and_redeemed_ones_stay_with_the
 
 #[test]
 fn a_part_never_redeemed_expires() {
-    let m = ManagerProc::start(&["--enable-query-control", "--tp-lease-ttl-ms", "300"]);
-    let workers = ranks(&m, &[2, 2]);
-    let sched = control(&m);
-    let nss = shard_nss(&sched, 2);
-    let token = sched
-        .lookup_tp(&nss, &[hash(1, 0)])
-        .expect("lookup")
-        .token
-        .expect("hit");
+    let (m, workers, sched, nss) = group(&["--enable-query-control", "--tp-lease-ttl-ms", "300"], &[2, 2]);
+    let token = hit_token(&sched, &nss, &[hash(1, 0)]);
     let lease = workers[0].0.redeem_tp(token, &workers[0].1).expect("redeem");
     workers[0].0.release(lease.lease).expect("release");
     // Rank 1 died before loading: its part is released by the deadline.

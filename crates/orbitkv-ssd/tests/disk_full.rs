@@ -5,54 +5,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
+use common::small_fs::SmallFs;
 use common::*;
 use orbitkv_ssd::{EnginePref, IoMode, SsdConfig, SsdError, SsdTier};
 
-/// A size-limited tmpfs, unmounted on drop.
-struct SmallFs {
-    _base: tempfile::TempDir,
-    mnt: PathBuf,
-}
-
+/// Fill-up checks of this test on the shared tmpfs.
 impl SmallFs {
     fn mount(size: &str) -> Option<SmallFs> {
-        let base = tempdir();
-        let mnt = base.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mkdir");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
-            .arg(&mnt)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(SmallFs { _base: base, mnt }),
-            Ok(o) => {
-                eprintln!(
-                    "skipped: cannot mount a small tmpfs (needs root): {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
+        SmallFs::mount_in(tempdir(), size)
     }
 
     /// Write a filler file until the filesystem reports ENOSPC, and check that not even
     /// one more byte fits.
     fn fill(&self) {
-        let mut f = std::fs::File::create(self.filler()).expect("filler");
-        let chunk = vec![0x5au8; 4096];
-        let err = loop {
-            if let Err(e) = f.write_all(&chunk) {
-                break e;
-            }
-        };
+        let err = self.write_filler_until_error();
         assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
         let one = std::fs::write(self.mnt.join("one-more-byte"), b"x");
         assert!(one.is_err(), "the filesystem is not full");
@@ -61,16 +29,6 @@ impl SmallFs {
     fn unfill(&self) {
         std::fs::remove_file(self.filler()).expect("remove filler");
         let _ = std::fs::remove_file(self.mnt.join("one-more-byte"));
-    }
-
-    fn filler(&self) -> PathBuf {
-        self.mnt.join("filler")
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
     }
 }
 

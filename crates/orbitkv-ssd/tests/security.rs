@@ -90,6 +90,22 @@ fn open_modes_of_an_older_version_are_tightened() {
     }
 }
 
+/// Open a tier on `dir`, which must be refused as an insecure directory
+/// naming `dir`: the error's text. A failure names `what` `dir` is, after
+/// `prefix`.
+fn refused_as_insecure(dir: &Path, prefix: &str, what: &str) -> String {
+    let c = cfg(dir, IoMode::Kernel, EnginePref::Psync);
+    match SsdTier::open(c, &mut |_| {}) {
+        Err(e @ SsdError::InsecureDir { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&dir.display().to_string()), "{msg}");
+            msg
+        }
+        Err(e) => panic!("{prefix}wrong error {e}"),
+        Ok(_) => panic!("{prefix}{what} was accepted"),
+    }
+}
+
 #[test]
 fn directory_writable_by_others_is_refused_with_the_fix() {
     for m in [0o777, 0o770, 0o702, 0o1777] {
@@ -97,17 +113,9 @@ fn directory_writable_by_others_is_refused_with_the_fix() {
         let dir = d.path().join("ssd");
         std::fs::create_dir(&dir).expect("mkdir");
         chmod(&dir, m);
-        let c = cfg(&dir, IoMode::Kernel, EnginePref::Psync);
-        match SsdTier::open(c, &mut |_| {}) {
-            Err(e @ SsdError::InsecureDir { .. }) => {
-                let msg = e.to_string();
-                assert!(msg.contains(&dir.display().to_string()), "{msg}");
-                assert!(msg.contains("chmod 700"), "{msg}");
-                assert!(msg.contains("writable by group or others"), "{msg}");
-            }
-            Err(e) => panic!("mode {m:o}: wrong error {e}"),
-            Ok(_) => panic!("mode {m:o}: a directory others can write was accepted"),
-        }
+        let msg = refused_as_insecure(&dir, &format!("mode {m:o}: "), "a directory others can write");
+        assert!(msg.contains("chmod 700"), "{msg}");
+        assert!(msg.contains("writable by group or others"), "{msg}");
         // Nothing was created in it.
         assert!(file_modes(&dir).is_empty(), "mode {m:o}");
     }
@@ -125,17 +133,9 @@ fn directory_owned_by_another_uid_is_refused() {
     std::fs::create_dir(&dir).expect("mkdir");
     chmod(&dir, 0o700);
     std::os::unix::fs::chown(&dir, Some(4242), Some(4242)).expect("chown");
-    let c = cfg(&dir, IoMode::Kernel, EnginePref::Psync);
-    match SsdTier::open(c, &mut |_| {}) {
-        Err(e @ SsdError::InsecureDir { .. }) => {
-            let msg = e.to_string();
-            assert!(msg.contains(&dir.display().to_string()), "{msg}");
-            assert!(msg.contains("uid 4242"), "{msg}");
-            assert!(msg.contains("chown"), "{msg}");
-        }
-        Err(e) => panic!("wrong error {e}"),
-        Ok(_) => panic!("a directory owned by another uid was accepted"),
-    }
+    let msg = refused_as_insecure(&dir, "", "a directory owned by another uid");
+    assert!(msg.contains("uid 4242"), "{msg}");
+    assert!(msg.contains("chown"), "{msg}");
 }
 
 /// The effective uid, read from /proc (no libc call needed in tests).

@@ -3,7 +3,7 @@ mod common;
 
 use common::*;
 use orbitkv_ssd::format::{BlockHeader, FORMAT_VERSION, JOURNAL_RECORD_SIZE, JournalRecord, RecordKind};
-use orbitkv_ssd::{EnginePref, IoMode, RecoveryPhase, SsdConfig, SsdError, SsdTier};
+use orbitkv_ssd::{EnginePref, IoMode, RecoveryPhase, SsdConfig, SsdError, SsdKey, SsdTier};
 
 const MODES: [IoMode; 2] = [IoMode::Direct, IoMode::Kernel];
 const ENGINES: [EnginePref; 2] = [EnginePref::Uring, EnginePref::Psync];
@@ -107,9 +107,7 @@ fn reopen_recovers_in_both_modes() {
         let c = cfg(d.path(), mode, EnginePref::Auto);
         {
             let (t, _) = open(&c);
-            for i in 0..50u64 {
-                t.write(key(i), &payload(i, 3000 + i as usize * 100)).unwrap();
-            }
+            write_keys(&t, 50, |i| 3000 + i as usize * 100);
             assert!(t.remove(&key(7)));
             t.write(key(3), &payload(333, 5000)).unwrap(); // overwrite
         }
@@ -148,9 +146,7 @@ fn bit_flip_in_payload_is_corrupt_never_data() {
         let d = tempdir();
         let c = cfg(d.path(), mode, EnginePref::Auto);
         let (t, _) = open(&c);
-        for i in 0..4u64 {
-            t.write(key(i), &payload(i, 8192)).unwrap();
-        }
+        write_keys(&t, 4, |_| 8192);
         let off = find_extent(d.path(), &key(2)).unwrap();
         let mut b = read_at(d.path(), off + 4096 + 100, 1);
         b[0] ^= 0x10;
@@ -185,9 +181,7 @@ fn truncated_data_file_loses_only_those_blocks() {
     let d = tempdir();
     let c = cfg(d.path(), IoMode::Direct, EnginePref::Auto);
     let (t, _) = open(&c);
-    for i in 0..10u64 {
-        t.write(key(i), &payload(i, 4096 * 3)).unwrap();
-    }
+    write_keys(&t, 10, |_| 4096 * 3);
     let cut = find_extent(d.path(), &key(6)).unwrap() + 4096 + 100;
     drop(t);
     let f = std::fs::OpenOptions::new()
@@ -210,11 +204,7 @@ fn truncated_data_file_loses_only_those_blocks() {
 
 #[test]
 fn truncation_under_a_live_tier_reads_corrupt() {
-    let d = tempdir();
-    let c = cfg(d.path(), IoMode::Kernel, EnginePref::Psync);
-    let (t, _) = open(&c);
-    t.write(key(1), &payload(1, 4096)).unwrap();
-    t.write(key(2), &payload(2, 4096)).unwrap();
+    let (d, _, t) = two_blocks(IoMode::Kernel, EnginePref::Psync);
     let off = find_extent(d.path(), &key(2)).unwrap();
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -233,9 +223,7 @@ fn torn_journal_tail_loses_only_the_last_records() {
     let c = cfg(d.path(), IoMode::Direct, EnginePref::Auto);
     {
         let (t, _) = open(&c);
-        for i in 0..5u64 {
-            t.write(key(i), &payload(i, 4096)).unwrap();
-        }
+        write_keys(&t, 5, |_| 4096);
     }
     let jp = d.path().join(orbitkv_ssd::JOURNAL_FILE);
     let len = std::fs::metadata(&jp).unwrap().len();
@@ -262,11 +250,7 @@ fn torn_journal_tail_loses_only_the_last_records() {
 #[test]
 fn other_format_version_is_rejected() {
     // (a) A block header of another version.
-    let d = tempdir();
-    let c = cfg(d.path(), IoMode::Direct, EnginePref::Auto);
-    let (t, _) = open(&c);
-    t.write(key(1), &payload(1, 4096)).unwrap();
-    t.write(key(2), &payload(2, 4096)).unwrap();
+    let (d, c, t) = two_blocks(IoMode::Direct, EnginePref::Auto);
     let off = find_extent(d.path(), &key(1)).unwrap();
     patch(d.path(), off + 8, &(FORMAT_VERSION + 1).to_le_bytes());
     let mut buf = Aligned::new(4096);
@@ -279,19 +263,7 @@ fn other_format_version_is_rejected() {
     let mut h = read_at(d.path(), off, 4096);
     h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     let bh = BlockHeader::decode(&h).unwrap();
-    let rec = JournalRecord {
-        version: FORMAT_VERSION as u16,
-        kind: RecordKind::Put,
-        seq: bh.seq,
-        key: bh.key,
-        file: 0,
-        offset: off,
-        len: bh.len,
-        payload_sum: bh.payload_sum,
-    };
-    let mut enc = [0u8; JOURNAL_RECORD_SIZE];
-    rec.encode(&mut enc);
-    append_journal(d.path(), &enc);
+    append_record(d.path(), &put(bh.seq, bh.key, off, bh.len, bh.payload_sum));
     let (t, rep) = open(&c);
     assert_eq!(rep.rejected_version, 1);
     assert!(!t.contains(&key(1)));
@@ -301,38 +273,62 @@ fn other_format_version_is_rejected() {
     // (b) A journal record of another version.
     let rec = JournalRecord {
         version: 2,
-        kind: RecordKind::Put,
-        seq: 1000,
-        key: key(50),
-        file: 0,
-        offset: 0,
-        len: 4096,
-        payload_sum: 0,
+        ..put(1000, key(50), 0, 4096, 0)
     };
-    rec.encode(&mut enc);
-    append_journal(d.path(), &enc);
+    append_record(d.path(), &rec);
     let (t, rep) = open(&c);
     assert_eq!(rep.rejected_version, 1);
     assert!(!t.contains(&key(50)));
     assert_eq!(rep.recovered.len(), 1);
 }
 
-fn append_journal(dir: &std::path::Path, rec: &[u8]) {
+/// Write keys `0..n` to `t`, key `i` with `len(i)` bytes of its payload.
+fn write_keys(t: &SsdTier, n: u64, len: impl Fn(u64) -> usize) {
+    for i in 0..n {
+        t.write(key(i), &payload(i, len(i))).unwrap();
+    }
+}
+
+/// A tier in a new directory (`mode`, `engine`) holding blocks 1 and 2 of
+/// 4096 bytes: the directory, the configuration, the tier.
+fn two_blocks(mode: IoMode, engine: EnginePref) -> (tempfile::TempDir, SsdConfig, SsdTier) {
+    let d = tempdir();
+    let c = cfg(d.path(), mode, engine);
+    let (t, _) = open(&c);
+    t.write(key(1), &payload(1, 4096)).unwrap();
+    t.write(key(2), &payload(2, 4096)).unwrap();
+    (d, c, t)
+}
+
+/// A journal record of this format version: a put of `key` at `offset` in data file 0.
+fn put(seq: u64, key: SsdKey, offset: u64, len: u64, payload_sum: u64) -> JournalRecord {
+    JournalRecord {
+        version: FORMAT_VERSION as u16,
+        kind: RecordKind::Put,
+        seq,
+        key,
+        file: 0,
+        offset,
+        len,
+        payload_sum,
+    }
+}
+
+/// Append `rec`, encoded, to the journal in `dir`.
+fn append_record(dir: &std::path::Path, rec: &JournalRecord) {
     use std::io::Write;
+    let mut enc = [0u8; JOURNAL_RECORD_SIZE];
+    rec.encode(&mut enc);
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(dir.join(orbitkv_ssd::JOURNAL_FILE))
         .unwrap();
-    f.write_all(rec).unwrap();
+    f.write_all(&enc).unwrap();
 }
 
 #[test]
 fn header_key_mismatch_is_rejected() {
-    let d = tempdir();
-    let c = cfg(d.path(), IoMode::Kernel, EnginePref::Uring);
-    let (t, _) = open(&c);
-    t.write(key(1), &payload(1, 4096)).unwrap();
-    t.write(key(2), &payload(2, 4096)).unwrap();
+    let (d, c, t) = two_blocks(IoMode::Kernel, EnginePref::Uring);
     let off = find_extent(d.path(), &key(1)).unwrap();
     let mut bh = BlockHeader::decode(&read_at(d.path(), off, 4096)).unwrap();
     bh.key = key(99); // a valid header, for another key
@@ -348,19 +344,7 @@ fn header_key_mismatch_is_rejected() {
     assert_eq!(t.stats().header_failures, 1);
     drop(t);
     // Re-point the journal at it: the open-time header check refuses it as well.
-    let mut enc = [0u8; JOURNAL_RECORD_SIZE];
-    JournalRecord {
-        version: FORMAT_VERSION as u16,
-        kind: RecordKind::Put,
-        seq: bh.seq,
-        key: key(1),
-        file: 0,
-        offset: off,
-        len: bh.len,
-        payload_sum: bh.payload_sum,
-    }
-    .encode(&mut enc);
-    append_journal(d.path(), &enc);
+    append_record(d.path(), &put(bh.seq, key(1), off, bh.len, bh.payload_sum));
     let (t, rep) = open(&c);
     assert_eq!(rep.corrupt, 1);
     assert!(!t.contains(&key(1)) && !t.contains(&key(99)));
@@ -425,9 +409,7 @@ fn full_remove_and_space_reuse() {
     let mut c = cfg(d.path(), IoMode::Direct, EnginePref::Auto);
     c.capacity_bytes = 10 * 8192; // ten 4 KiB blocks (header + payload)
     let (t, _) = open(&c);
-    for i in 0..10u64 {
-        t.write(key(i), &payload(i, 4096)).unwrap();
-    }
+    write_keys(&t, 10, |_| 4096);
     assert_eq!(t.used_bytes(), 10 * 8192);
     assert!(matches!(
         t.write(key(10), &payload(10, 4096)),
@@ -560,9 +542,7 @@ fn shrinking_capacity_drops_only_blocks_beyond_it() {
     c.capacity_bytes = 20 * 8192;
     {
         let (t, _) = open(&c);
-        for i in 0..20u64 {
-            t.write(key(i), &payload(i, 4096)).unwrap();
-        }
+        write_keys(&t, 20, |_| 4096);
     }
     c.capacity_bytes = 10 * 8192;
     let (t, rep) = open(&c);

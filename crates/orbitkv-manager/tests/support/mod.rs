@@ -7,7 +7,38 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use orbitkv_client::Client;
+use orbitkv_client::{Client, ClientError, ConnectOptions};
+use orbitkv_proto::ErrorCode;
+
+/// The flags of a quiet test Manager: a `dram` arena, no metrics listener,
+/// warnings only.
+pub fn quiet_flags(dram: &str) -> [&str; 6] {
+    [
+        "--dram-size",
+        dram,
+        "--metrics-addr",
+        "off",
+        "--log-level",
+        "warn",
+    ]
+}
+
+/// A control-only session of `m` (no arena mapped).
+pub fn control(m: &ManagerProc) -> Client {
+    let opts = ConnectOptions {
+        map_arena: false,
+        ..ConnectOptions::new(Duration::from_secs(5))
+    };
+    Client::connect_with(m.socket(), &opts).expect("control connect")
+}
+
+/// The code of an error the Manager answered, if that is what `e` is.
+pub fn server_code(e: &ClientError) -> Option<ErrorCode> {
+    match e {
+        ClientError::Server { code, .. } => Some(*code),
+        _ => None,
+    }
+}
 
 /// Restore the blocks `hashes` of namespace (`fp`, `block_bytes`) through a
 /// fresh client of `m`: (blocks hit, their bytes).

@@ -14,21 +14,18 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(st.success(), "openssl {args:?}");
 }
 
+/// A new P-256 private key in `dir`/`out`.
+fn gen_key(dir: &Path, out: &str) {
+    openssl(
+        dir,
+        &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", out],
+    );
+}
+
 /// CA `ca` and one certificate per (name, IP) in `dir` (`NAME.crt`, `NAME.pk8`).
 pub fn make_pki(dir: &Path, ca: &str, certs: &[(&str, &str)]) {
     let (ca_key, ca_crt) = (format!("{ca}.key"), format!("{ca}.crt"));
-    openssl(
-        dir,
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            &ca_key,
-        ],
-    );
+    gen_key(dir, &ca_key);
     openssl(
         dir,
         &[
@@ -53,18 +50,7 @@ pub fn make_pki(dir: &Path, ca: &str, certs: &[(&str, &str)]) {
         )
         .expect("ext");
         let key = format!("{n}.key");
-        openssl(
-            dir,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                &key,
-            ],
-        );
+        gen_key(dir, &key);
         openssl(
             dir,
             &[
@@ -117,6 +103,16 @@ pub fn make_pki(dir: &Path, ca: &str, certs: &[(&str, &str)]) {
         )
         .expect("chmod");
     }
+}
+
+/// A new directory holding CA `ca` with a certificate for each of `names` on
+/// 127.0.0.1, and CA `other` with one for `x` there (a foreign certificate).
+pub fn loopback_pki(names: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("pki dir");
+    let certs: Vec<(&str, &str)> = names.iter().map(|&n| (n, "127.0.0.1")).collect();
+    make_pki(dir.path(), "ca", &certs);
+    make_pki(dir.path(), "other", &[("x", "127.0.0.1")]);
+    dir
 }
 
 /// `--peer-tls-cert/-key/-ca` for certificate `name` of CA `ca` in `dir`.

@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
+pub mod small_fs;
+
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
