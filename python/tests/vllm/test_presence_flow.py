@@ -204,7 +204,7 @@ def test_a_request_finished_while_its_lookup_runs_releases_the_lease(
     model_dir: Path, orbit_manager: ManagerProcess
 ) -> None:
     save_prompt(model_dir, orbit_manager, PROMPT)
-    b = build(model_dir, orbit_manager)
+    b = build(model_dir, orbit_manager, **{"orbitkv.lookup_wait_us": 0})  # the lookup outlives the step
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
     b.step()  # lookup submitted
