@@ -14,6 +14,7 @@ pub mod log;
 mod metrics;
 mod peer;
 mod presence;
+mod remote;
 mod server;
 mod session;
 mod shared;
@@ -49,6 +50,8 @@ pub enum ManagerError {
     Peer(String),
     #[error("binding the peer listener {addr}: {err}")]
     PeerBind { addr: SocketAddr, err: std::io::Error },
+    #[error(transparent)]
+    Remote(#[from] orbitkv_remote::store::RemoteError),
     #[error("starting a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -121,9 +124,14 @@ impl Manager {
             }
             None => None,
         };
+        let remote = match &config.remote {
+            Some(r) => Some(remote::RemoteTier::open(r)?),
+            None => None,
+        };
         let mut shared = Shared::new(config, segments, cache, below);
         shared.presence = presence;
         shared.peers = peers;
+        shared.remote = remote;
         shared.set_metrics_addr(metrics.as_ref().and_then(|m| m.local_addr().ok()));
         let shared = Arc::new(shared);
         let mut threads = Vec::new();
@@ -178,6 +186,17 @@ impl Manager {
                             },
                             sh.shutdown(),
                         );
+                    }
+                }),
+            )?);
+        }
+        if shared.remote.is_some() {
+            let sh = shared.clone();
+            threads.push(spawn(
+                "orbitkv-remote",
+                Box::new(move || {
+                    if let Some(r) = sh.remote.as_ref() {
+                        remote::writer(r, sh.arena(), sh.tier.as_deref(), sh.shutdown());
                     }
                 }),
             )?);

@@ -38,6 +38,8 @@ pub struct Shared {
     pub presence: Option<crate::presence::Presence>,
     /// Peer Managers (filled on a local miss; our blocks served to them), when configured.
     pub peers: Option<crate::peer::PeerTier>,
+    /// The remote tier (committed blocks written behind; read on a miss after peers), when configured.
+    pub remote: Option<crate::remote::RemoteTier>,
     quarantine: Quarantine,
     faults: Faults,
     pub counters: ServerCounters,
@@ -65,6 +67,7 @@ impl Shared {
             tier,
             presence: None,
             peers: None,
+            remote: None,
             quarantine: Quarantine::default(),
             faults: Faults::default(),
             counters: ServerCounters::default(),
@@ -138,6 +141,7 @@ impl Shared {
             tier: self.tier.as_deref(),
             presence: self.presence.as_ref(),
             peers: self.peers.as_ref(),
+            remote: self.remote.as_ref(),
             segments: &self.segments,
             config: &self.config,
             clock: self.clock,

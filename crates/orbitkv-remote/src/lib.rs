@@ -19,7 +19,8 @@
 //!   synchronous cluster client (ACL user, password file, TLS), each request under a
 //!   deadline and the breaker.
 //!
-//! The Manager's write-behind and read path through it are not built yet (issue 30).
+//! The Manager's writer thread and read path through it are in `orbitkv-manager`'s
+//! `remote.rs`.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs)]

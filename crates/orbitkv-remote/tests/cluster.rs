@@ -2,11 +2,10 @@
 //! ACL on; `scripts/redis-cluster.sh`): byte-exact round trips, every integrity case a
 //! miss, ACL refusals, and a cluster that goes away and comes back.
 //!
-//! Needs Debian's redis-server and redis-tools (`scripts/test.sh` installs them when it
-//! runs as root); without them each test prints why it did not run.
+//! Needs Debian's redis-server and redis-tools (`tests/common/cluster.rs` says what
+//! happens without them).
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -14,60 +13,17 @@ use orbitkv_remote::store::{Miss, RemoteConfig, RemoteError, RemoteStore};
 use orbitkv_remote::value::{self, Mismatch};
 use orbitkv_ssd::SsdKey;
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/redis-cluster.sh")
-}
+mod common;
 
-/// A cluster for one test, stopped when dropped. Its nodes listen on BASE..BASE+5 and
-/// their cluster bus on +10000: both below the kernel's ephemeral ports (32768 and up),
-/// which other tests' connections may hold.
-struct Cluster {
-    dir: PathBuf,
-    base: u16,
-    _tmp: tempfile::TempDir,
-}
+use common::cluster::Cluster;
 
 impl Cluster {
-    fn start(base: u16) -> Option<Cluster> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
-            eprintln!("SKIPPED: redis-server is not installed (Debian: redis-server redis-tools)");
-            return None;
-        }
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let dir = tmp.path().join("cluster");
-        let c = Cluster { dir, base, _tmp: tmp };
-        c.up();
-        Some(c)
-    }
-
-    fn up(&self) {
-        let out = Command::new("bash")
-            .arg(script())
-            .args(["start", self.dir.to_str().expect("utf-8"), &self.base.to_string()])
-            .output()
-            .expect("run redis-cluster.sh");
-        assert!(
-            out.status.success(),
-            "redis-cluster.sh start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn down(&self) {
-        let st = Command::new("bash")
-            .arg(script())
-            .args(["stop", self.dir.to_str().expect("utf-8")])
-            .status()
-            .expect("run redis-cluster.sh");
-        assert!(st.success());
-    }
-
     fn config(&self, prefix: &str) -> RemoteConfig {
         RemoteConfig {
             // Every node as a seed: a reconnect must not depend on one node being up.
-            nodes: (0..6).map(|i| format!("127.0.0.1:{}", self.base + i)).collect(),
+            nodes: self.seeds(),
             username: "orbitkv".into(),
-            password_file: self.dir.join("password"),
+            password_file: self.password_file(),
             tls: None,
             key_prefix: prefix.into(),
             deadline: Duration::from_millis(500),
@@ -86,12 +42,6 @@ impl Cluster {
             .output()
             .expect("redis-cli");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.down();
     }
 }
 

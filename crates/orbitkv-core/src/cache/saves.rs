@@ -117,6 +117,23 @@ impl CacheState {
         self.saves.remove(&id).ok_or(CacheError::UnknownSave(id))
     }
 
+    /// The namespace of save `id` of session `s` and the hashes of the blocks
+    /// it holds slots for (what a commit would make visible), without changing
+    /// anything: the Manager's remote tier queues them for writing after the commit.
+    pub fn save_blocks(&self, s: SessionId, id: SaveId) -> Result<(NsId, Vec<BlockHash>), CacheError> {
+        let save = self.saves.get(&id).ok_or(CacheError::UnknownSave(id))?;
+        if save.session != s {
+            return Err(CacheError::UnknownSave(id));
+        }
+        let hashes = save
+            .items
+            .iter()
+            .filter(|(_, st)| matches!(st, SaveStatus::Allocated(_)))
+            .map(|(h, _)| *h)
+            .collect();
+        Ok((save.ns, hashes))
+    }
+
     /// Make a save's blocks visible. Returns the number of blocks committed.
     pub fn commit_save(&mut self, s: SessionId, id: SaveId) -> Result<u32, CacheError> {
         let save = self.take_owned_save(s, id)?;

@@ -188,6 +188,38 @@ pub struct Args {
     /// 8 or more CPUs available, else 1]
     #[arg(long)]
     pub peer_fill_streams: Option<usize>,
+    /// Remote tier: seed nodes of a Redis Cluster (or Valkey), HOST:PORT[,HOST:PORT...]; give
+    /// several, so a reconnect does not depend on one node. Blocks committed here are written
+    /// to it, and a local miss (after DRAM, SSD and peers) is read from it. Anything but
+    /// literal loopback needs --remote-tls-ca [default: none, no remote tier]
+    #[arg(long, env = "ORBITKV_REMOTE_NODES")]
+    pub remote_nodes: Option<String>,
+    /// ACL user of the remote tier [default: orbitkv]
+    #[arg(long, env = "ORBITKV_REMOTE_USER")]
+    pub remote_user: Option<String>,
+    /// File holding the ACL user's password (mode 0600 or tighter; required with --remote-nodes)
+    #[arg(long, env = "ORBITKV_REMOTE_PASSWORD_FILE")]
+    pub remote_password_file: Option<PathBuf>,
+    /// PEM CA the cluster's TLS certificates must chain to: TLS to the remote tier
+    #[arg(long, env = "ORBITKV_REMOTE_TLS_CA")]
+    pub remote_tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain for the cluster's TLS (with --remote-tls-key)
+    #[arg(long, env = "ORBITKV_REMOTE_TLS_CERT")]
+    pub remote_tls_cert: Option<PathBuf>,
+    /// PEM private key of --remote-tls-cert
+    #[arg(long, env = "ORBITKV_REMOTE_TLS_KEY")]
+    pub remote_tls_key: Option<PathBuf>,
+    /// Prefix of every key the remote tier writes (the ACL user should be confined to it)
+    /// [default: okv:]
+    #[arg(long)]
+    pub remote_prefix: Option<String>,
+    /// Deadline of each remote request (connect and response), in milliseconds [default: 100]
+    #[arg(long)]
+    pub remote_deadline_ms: Option<u64>,
+    /// Blocks waiting to be written to the remote tier; beyond it new ones are dropped
+    /// (counted, never waited for) [default: 4096]
+    #[arg(long)]
+    pub remote_write_queue: Option<usize>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -249,6 +281,15 @@ pub(super) struct FileConfig {
     pub(super) peer_fill_parallel: Option<usize>,
     pub(super) peer_hash_thread: Option<String>,
     pub(super) peer_fill_streams: Option<usize>,
+    pub(super) remote_nodes: Option<String>,
+    pub(super) remote_user: Option<String>,
+    pub(super) remote_password_file: Option<PathBuf>,
+    pub(super) remote_tls_ca: Option<PathBuf>,
+    pub(super) remote_tls_cert: Option<PathBuf>,
+    pub(super) remote_tls_key: Option<PathBuf>,
+    pub(super) remote_prefix: Option<String>,
+    pub(super) remote_deadline_ms: Option<u64>,
+    pub(super) remote_write_queue: Option<usize>,
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 
 mod args;
 mod peer;
+mod remote;
 mod sizes;
 mod ssd;
 mod token;
@@ -25,6 +26,7 @@ pub use args::Args;
 use args::FileConfig;
 use peer::peer_settings;
 pub use peer::{EtcdSettings, EtcdTlsFiles, PeerSettings, PeerTlsFiles, is_literal_loopback};
+pub use remote::RemoteSettings;
 pub use sizes::{
     AUTO_SEGMENT_MIN, AUTO_SEGMENTS, DEFAULT_DRAM, DEFAULT_MAX_BUFFERED, auto_segment_size, parse_size,
 };
@@ -81,6 +83,8 @@ pub struct ManagerConfig {
     pub presence_slots: u64,
     /// Peer Managers (contract D3); `None` when this Manager neither serves nor asks peers.
     pub peers: Option<PeerSettings>,
+    /// The remote tier (a Redis Cluster); `None` without `--remote-nodes`.
+    pub remote: Option<RemoteSettings>,
 }
 
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
@@ -106,6 +110,7 @@ impl ManagerConfig {
             None => FileConfig::default(),
         };
         let peers = peer_settings(&mut a, &mut file)?;
+        let remote = remote::remote_settings(&mut a, &mut file)?;
         let uid = orbitkv_shm::peer::my_uid();
         let socket = a
             .socket
@@ -236,17 +241,20 @@ impl ManagerConfig {
         let cache_policy_seed = a.cache_policy_seed.or(file.cache_policy_seed);
         // A Manager that asks peers on a local miss cannot let a local table answer
         // "certainly absent": the block may be one peer fill away (session/handlers.rs `lookup`).
+        // The same holds for the remote tier (read on a local miss).
         let asks_peers = peers
             .as_ref()
-            .is_some_and(|p| !p.peers.is_empty() || p.etcd.is_some());
+            .is_some_and(|p| !p.peers.is_empty() || p.etcd.is_some())
+            || remote.is_some();
         let presence_setting = a.presence_slots.or(file.presence_slots);
         let presence_slots = match presence_setting.as_deref().unwrap_or("auto") {
             "auto" if asks_peers => 0,
             "off" => 0,
             n if asks_peers => {
                 return Err(ConfigError::Invalid(format!(
-                    "presence_slots {n:?} with peers to ask (--peer / --etcd-endpoints): a local presence \
-                     table would answer misses that a peer could fill; use presence_slots auto or off"
+                    "presence_slots {n:?} with peers or a remote tier to ask (--peer / --etcd-endpoints / \
+                     --remote-nodes): a local presence table would answer misses that they could fill; use \
+                     presence_slots auto or off"
                 )));
             }
             "auto" => {
@@ -274,6 +282,7 @@ impl ManagerConfig {
         Ok(ManagerConfig {
             presence_slots,
             peers,
+            remote,
             ssd,
             cache_policy,
             cache_policy_seed,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use orbitkv_core::{AcquireStep, Fingerprint, LeaseId, LeasedSlot, NamespaceKey, SessionEnd, SessionId};
+use orbitkv_core::{Fingerprint, LeaseId, LeasedSlot, NamespaceKey, SessionEnd, SessionId};
 use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_request};
 use orbitkv_proto::{FrameError, read_frame, write_frame};
 
@@ -397,24 +397,7 @@ fn send(
 /// Acquire a lease's slots, staging SSD-only blocks first. `None`: the lease
 /// could not be served (it is released).
 fn acquire(src: Source<'_>, s: SessionId, l: LeaseId) -> Option<Vec<LeasedSlot>> {
-    loop {
-        let mut cache = src.arena.cache.write();
-        match cache.acquire(s, l) {
-            Ok(AcquireStep::Ready(slots)) => return Some(slots),
-            Ok(AcquireStep::Wait) => {
-                src.arena.cache.wait_staged(cache);
-            }
-            Ok(AcquireStep::Stage(jobs)) => {
-                drop(cache);
-                crate::tier::stage_for_lease(src.arena, src.tier, jobs);
-            }
-            Ok(AcquireStep::Lost { .. }) => return None,
-            Err(_) => {
-                let _ = cache.release(s, l);
-                return None;
-            }
-        }
-    }
+    crate::tier::acquire_internal(src.arena, src.tier, s, l)
 }
 
 /// How long a connection may sit with no frame: [`IDLE`], or

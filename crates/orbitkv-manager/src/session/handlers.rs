@@ -144,9 +144,17 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                     Err(e) => map(Err(e)),
                 };
             }
-            map(cache
-                .commit_save(s, SaveId(save))
-                .map(|blocks| Response::Committed { blocks }))
+            // The remote tier writes what this commit makes visible (after it, off this thread).
+            let queued = shared
+                .remote
+                .as_ref()
+                .and_then(|r| cache.save_blocks(s, SaveId(save)).ok().map(|b| (r, b)));
+            let done = cache.commit_save(s, SaveId(save));
+            drop(cache);
+            if let (Ok(_), Some((r, (ns, hashes)))) = (&done, queued) {
+                r.queue_committed(ns, &hashes);
+            }
+            map(done.map(|blocks| Response::Committed { blocks }))
         }
         Request::AbortSave { save } => map(shared
             .cache()
@@ -228,11 +236,21 @@ fn lookup(
         cache.apply_touches_shared(false);
         r
     }?;
-    let Some(peers) = shared.peers.as_ref() else {
-        return Ok(first);
-    };
     let hit = first.hit_blocks as usize;
-    if hit >= hashes.len() || peers.fill(shared.arena(), ns, &hashes[hit..]) == 0 {
+    if hit >= hashes.len() || (shared.peers.is_none() && shared.remote.is_none()) {
+        return Ok(first);
+    }
+    // Below DRAM and SSD: peers, then the remote tier, each for what is still missing.
+    let rest = &hashes[hit..];
+    let from_peers = shared
+        .peers
+        .as_ref()
+        .map_or(0, |p| p.fill(shared.arena(), ns, rest));
+    let from_remote = match shared.remote.as_ref() {
+        Some(r) if from_peers < rest.len() => r.fill(shared.arena(), ns, &rest[from_peers..]),
+        _ => 0,
+    };
+    if from_peers + from_remote == 0 {
         return Ok(first);
     }
     let mut cache = shared.cache().write();

@@ -3,8 +3,8 @@
 //!
 //! The snapshot is built section by section, each a function named for what it
 //! reports: `cache.rs` (the cache's counters and gauges), `server.rs` (the
-//! server's connections and frames), `tiers.rs` (the SSD tier and the presence
-//! table).
+//! server's connections and frames), `tiers.rs` (the SSD tier, the presence
+//! table and the remote tier).
 
 mod cache;
 mod server;
@@ -22,7 +22,7 @@ use crate::shared::parts::{Cache, Clock, Connections, Quarantine, ServerCounters
 use crate::tier::Tier;
 use cache::{dram, lookups, saves, sessions, state, tp};
 use server::connections;
-use tiers::{presence_table, ssd_tier};
+use tiers::{presence_table, remote_tier, ssd_tier};
 
 /// (name, help, kind, value). `kind` is "counter" or "gauge".
 type Metric = (&'static str, &'static str, &'static str, u64);
@@ -37,6 +37,7 @@ pub struct View<'a> {
     pub tier: Option<&'a dyn Tier>,
     pub presence: Option<&'a Presence>,
     pub peers: Option<&'a PeerTier>,
+    pub remote: Option<&'a crate::remote::RemoteTier>,
     pub segments: &'a [Segment],
     pub config: &'a ManagerConfig,
     pub clock: Clock,
@@ -63,6 +64,7 @@ pub fn snapshot(v: &View<'_>) -> Vec<Metric> {
         state(v, &g, unprovable),
         ssd_tier(&c, &g, &ssd),
         presence_table(presence),
+        remote_tier(v.remote.map(|r| r.stats())),
     ]
     .concat()
 }
@@ -101,6 +103,21 @@ pub fn json(v: &View<'_>) -> String {
         "peers".into(),
         v.peers
             .map_or_else(|| serde_json::json!({ "enabled": false }), |p| p.status_json()),
+    );
+    m.insert(
+        "remote".into(),
+        match &v.config.remote {
+            Some(r) => serde_json::json!({
+                "enabled": true,
+                "nodes": r.store.nodes,
+                "user": r.store.username,
+                "tls": r.store.tls.is_some(),
+                "prefix": r.store.key_prefix,
+                "deadline_ms": r.store.deadline.as_millis() as u64,
+                "write_queue": r.write_queue,
+            }),
+            None => serde_json::json!({ "enabled": false }),
+        },
     );
     m.insert("pid".into(), std::process::id().into());
     m.insert(

@@ -175,3 +175,95 @@ pub(super) fn presence_table(presence: Option<PresenceStats>) -> Vec<Metric> {
         ),
     ]
 }
+
+/// The remote tier (zero without `--remote-nodes`).
+pub(super) fn remote_tier(r: Option<crate::remote::RemoteStats>) -> Vec<Metric> {
+    let r = r.unwrap_or_default();
+    let st = r.store;
+    vec![
+        (
+            "remote_hits_total",
+            "Blocks read from the remote tier, verified",
+            "counter",
+            st.hits,
+        ),
+        (
+            "remote_absent_total",
+            "Remote reads that found no value (never written, or evicted by the store)",
+            "counter",
+            st.absent,
+        ),
+        (
+            "remote_invalid_total",
+            "Remote values that failed verification (another key, length, checksum, truncated): misses, never served",
+            "counter",
+            st.invalid,
+        ),
+        (
+            "remote_skipped_total",
+            "Remote requests not sent: the circuit breaker was open",
+            "counter",
+            st.skipped,
+        ),
+        (
+            "remote_errors_total",
+            "Remote requests that failed (deadline, connection, refusal)",
+            "counter",
+            st.errors,
+        ),
+        (
+            "remote_puts_total",
+            "Blocks written to the remote tier",
+            "counter",
+            st.puts,
+        ),
+        (
+            "remote_read_bytes_total",
+            "Payload bytes read from the remote tier",
+            "counter",
+            st.bytes_read,
+        ),
+        (
+            "remote_written_bytes_total",
+            "Payload bytes written to the remote tier",
+            "counter",
+            st.bytes_written,
+        ),
+        (
+            "remote_breaker_opened_total",
+            "Times the remote tier's circuit breaker opened",
+            "counter",
+            st.breaker_opened,
+        ),
+        (
+            "remote_filled_blocks_total",
+            "Blocks read from the remote tier into DRAM on a miss and committed",
+            "counter",
+            r.filled,
+        ),
+        (
+            "remote_queued_blocks_total",
+            "Committed blocks queued for writing to the remote tier",
+            "counter",
+            r.queued,
+        ),
+        (
+            "remote_dropped_blocks_total",
+            "Committed blocks not written: the remote write queue was full (--remote-write-queue)",
+            "counter",
+            r.dropped,
+        ),
+        (
+            "remote_gone_blocks_total",
+            "Queued blocks evicted here before the writer reached them",
+            "counter",
+            r.gone,
+        ),
+        (
+            "remote_queue_blocks",
+            "Blocks waiting to be written to the remote tier",
+            "gauge",
+            r.waiting,
+        ),
+    ]
+}

@@ -7,11 +7,12 @@
 //!   directory, staging reads and spill writes);
 //! - `generations.rs`: the generations file (persisted generations);
 //! - `write_behind.rs`: the write-behind worker (deletions, spills, making room);
-//! - `peer_slots.rs`: the peer tier's slot borrowing.
+//! - `peer_slots.rs`: the peer and remote tiers' slot borrowing.
 //!
-//! The peer tier (`peer/`) fills DRAM on a miss rather than staging
-//! blocks the cache already knows, so it is not an `impl Tier`; its byte moves
-//! into and out of arena slots are the functions of `peer_slots.rs`.
+//! The peer tier (`peer/`) and the remote tier (`remote.rs`) fill DRAM on a
+//! miss rather than staging blocks the cache already knows, so they are not an
+//! `impl Tier`; their byte moves into and out of arena slots are the functions
+//! of `peer_slots.rs`.
 //!
 //! The only `unsafe` of the Manager, in `ssd.rs` and `peer_slots.rs`: borrowing
 //! arena slots as slices for the SSD engine and for peer transfers, each under
@@ -29,7 +30,7 @@ use orbitkv_ssd::SsdStats;
 use crate::shared::parts::{Arena, Cache};
 pub use generations::persist_generations;
 pub use peer_slots::{recv_into_save_slot, recv_into_save_slot_hashed, send_leased_slot};
-pub use ssd::open;
+pub use ssd::{open, ssd_key};
 pub use write_behind::{WriteBehind, worker};
 
 /// What became of one block handed to [`Tier::spill`].
@@ -159,6 +160,33 @@ impl<J: TierMove> Drop for MoveGuard<'_, J> {
                 self.jobs.len()
             );
             self.report(&[]);
+        }
+    }
+}
+
+/// A Manager-internal session's lease acquired for copying out (a peer's
+/// fetch, the remote tier's writer): its slots, staging SSD-only blocks first;
+/// `None` when it cannot be served (an error releases it).
+pub fn acquire_internal(
+    arena: Arena<'_>,
+    below: Option<&dyn Tier>,
+    s: orbitkv_core::SessionId,
+    l: orbitkv_core::LeaseId,
+) -> Option<Vec<orbitkv_core::LeasedSlot>> {
+    loop {
+        let mut cache = arena.cache.write();
+        match cache.acquire(s, l) {
+            Ok(orbitkv_core::AcquireStep::Ready(slots)) => return Some(slots),
+            Ok(orbitkv_core::AcquireStep::Wait) => arena.cache.wait_staged(cache),
+            Ok(orbitkv_core::AcquireStep::Stage(jobs)) => {
+                drop(cache);
+                stage_for_lease(arena, below, jobs);
+            }
+            Ok(orbitkv_core::AcquireStep::Lost { .. }) => return None,
+            Err(_) => {
+                let _ = cache.release(s, l);
+                return None;
+            }
         }
     }
 }

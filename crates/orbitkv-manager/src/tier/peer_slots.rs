@@ -43,7 +43,8 @@ fn fill_save_slot<'a, T>(
 /// helper's).
 ///
 /// The caller must hold `slot` as an allocated, uncommitted save slot of a
-/// Manager-internal session (`CacheState::begin_save` in `peer::fill_session`), and
+/// Manager-internal session (`CacheState::begin_save` in `peer::fill_session`
+/// and `remote`), and
 /// must commit or abort that save only after the returned slice is dropped.
 pub fn recv_into_save_slot<'a>(
     segments: &'a [Segment],
@@ -95,7 +96,8 @@ pub fn recv_into_save_slot_hashed<'a>(
 /// return them, for the caller to checksum after (on this thread or a
 /// helper's: from cache, the socket copy having read them from memory). The
 /// caller must hold an acquired lease on the block in `slot`
-/// (`AcquireStep::Ready` in `peer::source`) until the returned slice is dropped.
+/// (`AcquireStep::Ready` in `peer::source` and `remote::writer`) until the
+/// returned slice is dropped.
 pub fn send_leased_slot<'a>(
     segments: &'a [Segment],
     slot: &LeasedSlot,

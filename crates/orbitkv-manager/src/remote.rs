@@ -1,0 +1,288 @@
+//! The remote tier: blocks shared with every Manager through a Redis Cluster
+//! (`orbitkv_remote::store`).
+//!
+//! - **Writes:** a client's committed save is queued here (its namespace and
+//!   hashes, [`RemoteTier::queue_committed`], bounded: beyond `--remote-write-queue`
+//!   blocks new ones are dropped and counted, never waited for); one writer
+//!   thread ([`writer`]) pins each batch under a Manager-internal session's
+//!   lease, copies the blocks out of their slots and writes them.
+//! - **Reads:** a lookup's missing suffix (after DRAM, SSD and peers) is read
+//!   block by block until the first miss ([`RemoteTier::fill`]), each verified
+//!   block written into a Manager-internal save, committed in batches; the
+//!   lookup then runs again, as after a peer fill.
+//!
+//! Every block in the store carries its full key and checksums
+//! (`orbitkv_remote::value`): anything else reads as a miss. A store that does
+//! not answer opens the store's circuit breaker, so a lookup then costs no
+//! request until it is probed again.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use orbitkv_core::{BlockHash, BlockKey, NsId, SaveStatus, SessionEnd, SessionId, TierKey};
+use orbitkv_remote::store::{Hit, RemoteError, RemoteStore, StoreStats};
+
+use crate::shared::parts::{Arena, Shutdown};
+use crate::tier::{Tier, ssd_key};
+
+/// Blocks read from the store before they are committed together.
+const FILL_BATCH: usize = 16;
+/// Blocks the writer takes from the queue at a time.
+const WRITE_BATCH: usize = 64;
+
+/// The remote tier of one Manager.
+pub struct RemoteTier {
+    store: RemoteStore,
+    queue: Mutex<VecDeque<(NsId, BlockHash)>>,
+    ready: Condvar,
+    capacity: usize,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    queued: AtomicU64,
+    dropped: AtomicU64,
+    gone: AtomicU64,
+    filled: AtomicU64,
+}
+
+/// The tier's counters, for `/metrics` and `orbitkv status`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RemoteStats {
+    /// The store's own counters (hits, misses by kind, errors, bytes, breaker).
+    pub store: StoreStats,
+    /// Blocks queued for writing.
+    pub queued: u64,
+    /// Blocks not queued because the queue was full.
+    pub dropped: u64,
+    /// Queued blocks gone from this Manager before the writer reached them.
+    pub gone: u64,
+    /// Blocks read from the store into DRAM and committed.
+    pub filled: u64,
+    /// Blocks waiting in the queue now.
+    pub waiting: u64,
+}
+
+impl RemoteTier {
+    /// Open the store (nothing is sent: a cluster down now is asked at the first request).
+    pub fn open(settings: &crate::config::RemoteSettings) -> Result<RemoteTier, RemoteError> {
+        Ok(RemoteTier {
+            store: RemoteStore::open(&settings.store)?,
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            capacity: settings.write_queue,
+            counters: Counters::default(),
+        })
+    }
+
+    /// Queue the blocks of a committed save for writing; those that do not fit
+    /// are dropped and counted (a client's commit never waits for the store).
+    pub fn queue_committed(&self, ns: NsId, hashes: &[BlockHash]) {
+        if hashes.is_empty() {
+            return;
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let room = self.capacity.saturating_sub(q.len()).min(hashes.len());
+        q.extend(hashes[..room].iter().map(|h| (ns, *h)));
+        drop(q);
+        self.counters.queued.fetch_add(room as u64, Ordering::Relaxed);
+        self.counters
+            .dropped
+            .fetch_add((hashes.len() - room) as u64, Ordering::Relaxed);
+        if room > 0 {
+            self.ready.notify_one();
+        }
+    }
+
+    /// The tier's counters now.
+    pub fn stats(&self) -> RemoteStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let waiting = self.queue.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
+        RemoteStats {
+            store: self.store.stats(),
+            queued: g(&self.counters.queued),
+            dropped: g(&self.counters.dropped),
+            gone: g(&self.counters.gone),
+            filled: g(&self.counters.filled),
+            waiting,
+        }
+    }
+
+    /// Fill the blocks of `hashes` (a lookup's missing suffix in `ns`) from the
+    /// store into DRAM. Returns how many leading blocks the store held and
+    /// this Manager stored (visible now); any failure ends the fill there.
+    pub fn fill(&self, arena: Arena<'_>, ns: NsId, hashes: &[BlockHash]) -> usize {
+        let Some((tier_ns, generation, block_bytes)) = namespace_key(arena, ns, hashes) else {
+            return 0;
+        };
+        let mut stored = 0;
+        for chunk in hashes.chunks(FILL_BATCH) {
+            let mut got: Vec<Hit> = Vec::with_capacity(chunk.len());
+            for h in chunk {
+                let key = ssd_key(&TierKey {
+                    ns: tier_ns,
+                    generation,
+                    hash: *h,
+                });
+                match self.store.get(&key, block_bytes) {
+                    Ok(hit) => got.push(hit),
+                    Err(_) => break,
+                }
+            }
+            if got.is_empty() || store_blocks(arena, ns, &chunk[..got.len()], &got, block_bytes).is_none() {
+                break;
+            }
+            stored += got.len();
+            self.counters
+                .filled
+                .fetch_add(got.len() as u64, Ordering::Relaxed);
+            if got.len() < chunk.len() {
+                break;
+            }
+        }
+        stored
+    }
+
+    /// Up to [`WRITE_BATCH`] queued blocks of one namespace, in queue order;
+    /// empty after `wait` with nothing queued.
+    fn next_batch(&self, wait: Duration) -> Option<(NsId, Vec<BlockHash>)> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.is_empty() {
+            q = self
+                .ready
+                .wait_timeout(q, wait)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        let ns = q.front()?.0;
+        let mut hashes = Vec::new();
+        while hashes.len() < WRITE_BATCH {
+            match q.front() {
+                Some((n, h)) if *n == ns => {
+                    hashes.push(*h);
+                    q.pop_front();
+                }
+                _ => break,
+            }
+        }
+        Some((ns, hashes))
+    }
+}
+
+/// The tier key parts of `ns` (its namespace key, generation and block size).
+fn namespace_key(
+    arena: Arena<'_>,
+    ns: NsId,
+    hashes: &[BlockHash],
+) -> Option<(orbitkv_core::NamespaceKey, u64, u64)> {
+    let first = hashes.first()?;
+    let cache = arena.cache.read();
+    let generation = cache.generation_of(ns).ok()?;
+    let block_bytes = cache.block_bytes(ns).ok()?;
+    let tk = cache.tier_key(&BlockKey {
+        ns,
+        generation,
+        hash: *first,
+    })?;
+    Some((tk.ns, generation, block_bytes))
+}
+
+/// A Manager-internal session, ended (its saves aborted, its leases released)
+/// when dropped.
+struct InternalSession<'a> {
+    arena: Arena<'a>,
+    id: SessionId,
+}
+
+impl<'a> InternalSession<'a> {
+    fn open(arena: Arena<'a>) -> Self {
+        let id = arena.cache.write().open_session();
+        InternalSession { arena, id }
+    }
+}
+
+impl Drop for InternalSession<'_> {
+    fn drop(&mut self) {
+        let _ = self.arena.cache.write().end_session(self.id, SessionEnd::Clean);
+    }
+}
+
+/// Write the verified payloads of `hashes` into a save of an internal session
+/// and commit it; `None` when the cache refused the save.
+fn store_blocks(
+    arena: Arena<'_>,
+    ns: NsId,
+    hashes: &[BlockHash],
+    hits: &[Hit],
+    block_bytes: u64,
+) -> Option<u32> {
+    let session = InternalSession::open(arena);
+    let (save, items) = arena.cache.write().begin_save(session.id, ns, hashes).ok()?;
+    let len = usize::try_from(block_bytes).ok()?;
+    for (st, hit) in items.iter().zip(hits) {
+        if let SaveStatus::Allocated(slot) = st {
+            // The payload was verified against this block's key, length and checksum.
+            crate::tier::recv_into_save_slot(arena.segments, slot, len, &mut hit.payload()).ok()?;
+        }
+    }
+    arena.cache.write().commit_save(session.id, save).ok()
+}
+
+/// The writer thread: take queued blocks, pin them under an internal session's
+/// lease, copy each out of its slot and write it to the store. Blocks already
+/// gone from this Manager are counted and skipped; a failed write is counted
+/// by the store (and opens its breaker), never retried here.
+pub fn writer(remote: &RemoteTier, arena: Arena<'_>, below: Option<&dyn Tier>, shutdown: &Shutdown) {
+    let mut buf = Vec::new();
+    while !shutdown.requested() {
+        let Some((ns, hashes)) = remote.next_batch(Duration::from_millis(50)) else {
+            continue;
+        };
+        let Some((tier_ns, generation, block_bytes)) = namespace_key(arena, ns, &hashes) else {
+            remote
+                .counters
+                .gone
+                .fetch_add(hashes.len() as u64, Ordering::Relaxed);
+            continue;
+        };
+        let Ok(len) = usize::try_from(block_bytes) else {
+            continue;
+        };
+        // A batch is a chain's order, but a block may have left: write the leading
+        // run this lookup pins, then go on after the block that is gone.
+        let mut rest: &[BlockHash] = &hashes;
+        while !rest.is_empty() {
+            let session = InternalSession::open(arena);
+            let found = match arena.cache.write().lookup(session.id, ns, rest) {
+                Ok(r) => r,
+                Err(_) => break,
+            };
+            let hit = found.hit_blocks as usize;
+            if let Some(lease) = found.lease
+                && let Some(slots) = crate::tier::acquire_internal(arena, below, session.id, lease)
+            {
+                for (slot, h) in slots.iter().zip(&rest[..hit]) {
+                    buf.clear();
+                    if crate::tier::send_leased_slot(arena.segments, slot, len, &mut buf).is_err() {
+                        continue;
+                    }
+                    let key = ssd_key(&TierKey {
+                        ns: tier_ns,
+                        generation,
+                        hash: *h,
+                    });
+                    remote.store.put(&key, &buf);
+                }
+                let _ = arena.cache.write().release(session.id, lease);
+            }
+            let skip = (hit + 1).min(rest.len());
+            if hit < rest.len() {
+                remote.counters.gone.fetch_add(1, Ordering::Relaxed);
+            }
+            rest = &rest[skip..];
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! A real Redis Cluster for one test (3 masters + 3 replicas on loopback, ACL on,
+//! `scripts/redis-cluster.sh`), stopped when dropped. Shared by the remote store's
+//! tests and the Manager's (`crates/orbitkv-manager/tests/remote_tier.rs`, by path).
+//!
+//! Its nodes listen on BASE..BASE+5 and their cluster bus on +10000: both below the
+//! kernel's ephemeral ports (32768 and up), which other tests' connections may hold.
+//! Without Debian's redis-server a test prints why it did not run, unless
+//! ORBITKV_REQUIRE_REDIS is set (`scripts/test.sh` sets it once the server is installed):
+//! then it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub base: u16,
+    _tmp: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn start(base: u16) -> Option<Cluster> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            assert!(
+                std::env::var_os("ORBITKV_REQUIRE_REDIS").is_none(),
+                "ORBITKV_REQUIRE_REDIS is set but redis-server is not installed"
+            );
+            eprintln!("SKIPPED: redis-server is not installed (Debian: redis-server redis-tools)");
+            return None;
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let c = Cluster {
+            dir: tmp.path().join("cluster"),
+            base,
+            _tmp: tmp,
+        };
+        c.up();
+        Some(c)
+    }
+
+    fn script(&self, args: &[&str]) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/redis-cluster.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .args(args)
+            .output()
+            .expect("run redis-cluster.sh");
+        assert!(
+            out.status.success(),
+            "redis-cluster.sh {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Start (or restart, empty) every node.
+    pub fn up(&self) {
+        let base = self.base.to_string();
+        self.script(&["start", self.dir.to_str().expect("utf-8"), &base]);
+    }
+
+    /// Stop every node.
+    pub fn down(&self) {
+        self.script(&["stop", self.dir.to_str().expect("utf-8")]);
+    }
+
+    /// Every node as a seed: a reconnect must not depend on one node being up.
+    pub fn seeds(&self) -> Vec<String> {
+        (0..6).map(|i| format!("127.0.0.1:{}", self.base + i)).collect()
+    }
+
+    /// The ACL user `orbitkv`'s password file (mode 0600).
+    pub fn password_file(&self) -> PathBuf {
+        self.dir.join("password")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
