@@ -11,6 +11,8 @@
 //! `close` waits for it; the GPU copy engine is to implement the same trait
 //! over device memory.
 
+use orbitkv_shm::Mapping;
+
 use crate::{Client, ClientError};
 
 /// Where one layer's page of block `b` lives: it starts at byte
@@ -269,6 +271,31 @@ pub trait SlotCopier<M: ?Sized> {
     ) -> Result<u64, ClientError>;
 }
 
+impl Client {
+    /// What `gather` and `scatter` share: check the blocks against the slots
+    /// and the `region`-byte engine region, then, under the copy lock, call
+    /// `copy(slot mapping, run offset in the region, byte position in the
+    /// mapping, run length)` for every run of every block, in order. Returns
+    /// the bytes copied.
+    fn copy_slot_runs(
+        &self,
+        layout: &PageLayout,
+        region: u64,
+        blocks: &[u32],
+        slots: &[(u32, u64)],
+        mut copy: impl FnMut(&Mapping, u64, u64, usize) -> Result<(), ClientError>,
+    ) -> Result<u64, ClientError> {
+        layout.check_blocks(blocks, slots.len(), region)?;
+        self.require_mapped()?;
+        let _copying = self.copy_guard()?;
+        for (b, (seg, slot)) in blocks.iter().zip(slots) {
+            let m = self.slot_mapping(*seg, *slot, layout.block_bytes)?;
+            layout.runs(*b, &mut |at, off, len| copy(m, at, slot + off, len))?;
+        }
+        Ok(layout.block_bytes * blocks.len() as u64)
+    }
+}
+
 impl<M: EngineMemory + ?Sized> SlotCopier<M> for Client {
     fn gather(
         &self,
@@ -277,16 +304,10 @@ impl<M: EngineMemory + ?Sized> SlotCopier<M> for Client {
         blocks: &[u32],
         slots: &[(u32, u64)],
     ) -> Result<u64, ClientError> {
-        layout.check_blocks(blocks, slots.len(), pages.region_len())?;
-        self.require_mapped()?;
-        let _copying = self.copy_guard()?;
-        for (b, (seg, slot)) in blocks.iter().zip(slots) {
-            let m = self.slot_mapping(*seg, *slot, layout.block_bytes)?;
-            layout.runs(*b, &mut |at, off, len| {
-                pages.with_run(at, len, &mut |src| Ok(m.write_at(slot + off, src)?))
-            })?;
-        }
-        Ok(layout.block_bytes * blocks.len() as u64)
+        let region = pages.region_len();
+        self.copy_slot_runs(layout, region, blocks, slots, |m, at, pos, len| {
+            pages.with_run(at, len, &mut |src| Ok(m.write_at(pos, src)?))
+        })
     }
 
     fn scatter(
@@ -296,16 +317,10 @@ impl<M: EngineMemory + ?Sized> SlotCopier<M> for Client {
         pages: &mut M,
         blocks: &[u32],
     ) -> Result<u64, ClientError> {
-        layout.check_blocks(blocks, slots.len(), pages.region_len())?;
-        self.require_mapped()?;
-        let _copying = self.copy_guard()?;
-        for (b, (seg, slot)) in blocks.iter().zip(slots) {
-            let m = self.slot_mapping(*seg, *slot, layout.block_bytes)?;
-            layout.runs(*b, &mut |at, off, len| {
-                pages.with_run_mut(at, len, &mut |dst| Ok(m.read_at(slot + off, dst)?))
-            })?;
-        }
-        Ok(layout.block_bytes * blocks.len() as u64)
+        let region = pages.region_len();
+        self.copy_slot_runs(layout, region, blocks, slots, |m, at, pos, len| {
+            pages.with_run_mut(at, len, &mut |dst| Ok(m.read_at(pos, dst)?))
+        })
     }
 }
 

@@ -33,32 +33,45 @@ pub struct TpHit {
     pub generation: u64,
 }
 
-impl Client {
-    pub fn lookup(&self, ns: &Namespace, hashes: &[Hash]) -> Result<LookupHit, ClientError> {
-        check_count(hashes.len())?;
-        match self.call(&Request::Lookup {
-            ns: ns.id,
-            hashes: hashes.to_vec(),
-        })? {
-            Response::LookupOk {
+/// A `LookupOk` reply as a [`LookupHit`]; a `Protocol` error `inconsistent`
+/// unless `consistent(lease, hit_blocks)` holds.
+fn lookup_hit(
+    reply: Response,
+    inconsistent: &str,
+    consistent: impl FnOnce(u64, u32) -> bool,
+) -> Result<LookupHit, ClientError> {
+    match reply {
+        Response::LookupOk {
+            lease,
+            hit_blocks,
+            generation,
+            ssd_blocks,
+        } => {
+            if !consistent(lease, hit_blocks) {
+                return Err(ClientError::Protocol(inconsistent.into()));
+            }
+            Ok(LookupHit {
                 lease,
                 hit_blocks,
                 generation,
                 ssd_blocks,
-            } => {
-                // The decoder checked the SSD indices against hit_blocks.
-                if hit_blocks as usize > hashes.len() || (hit_blocks > 0) != (lease != 0) {
-                    return Err(ClientError::Protocol("inconsistent lookup reply".into()));
-                }
-                Ok(LookupHit {
-                    lease,
-                    hit_blocks,
-                    generation,
-                    ssd_blocks,
-                })
-            }
-            r => Err(Self::unexpected(r)),
+            })
         }
+        r => Err(Client::unexpected(r)),
+    }
+}
+
+impl Client {
+    pub fn lookup(&self, ns: &Namespace, hashes: &[Hash]) -> Result<LookupHit, ClientError> {
+        check_count(hashes.len())?;
+        let reply = self.call(&Request::Lookup {
+            ns: ns.id,
+            hashes: hashes.to_vec(),
+        })?;
+        // The decoder checked the SSD indices against hit_blocks.
+        lookup_hit(reply, "inconsistent lookup reply", |lease, hit_blocks| {
+            hit_blocks as usize <= hashes.len() && (hit_blocks > 0) == (lease != 0)
+        })
     }
 
     /// One lookup over every shard of a TP group (`shards[i]` must be shard
@@ -99,25 +112,10 @@ impl Client {
     /// Take shard `ns`'s part of the TP lease `token` into this session: an
     /// ordinary lease of this session from now on (acquire, copy, release).
     pub fn redeem_tp(&self, token: [u8; TP_TOKEN_BYTES], ns: &Namespace) -> Result<LookupHit, ClientError> {
-        match self.call(&Request::RedeemTp { token, ns: ns.id })? {
-            Response::LookupOk {
-                lease,
-                hit_blocks,
-                generation,
-                ssd_blocks,
-            } => {
-                if hit_blocks == 0 || lease == 0 {
-                    return Err(ClientError::Protocol("inconsistent redeem reply".into()));
-                }
-                Ok(LookupHit {
-                    lease,
-                    hit_blocks,
-                    ssd_blocks,
-                    generation,
-                })
-            }
-            r => Err(Self::unexpected(r)),
-        }
+        let reply = self.call(&Request::RedeemTp { token, ns: ns.id })?;
+        lookup_hit(reply, "inconsistent redeem reply", |lease, hit_blocks| {
+            hit_blocks != 0 && lease != 0
+        })
     }
 
     /// The owner ends its TP lease: parts not redeemed are released. `Ok(false)`

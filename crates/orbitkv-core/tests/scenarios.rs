@@ -56,6 +56,20 @@ fn error_word(e: &CacheError) -> String {
     format!("error {name}")
 }
 
+/// Take every pending job (`what`: what they are) and pair it with its result
+/// flag; an error, the jobs gone all the same, unless there is one flag a job.
+fn take_with_results<J>(pending: &mut Vec<J>, fl: Vec<bool>, what: &str) -> Result<Vec<(J, bool)>, String> {
+    let jobs = std::mem::take(pending);
+    if fl.len() != jobs.len() {
+        return Err(format!(
+            "{} {what} pending, {} result(s) given",
+            jobs.len(),
+            fl.len()
+        ));
+    }
+    Ok(jobs.into_iter().zip(fl).collect())
+}
+
 #[derive(Default)]
 struct Run {
     cache: Option<CacheState>,
@@ -241,18 +255,10 @@ impl Run {
                 })
             }
             ["finish", fl @ ..] => {
-                let fl = flags(fl)?;
-                let jobs = std::mem::take(&mut self.staging);
-                if fl.len() != jobs.len() {
-                    return Err(format!(
-                        "{} staging job(s) pending, {} result(s) given",
-                        jobs.len(),
-                        fl.len()
-                    ));
-                }
+                let jobs = take_with_results(&mut self.staging, flags(fl)?, "staging job(s)")?;
                 let c = self.cache()?;
-                for (j, ok) in jobs.iter().zip(fl) {
-                    c.finish_stage(j, ok);
+                for (j, ok) in jobs {
+                    c.finish_stage(&j, ok);
                 }
                 Ok("ok".into())
             }
@@ -269,18 +275,10 @@ impl Run {
                 Ok(format!("spilling {}", self.spilling.len()))
             }
             ["spill", "finish", fl @ ..] => {
-                let fl = flags(fl)?;
-                let jobs = std::mem::take(&mut self.spilling);
-                if fl.len() != jobs.len() {
-                    return Err(format!(
-                        "{} spill(s) pending, {} result(s) given",
-                        jobs.len(),
-                        fl.len()
-                    ));
-                }
+                let jobs = take_with_results(&mut self.spilling, flags(fl)?, "spill(s)")?;
                 let c = self.cache()?;
-                for (j, ok) in jobs.iter().zip(fl) {
-                    c.spill_done(j, ok);
+                for (j, ok) in jobs {
+                    c.spill_done(&j, ok);
                 }
                 Ok("ok".into())
             }

@@ -165,12 +165,30 @@ impl Writer {
     pub(crate) fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.count(v.len()).raw(v)
     }
-    /// A counted list of block hashes ([`Reader::hashes`] reads it).
-    pub(crate) fn hashes(&mut self, hs: &[[u8; HASH_BYTES]]) -> &mut Self {
-        self.count(hs.len());
-        for h in hs {
-            self.raw(h);
+    /// A counted list, each item written by `put`.
+    pub(crate) fn list<T>(&mut self, items: &[T], mut put: impl FnMut(&mut Self, &T)) -> &mut Self {
+        self.count(items.len());
+        for it in items {
+            put(self, it);
         }
         self
+    }
+    /// A counted list of `u32`s.
+    pub(crate) fn u32s(&mut self, v: &[u32]) -> &mut Self {
+        self.list(v, |w, x| {
+            w.u32(*x);
+        })
+    }
+    /// A counted list of `u64`s.
+    pub(crate) fn u64s(&mut self, v: &[u64]) -> &mut Self {
+        self.list(v, |w, x| {
+            w.u64(*x);
+        })
+    }
+    /// A counted list of block hashes ([`Reader::hashes`] reads it).
+    pub(crate) fn hashes(&mut self, hs: &[[u8; HASH_BYTES]]) -> &mut Self {
+        self.list(hs, |w, h| {
+            w.raw(h);
+        })
     }
 }

@@ -295,11 +295,7 @@ impl Request {
             }
             Request::Stats | Request::Close => {}
             Request::LookupTp { nss, hashes: hs } => {
-                w.count(nss.len());
-                for ns in nss {
-                    w.u32(*ns);
-                }
-                w.hashes(hs);
+                w.u32s(nss).hashes(hs);
             }
             Request::RedeemTp { token, ns } => {
                 w.raw(token).u32(*ns);
@@ -308,10 +304,7 @@ impl Request {
                 w.raw(token);
             }
             Request::ReleaseQuiet { leases } => {
-                w.count(leases.len());
-                for l in leases {
-                    w.u64(*l);
-                }
+                w.u64s(leases);
             }
         }
         w.buf
@@ -443,11 +436,11 @@ impl Response {
                 segments,
                 presence_slots,
             } => {
-                w.u64(*session).count(segments.len());
-                for s in segments {
-                    w.u32(s.id).u64(s.size);
-                }
-                w.u64(*presence_slots);
+                w.u64(*session)
+                    .list(segments, |w, s| {
+                        w.u32(s.id).u64(s.size);
+                    })
+                    .u64(*presence_slots);
             }
             Response::Namespace {
                 ns,
@@ -462,30 +455,22 @@ impl Response {
                 generation,
                 ssd_blocks,
             } => {
-                w.u64(*lease)
-                    .u32(*hit_blocks)
-                    .u64(*generation)
-                    .count(ssd_blocks.len());
-                for i in ssd_blocks {
-                    w.u32(*i);
-                }
+                w.u64(*lease).u32(*hit_blocks).u64(*generation).u32s(ssd_blocks);
             }
             Response::Slots { slots } => {
-                w.count(slots.len());
-                for (seg, off) in slots {
+                w.list(slots, |w, (seg, off)| {
                     w.u32(*seg).u64(*off);
-                }
+                });
             }
             Response::Ok => {}
             Response::SaveBegun { save, items } => {
-                w.u64(*save).count(items.len());
-                for it in items {
+                w.u64(*save).list(items, |w, it| {
                     match it {
                         SaveItem::Allocated { segment, offset } => w.u8(0).u32(*segment).u64(*offset),
                         SaveItem::Present => w.u8(1).u32(0).u64(0),
                         SaveItem::Refused => w.u8(2).u32(0).u64(0),
                     };
-                }
+                });
             }
             Response::Committed { blocks } => {
                 w.u32(*blocks);
@@ -502,13 +487,7 @@ impl Response {
                 generation,
                 ssd_blocks,
             } => {
-                w.raw(token)
-                    .u32(*hit_blocks)
-                    .u64(*generation)
-                    .count(ssd_blocks.len());
-                for i in ssd_blocks {
-                    w.u32(*i);
-                }
+                w.raw(token).u32(*hit_blocks).u64(*generation).u32s(ssd_blocks);
             }
             Response::ArenaFds { first, count } => {
                 w.u32(*first).u32(*count);

@@ -195,12 +195,9 @@ impl PeerRequest {
                     .raw(salt)
                     .u64(*block_bytes)
                     .u64(*generation)
-                    .u64(*ttl_ms);
-                w.count(shards.len());
-                for s in shards {
-                    w.u32(*s);
-                }
-                w.hashes(hashes);
+                    .u64(*ttl_ms)
+                    .u32s(shards)
+                    .hashes(hashes);
             }
             PeerRequest::TpSettle { token, blocks } => {
                 w.raw(token).u32(*blocks);
@@ -238,17 +235,10 @@ impl PeerResponse {
                 w.u64(*lease).u32(*blocks).u64(*block_bytes);
             }
             PeerResponse::Sent { checksums } => {
-                w.count(checksums.len());
-                for c in checksums {
-                    w.u64(*c);
-                }
+                w.u64s(checksums);
             }
             PeerResponse::TpPinned { blocks, ssd_blocks } => {
-                w.u32(*blocks);
-                w.count(ssd_blocks.len());
-                for i in ssd_blocks {
-                    w.u32(*i);
-                }
+                w.u32(*blocks).u32s(ssd_blocks);
             }
             PeerResponse::TpSettled { blocks } => {
                 w.u32(*blocks);

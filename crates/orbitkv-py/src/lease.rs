@@ -32,6 +32,24 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    /// The lease of `hit`, a lookup (or redeem) answered to `client` in a
+    /// namespace of `block_bytes` blocks; not acquired, not released.
+    pub(crate) fn from_hit(
+        client: &Arc<orbitkv_client::Client>,
+        hit: &orbitkv_client::LookupHit,
+        block_bytes: u64,
+    ) -> Lease {
+        Lease {
+            client: client.clone(),
+            id: hit.lease,
+            hit_blocks: hit.hit_blocks,
+            ssd_blocks: hit.ssd_blocks.clone(),
+            block_bytes,
+            session: client.session_id(),
+            state: Mutex::new(LeaseState::default()),
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -28,7 +28,7 @@ use errors::{
 use functions::{default_socket_path, namespace_salt, serve};
 use hashes::{Hashes, hash32};
 use layout::PageLayout;
-use lease::{Lease, LeaseState, Release, TpLease, acquire_slots, pack_slots, release_lease};
+use lease::{Lease, Release, TpLease, acquire_slots, pack_slots, release_lease};
 use lookup::{LookupJob, LookupSlot, PendingLookup};
 use namespace::Namespace;
 use orbitkv_client::{ClientError, SlotCopier, SlotStatus};
@@ -46,6 +46,17 @@ struct Client {
 }
 
 impl Client {
+    /// Run `f` on the Rust client with the GIL released; its error raised as
+    /// the exception [`to_py`] maps it to.
+    fn detached<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&orbitkv_client::Client) -> Result<T, ClientError> + Send,
+    ) -> PyResult<T> {
+        let c = self.inner.clone();
+        py.detach(move || f(&c)).map_err(to_py)
+    }
+
     fn check_lease(&self, lease: &Lease) -> PyResult<()> {
         if lease.session != self.inner.session_id() {
             return Err(PyValueError::new_err("lease belongs to another client"));
@@ -136,11 +147,8 @@ impl Client {
         salt: Vec<u8>,
     ) -> PyResult<Namespace> {
         let fp = hash32(&fingerprint, "fingerprint")?;
-        let c = self.inner.clone();
         // The raw salt: the Rust client applies the one salt encoding.
-        let ns = py
-            .detach(|| c.register_namespace(fp, block_bytes, shard, &salt))
-            .map_err(to_py)?;
+        let ns = self.detached(py, |c| c.register_namespace(fp, block_bytes, shard, &salt))?;
         Ok(Namespace { inner: ns })
     }
 
@@ -231,19 +239,8 @@ impl Client {
     }
 
     fn lookup(&self, py: Python<'_>, ns: &Namespace, hashes: Hashes) -> PyResult<Lease> {
-        let hs = hashes.0;
-        let c = self.inner.clone();
-        let nsi = ns.inner.clone();
-        let hit = py.detach(|| c.lookup(&nsi, &hs)).map_err(to_py)?;
-        Ok(Lease {
-            client: self.inner.clone(),
-            id: hit.lease,
-            hit_blocks: hit.hit_blocks,
-            ssd_blocks: hit.ssd_blocks.clone(),
-            block_bytes: ns.inner.block_bytes,
-            session: self.inner.session_id(),
-            state: Mutex::new(LeaseState::default()),
-        })
+        let hit = self.detached(py, |c| c.lookup(&ns.inner, &hashes.0))?;
+        Ok(Lease::from_hit(&self.inner, &hit, ns.inner.block_bytes))
     }
 
     /// One lookup over every shard of a TP group (`namespaces[i]` is shard `i`):
@@ -251,8 +248,7 @@ impl Client {
     fn lookup_tp(&self, py: Python<'_>, namespaces: Vec<Py<Namespace>>, hashes: Hashes) -> PyResult<TpLease> {
         let hs = hashes.0;
         let nss: Vec<orbitkv_client::Namespace> = namespaces.iter().map(|n| n.get().inner.clone()).collect();
-        let c = self.inner.clone();
-        let hit = py.detach(|| c.lookup_tp(&nss, &hs)).map_err(to_py)?;
+        let hit = self.detached(py, |c| c.lookup_tp(&nss, &hs))?;
         Ok(TpLease {
             token: hit.token.unwrap_or([0; orbitkv_proto::TP_TOKEN_BYTES]),
             hit_blocks: hit.hit_blocks,
@@ -273,18 +269,8 @@ impl Client {
                 token.len()
             ))
         })?;
-        let c = self.inner.clone();
-        let nsi = ns.inner.clone();
-        let hit = py.detach(|| c.redeem_tp(token, &nsi)).map_err(to_py)?;
-        Ok(Lease {
-            client: self.inner.clone(),
-            id: hit.lease,
-            hit_blocks: hit.hit_blocks,
-            ssd_blocks: hit.ssd_blocks.clone(),
-            block_bytes: ns.inner.block_bytes,
-            session: self.inner.session_id(),
-            state: Mutex::new(LeaseState::default()),
-        })
+        let hit = self.detached(py, |c| c.redeem_tp(token, &ns.inner))?;
+        Ok(Lease::from_hit(&self.inner, &hit, ns.inner.block_bytes))
     }
 
     /// The owner ends its TP lease (once; later calls are no-ops): parts no
@@ -298,9 +284,8 @@ impl Client {
         if lease.hit_blocks == 0 || lease.released.swap(true, Ordering::AcqRel) {
             return Ok(false);
         }
-        let c = self.inner.clone();
         let token = lease.token;
-        py.detach(|| c.release_tp(token)).map_err(to_py)
+        self.detached(py, |c| c.release_tp(token))
     }
 
     fn acquire(&self, py: Python<'_>, lease: &Lease) -> PyResult<Vec<(u32, u64)>> {
@@ -520,10 +505,7 @@ impl Client {
     }
 
     fn begin_save(&self, py: Python<'_>, ns: &Namespace, hashes: Hashes) -> PyResult<PendingSave> {
-        let hs = hashes.0;
-        let c = self.inner.clone();
-        let nsi = ns.inner.clone();
-        let p = py.detach(|| c.begin_save(&nsi, &hs)).map_err(to_py)?;
+        let p = self.detached(py, |c| c.begin_save(&ns.inner, &hashes.0))?;
         Ok(PendingSave {
             client: self.inner.clone(),
             id: p.id,
@@ -538,9 +520,8 @@ impl Client {
         if pending.done.swap(true, Ordering::AcqRel) {
             return Err(PyValueError::new_err("pending save already committed or aborted"));
         }
-        let c = self.inner.clone();
         let id = pending.id;
-        py.detach(|| c.commit_save(id)).map_err(to_py)
+        self.detached(py, |c| c.commit_save(id))
     }
 
     fn abort_save(&self, py: Python<'_>, pending: &PendingSave) -> PyResult<()> {
@@ -557,27 +538,21 @@ impl Client {
     }
 
     fn reset_generation(&self, py: Python<'_>, ns: &Namespace) -> PyResult<u64> {
-        let c = self.inner.clone();
-        let nsi = ns.inner.clone();
-        py.detach(|| c.reset_generation(&nsi)).map_err(to_py)
+        self.detached(py, |c| c.reset_generation(&ns.inner))
     }
 
     #[pyo3(signature = (*, restore_failures=0, commit_failures=0))]
     fn inject_faults(&self, py: Python<'_>, restore_failures: u32, commit_failures: u32) -> PyResult<()> {
-        let c = self.inner.clone();
-        py.detach(|| c.inject_faults(restore_failures, commit_failures))
-            .map_err(to_py)
+        self.detached(py, |c| c.inject_faults(restore_failures, commit_failures))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let c = self.inner.clone();
-        let text = py.detach(|| c.stats_json()).map_err(to_py)?;
+        let text = self.detached(py, |c| c.stats_json())?;
         py.import("json")?.call_method1("loads", (text,))
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let c = self.inner.clone();
-        py.detach(|| c.close()).map_err(to_py)
+        self.detached(py, |c| c.close())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::errors::to_py;
-use crate::lease::{Lease, LeaseState};
+use crate::lease::Lease;
 
 /// The answer slot of a lookup run by a client's background thread.
 pub(crate) type LookupSlot = Arc<(
@@ -99,14 +99,6 @@ impl PendingLookup {
                 )));
             }
         };
-        Ok(Lease {
-            client: self.client.clone(),
-            id: hit.lease,
-            hit_blocks: hit.hit_blocks,
-            ssd_blocks: hit.ssd_blocks.clone(),
-            block_bytes: self.block_bytes,
-            session: self.client.session_id(),
-            state: Mutex::new(LeaseState::default()),
-        })
+        Ok(Lease::from_hit(&self.client, &hit, self.block_bytes))
     }
 }

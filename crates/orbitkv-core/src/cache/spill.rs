@@ -284,17 +284,15 @@ impl CacheState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::tiers::tests::{h, save, setup};
-    use crate::keys::{BlockHash, Fingerprint, NamespaceKey};
+    use crate::cache::tiers::tests::{h, open_ns, save, setup, spill_all};
+    use crate::keys::BlockHash;
 
     #[test]
     fn generation_bump_deletes_ssd_copies_even_mid_spill() {
         let (mut c, s, ns) = setup(0);
         save(&mut c, s, ns, &[h(1), h(2)]);
         let jobs = c.spill_candidates(1);
-        for j in c.spill_candidates(8) {
-            c.spill_done(&j, true);
-        }
+        spill_all(&mut c);
         c.bump_generation(ns).expect("bump");
         assert!(!c.is_visible(ns, &h(1)) && !c.is_visible(ns, &h(2)));
         assert_eq!(c.take_ssd_removals().len(), 1, "the finished spill's copy");
@@ -316,13 +314,7 @@ mod tests {
     fn filled_lru_tier(slots: u32) -> (CacheState, crate::cache::SessionId, crate::NsId, Vec<BlockHash>) {
         let mut c = CacheState::with_policy(&[u64::from(slots) * 4096], crate::policy::PolicyKind::Lru);
         c.enable_ssd_with(0, SpillPolicy::Evict);
-        let s = c.open_session();
-        let key = NamespaceKey {
-            fingerprint: Fingerprint([2; 32]),
-            shard: 0,
-            salt: [0; 32],
-        };
-        let (ns, _) = c.register_namespace(key, 4096).expect("ns");
+        let (s, ns) = open_ns(&mut c, 2);
         let all: Vec<BlockHash> = (0..slots).map(wide).collect();
         for chunk in all.chunks(4096) {
             save(&mut c, s, ns, chunk);
@@ -422,13 +414,7 @@ mod tests {
         // (`min_hits` 1); the spill must still reach the hit blocks behind them.
         let mut c = CacheState::with_policy(&[16 * 4096], crate::policy::PolicyKind::Lru);
         c.enable_ssd_with(1, SpillPolicy::Evict);
-        let s = c.open_session();
-        let key = NamespaceKey {
-            fingerprint: Fingerprint([1; 32]),
-            shard: 0,
-            salt: [0; 32],
-        };
-        let (ns, _) = c.register_namespace(key, 4096).expect("ns");
+        let (s, ns) = open_ns(&mut c, 1);
         save(&mut c, s, ns, &(1..=8).map(h).collect::<Vec<_>>());
         let lease = c
             .lookup(s, ns, &[h(1), h(2)])

@@ -169,16 +169,12 @@ impl CacheState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::tiers::tests::{h, save, setup};
+    use crate::cache::tiers::tests::{h, ssd_only};
 
     #[test]
     fn ssd_full_drops_only_unpinned_copies() {
-        let (mut c, s, ns) = setup(0);
-        save(&mut c, s, ns, &[h(1), h(2)]);
-        for j in c.spill_candidates(8) {
-            c.spill_done(&j, true);
-        }
-        save(&mut c, s, ns, &[h(3), h(4), h(5), h(6)]); // both SSD-only now
+        // Both SSD-only once h(3)..h(6) are saved.
+        let (mut c, s, ns) = ssd_only(&[h(1), h(2)], &[h(3), h(4), h(5), h(6)]);
         let lease = c.lookup(s, ns, &[h(1)]).expect("lookup").lease.expect("hit");
         let tks: Vec<TierKey> = [h(1), h(2)]
             .iter()

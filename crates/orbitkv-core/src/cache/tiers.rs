@@ -311,14 +311,38 @@ pub(super) mod tests {
         // 4 slots of 4 KiB.
         let mut c = CacheState::new(&[4 * 4096]);
         c.enable_ssd(min_hits);
+        let (s, ns) = open_ns(&mut c, 1);
+        (c, s, ns)
+    }
+
+    /// Finish every spill candidate (up to 8) as written.
+    pub(crate) fn spill_all(c: &mut CacheState) {
+        for j in c.spill_candidates(8) {
+            c.spill_done(&j, true);
+        }
+    }
+
+    /// `setup(0)` with `blocks` saved and spilled, then left on SSD only by
+    /// saving `fill` after them.
+    pub(crate) fn ssd_only(blocks: &[BlockHash], fill: &[BlockHash]) -> (CacheState, SessionId, NsId) {
+        let (mut c, s, ns) = setup(0);
+        save(&mut c, s, ns, blocks);
+        spill_all(&mut c);
+        save(&mut c, s, ns, fill);
+        (c, s, ns)
+    }
+
+    /// A new session, and a namespace of 4 KiB blocks (fingerprint `[fp; 32]`,
+    /// shard 0, no salt).
+    pub(crate) fn open_ns(c: &mut CacheState, fp: u8) -> (SessionId, NsId) {
         let s = c.open_session();
         let key = NamespaceKey {
-            fingerprint: Fingerprint([1; 32]),
+            fingerprint: Fingerprint([fp; 32]),
             shard: 0,
             salt: [0; 32],
         };
         let (ns, _) = c.register_namespace(key, 4096).expect("ns");
-        (c, s, ns)
+        (s, ns)
     }
 
     pub(crate) fn h(i: u8) -> BlockHash {
@@ -375,12 +399,8 @@ pub(super) mod tests {
 
     #[test]
     fn lookup_counts_the_hit_blocks_that_only_ssd_holds() {
-        let (mut c, s, ns) = setup(0);
-        save(&mut c, s, ns, &[h(1), h(2)]);
-        for j in c.spill_candidates(8) {
-            c.spill_done(&j, true);
-        }
-        save(&mut c, s, ns, &[h(3), h(4), h(5), h(6)]); // demotes h(1), h(2)
+        // Saving h(3)..h(6) demotes h(1), h(2).
+        let (mut c, s, ns) = ssd_only(&[h(1), h(2)], &[h(3), h(4), h(5), h(6)]);
         assert_eq!(c.gauges().ssd_only_blocks, 2);
         // DRAM-only prefix: no SSD block.
         let r = c.lookup(s, ns, &[h(5), h(6)]).expect("lookup");
@@ -418,12 +438,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_corrupt_copy_is_lost_never_served_and_deleted() {
-        let (mut c, s, ns) = setup(0);
-        save(&mut c, s, ns, &[h(1)]);
-        for j in c.spill_candidates(8) {
-            c.spill_done(&j, true);
-        }
-        save(&mut c, s, ns, &[h(2), h(3), h(4), h(5)]); // demote h(1)
+        let (mut c, s, ns) = ssd_only(&[h(1)], &[h(2), h(3), h(4), h(5)]); // demote h(1)
         let lease = c.lookup(s, ns, &[h(1)]).expect("lookup").lease.expect("hit");
         let AcquireStep::Stage(jobs) = c.acquire(s, lease).expect("acquire") else {
             panic!()
@@ -441,12 +456,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_lease_naming_an_ssd_only_block_twice_stages_it_once() {
-        let (mut c, s, ns) = setup(0);
-        save(&mut c, s, ns, &[h(1)]);
-        for j in c.spill_candidates(8) {
-            c.spill_done(&j, true);
-        }
-        save(&mut c, s, ns, &[h(2), h(3), h(4), h(5)]); // demote h(1)
+        let (mut c, s, ns) = ssd_only(&[h(1)], &[h(2), h(3), h(4), h(5)]); // demote h(1)
         let lease = c
             .lookup(s, ns, &[h(1), h(1)])
             .expect("lookup")

@@ -507,6 +507,25 @@ mod tests {
         (0..n).map(h).collect()
     }
 
+    impl Tp {
+        /// The scheduler's TP lookup of blocks `0..n` over every shard (token `T`).
+        fn lookup(&mut self, n: u8) -> TpLookupResult {
+            self.c
+                .lookup_tp(self.sched, UID, &self.nss, &hashes(n), T, 1000)
+                .expect("lookup")
+        }
+    }
+
+    /// `setup(present)`, the scheduler's TP lookup of blocks `0..n`, and a new
+    /// worker session with its redeemed part of shard `rank`.
+    fn redeemed(present: &[u8], n: u8, rank: usize) -> (Tp, SessionId, TpRedeemed) {
+        let mut t = setup(present);
+        t.lookup(n);
+        let w = t.c.open_session();
+        let got = t.c.redeem_tp(w, UID, T, t.nss[rank]).expect("redeem");
+        (t, w, got)
+    }
+
     fn pins(c: &CacheState) -> u64 {
         c.gauges().pinned_blocks
     }
@@ -514,9 +533,7 @@ mod tests {
     #[test]
     fn the_common_prefix_is_pinned_in_every_shard_and_ends_with_the_last_rank() {
         let mut t = setup(&[4, 2, 4]);
-        let r =
-            t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(4), T, 1000)
-                .expect("lookup");
+        let r = t.lookup(4);
         assert_eq!((r.token, r.hit_blocks), (Some(T), 2));
         assert_eq!(
             pins(&t.c),
@@ -558,8 +575,7 @@ mod tests {
         // ranks' (they come on other sessions): nothing is ended early, and the TP
         // lease is completed by the last part, as when the owner came last.
         let mut t = setup(&[2, 2]);
-        t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(2), T, 1000)
-            .expect("lookup");
+        t.lookup(2);
         let ranks: Vec<(SessionId, LeaseId)> = (0..2)
             .map(|i| {
                 let w = t.c.open_session();
@@ -585,9 +601,7 @@ mod tests {
     #[test]
     fn a_shard_missing_the_first_block_is_a_miss_for_all() {
         let mut t = setup(&[3, 0]);
-        let r =
-            t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(3), T, 1000)
-                .expect("lookup");
+        let r = t.lookup(3);
         assert_eq!((r.token, r.hit_blocks), (None, 0));
         assert_eq!(pins(&t.c), 0);
         assert_eq!(t.c.gauges().live_leases, 0);
@@ -596,8 +610,7 @@ mod tests {
     #[test]
     fn redeem_is_bound_to_uid_namespace_and_once_per_shard() {
         let mut t = setup(&[2, 2]);
-        t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(2), T, 1000)
-            .expect("lookup");
+        t.lookup(2);
         let w = t.c.open_session();
         assert!(matches!(
             t.c.redeem_tp(w, UID + 1, T, t.nss[0]),
@@ -629,11 +642,7 @@ mod tests {
 
     #[test]
     fn the_owner_ending_releases_unredeemed_parts_and_leaves_redeemed_ones_to_workers() {
-        let mut t = setup(&[2, 2]);
-        t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(2), T, 1000)
-            .expect("lookup");
-        let w = t.c.open_session();
-        let got = t.c.redeem_tp(w, UID, T, t.nss[0]).expect("redeem");
+        let (mut t, w, got) = redeemed(&[2, 2], 2, 0);
         assert!(matches!(t.c.acquire(w, got.lease), Ok(AcquireStep::Ready(_))));
         t.c.end_session(t.sched, SessionEnd::Vanished).expect("end");
         t.c.check_invariants().expect("invariants");
@@ -652,11 +661,7 @@ mod tests {
 
     #[test]
     fn a_tp_lease_never_redeemed_by_a_rank_expires() {
-        let mut t = setup(&[2, 2]);
-        t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(2), T, 1000)
-            .expect("lookup");
-        let w = t.c.open_session();
-        let got = t.c.redeem_tp(w, UID, T, t.nss[0]).expect("redeem");
+        let (mut t, w, got) = redeemed(&[2, 2], 2, 0);
         t.c.release(w, got.lease).expect("release");
         assert!(!t.c.tp_expiry_due(999), "the reaper's shared-lock check agrees");
         assert_eq!(t.c.expire_tp(999), 0);
@@ -675,11 +680,7 @@ mod tests {
 
     #[test]
     fn the_owner_release_keeps_redeemed_parts_until_their_workers_drain() {
-        let mut t = setup(&[3, 3]);
-        t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(3), T, 1000)
-            .expect("lookup");
-        let w = t.c.open_session();
-        let got = t.c.redeem_tp(w, UID, T, t.nss[1]).expect("redeem");
+        let (mut t, w, got) = redeemed(&[3, 3], 3, 1);
         assert!(matches!(t.c.acquire(w, got.lease), Ok(AcquireStep::Ready(_))));
         t.c.release_tp(t.sched, T).expect("release_tp");
         assert_eq!(pins(&t.c), 3, "shard 0's part released, shard 1's still copying");
@@ -712,8 +713,7 @@ mod tests {
     #[test]
     fn a_generation_reset_is_refused_while_a_tp_lease_pins_blocks() {
         let mut t = setup(&[1, 1]);
-        t.c.lookup_tp(t.sched, UID, &t.nss, &hashes(1), T, 1000)
-            .expect("lookup");
+        t.lookup(1);
         assert!(matches!(
             t.c.bump_generation(t.nss[0]),
             Err(CacheError::Busy { .. })

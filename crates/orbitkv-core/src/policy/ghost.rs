@@ -299,6 +299,7 @@ impl Ghost {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::xorshift;
     use std::collections::HashMap;
 
     /// The reference: the `HashMap` + `VecDeque` history this replaced.
@@ -340,9 +341,7 @@ mod tests {
         let mut r = Reference::default();
         let mut x = 0x9e37_79b9_7f4a_7c15_u64;
         for step in 0..300_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             // Few distinct hashes (repeats and stale elements), some colliding homes.
             let h = ((x >> 20) % 3000).wrapping_mul(0x9e37_79b9_7f4a_7c15) | (x >> 63);
             let limit = if step < 150_000 { 20_000 } else { 5_000 };
@@ -370,9 +369,7 @@ mod tests {
         let mut r = Reference::default();
         let mut x = 0x2545_f491_4f6c_dd1d_u64;
         for step in 0..100_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             let h = ((x >> 20) % 5000).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             // 2 block sizes (4 values with the from-main bit), then 300 more.
             let w = if step < 50_000 {

@@ -650,6 +650,16 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     }
 }
 
+/// One xorshift64 step of the tests' pseudo-random streams: advances `x`
+/// and returns its new value.
+#[cfg(test)]
+pub(crate) fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -672,9 +682,7 @@ mod tests {
             let mut x = 0x2545_f491_4f6c_dd1d_u64;
             let mut out = Vec::new();
             for _ in 0..20_000 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                xorshift(&mut x);
                 // Skewed keys, so that frequency and sampling decide something.
                 let k = (x % 64) * (x >> 58) % 400;
                 if p.contains(&k) {

@@ -1,6 +1,7 @@
 //! Unit tests of `S3Fifo` (its queues, generations and recency order).
 
 use super::*;
+use crate::policy::xorshift;
 
 #[test]
 fn one_hit_wonders_leave_before_reused_entries() {
@@ -90,12 +91,7 @@ fn the_recency_order_evicts_like_lru() {
     let mut p = S3Fifo::tuned(2000, 10, 8000).with_recency();
     let mut lru = Lru::new();
     let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = || xorshift(&mut x);
     for step in 0..200_000u32 {
         let r = next();
         let k = (r >> 8) % 400;
@@ -177,9 +173,7 @@ fn wrapped_generations_never_revive_a_stale_element() {
         let mut x = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(bits);
         let mut bumps = 0u64;
         for step in 0..60_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             let k = (x >> 8) % 60;
             match x % 16 {
                 0..=5 if !wide.contains(&k) => {
