@@ -128,6 +128,29 @@ def _big(manager_factory):  # type: ignore[no-untyped-def]
     return c, arena
 
 
+def _zeroed_engine(arena, s: Shape):  # type: ignore[no-untyped-def]
+    """Zeroed LBNHC pages of shape `s` on the device, and a copy engine over them."""
+    raw = torch.zeros(kv_layouts.total_bytes(s), dtype=torch.uint8, device=DEV)
+    return raw, CopyEngine(layer_pages(kv_layouts.views(raw, "LBNHC", s), s.blocks), arena)
+
+
+def _pending_save(c, arena, engine, seed: int, tag: bytes):  # type: ignore[no-untyped-def]
+    """`random.Random(seed)`, then a save of BIG_N random hashes begun in namespace `tag`:
+    returns the rng, the pending save, its slots and each slot's bytes in the arena."""
+    rng = random.Random(seed)
+    ns = c.register_namespace(tag * 32, engine.block_bytes)
+    pending = c.begin_save(ns, [rng.randbytes(32) for _ in range(BIG_N)])
+    slots = pending.slots
+    slot_bytes = [arena.segment(seg)[off : off + engine.block_bytes] for seg, off in slots]
+    return rng, pending, slots, slot_bytes
+
+
+def _slots_not_holding(slot_bytes, value: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Indices of the slots whose bytes are not all `value`."""
+    ok = torch.stack([(t == value).all() for t in slot_bytes])
+    return (~ok).nonzero().flatten().tolist()
+
+
 def test_restores_consumed_right_after_wait_layer_see_the_restored_bytes(manager_factory) -> None:  # type: ignore[no-untyped-def]
     s = BIG
     c, arena = _big(manager_factory)
@@ -175,8 +198,7 @@ def test_a_load_failing_its_check_in_a_later_range_leaves_no_copy_in_flight(mana
     s = BIG
     c, arena = _big(manager_factory)
     try:
-        raw = torch.zeros(kv_layouts.total_bytes(s), dtype=torch.uint8, device=DEV)
-        engine = CopyEngine(layer_pages(kv_layouts.views(raw, "LBNHC", s), s.blocks), arena)
+        _raw, engine = _zeroed_engine(arena, s)
         monkeypatch.setattr(engine_mod, "CHUNK_BYTES", 64 * engine._layers[0].pages.page_bytes)  # 64-block ranges
         seg = min(arena.sizes)
         slots = [(seg, i * engine.block_bytes) for i in range(BIG_N)]
@@ -200,13 +222,8 @@ def test_saves_see_writes_before_their_event_and_not_writes_after_completion(man
     s = BIG
     c, arena = _big(manager_factory)
     try:
-        raw = torch.zeros(kv_layouts.total_bytes(s), dtype=torch.uint8, device=DEV)
-        engine = CopyEngine(layer_pages(kv_layouts.views(raw, "LBNHC", s), s.blocks), arena)
-        rng = random.Random(6)
-        ns = c.register_namespace(b"\x63" * 32, engine.block_bytes)
-        pending = c.begin_save(ns, [rng.randbytes(32) for _ in range(BIG_N)])
-        slots = pending.slots
-        slot_bytes = [arena.segment(seg)[off : off + engine.block_bytes] for seg, off in slots]
+        raw, engine = _zeroed_engine(arena, s)
+        rng, pending, slots, slot_bytes = _pending_save(c, arena, engine, 6, b"\x63")
         busy = getattr(torch.cuda, "_sleep", None)
         for rep in range(REPS):
             value = rep % 120 + 1
@@ -220,8 +237,7 @@ def test_saves_see_writes_before_their_event_and_not_writes_after_completion(man
             _wait(handle.query, "the save to complete")
             raw.fill_(value + 128)  # overwrite only once the save completed
             torch.cuda.synchronize()
-            ok = torch.stack([(t == value).all() for t in slot_bytes])
-            bad = (~ok).nonzero().flatten().tolist()
+            bad = _slots_not_holding(slot_bytes, value)
             assert not bad, f"rep {rep}: slots {bad[:8]} do not hold the bytes written before the event"
         c.abort_save(pending)
         engine.drain()
@@ -240,13 +256,8 @@ def test_wait_saves_orders_a_page_overwrite_after_the_saves_read(manager_factory
     s = BIG
     c, arena = _big(manager_factory)
     try:
-        raw = torch.zeros(kv_layouts.total_bytes(s), dtype=torch.uint8, device=DEV)
-        engine = CopyEngine(layer_pages(kv_layouts.views(raw, "LBNHC", s), s.blocks), arena)
-        rng = random.Random(8)
-        ns = c.register_namespace(b"\x65" * 32, engine.block_bytes)
-        pending = c.begin_save(ns, [rng.randbytes(32) for _ in range(BIG_N)])
-        slots = pending.slots
-        slot_bytes = [arena.segment(seg)[off : off + engine.block_bytes] for seg, off in slots]
+        raw, engine = _zeroed_engine(arena, s)
+        rng, pending, slots, slot_bytes = _pending_save(c, arena, engine, 8, b"\x65")
         slow = torch.cuda.Stream()
         for rep in range(10):
             value = rep + 1
@@ -262,8 +273,7 @@ def test_wait_saves_orders_a_page_overwrite_after_the_saves_read(manager_factory
             raw.fill_(value + 100)  # the "next forward" overwrites the pages at once
             torch.cuda.synchronize()
             assert handle.query()
-            ok = torch.stack([(t == value).all() for t in slot_bytes])
-            bad = (~ok).nonzero().flatten().tolist()
+            bad = _slots_not_holding(slot_bytes, value)
             assert not bad, f"rep {rep}: slots {bad[:8]} read pages overwritten after wait_saves"
         c.abort_save(pending)
         engine.drain()

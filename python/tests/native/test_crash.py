@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -15,6 +16,12 @@ from orbitkv import _native
 pytestmark = pytest.mark.native
 BB = 64 * 1024
 FP = b"\x21" * 32
+
+
+def kill(child: subprocess.Popen[str]) -> None:
+    """SIGKILL a spawned client and reap it."""
+    child.send_signal(signal.SIGKILL)
+    child.wait()
 
 
 def test_sigkill_mid_save_leaves_nothing_visible_and_frees_slots(manager) -> None:  # type: ignore[no-untyped-def]
@@ -30,8 +37,7 @@ def test_sigkill_mid_save_leaves_nothing_visible_and_frees_slots(manager) -> Non
         manager.socket,
     )
     assert manager.stats()["dram_pending_save_bytes"] == 8 * BB
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    kill(child)
     c = manager.client()
     ns = c.register_namespace(FP, BB)
     assert c.lookup(ns, [bytes([i]) * 32 for i in range(1, 9)]).hit_blocks == 0
@@ -74,8 +80,7 @@ def test_dropped_connection_of_a_live_process_keeps_its_holds(manager) -> None: 
     c.restore(lease, buf)
     c.release(lease)
     assert bytes(buf) == b"".join(h * (BB // 32) for h in hs)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    kill(child)
     eventually(lambda: manager.stats()["quarantined_sessions"] == 0, "released once the process is gone")
     st = manager.stats()
     assert st["dram_pinned_blocks"] == 0 and st["dram_pending_save_bytes"] == 0
@@ -100,8 +105,7 @@ def test_sigkill_mid_restore_keeps_blocks_pinned_until_the_process_is_gone(manag
     os.kill(child.pid, signal.SIGSTOP)  # frozen mid-copy: alive, connected
     time.sleep(0.3)
     assert manager.stats()["dram_pinned_blocks"] == 2
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    kill(child)
     eventually(lambda: manager.stats()["dram_pinned_blocks"] == 0, "pins released after exit")
     assert manager.stats()["live_leases"] == 0
     with _native.Client(manager.socket) as again:

@@ -62,6 +62,39 @@ def fill_and_spill(m, c, ns, tag: int, n: int) -> list[bytes]:  # type: ignore[n
     return hs
 
 
+def connect(m):  # type: ignore[no-untyped-def]
+    """A new client of `m` and the test namespace registered through it."""
+    c = m.client()
+    return c, c.register_namespace(FP, BB)
+
+
+def sigkill(m) -> None:  # type: ignore[no-untyped-def]
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait()
+
+
+def spill_then_restart(manager_factory, ssd: Path, tag: int, n: int):  # type: ignore[no-untyped-def]
+    """Fill and spill `n` blocks into an SSD Manager on `ssd`, SIGKILL it and start a new
+    one on the same SSD; returns the new Manager and the blocks' hashes."""
+    m = ssd_manager(manager_factory, ssd)
+    c, ns = connect(m)
+    hs = fill_and_spill(m, c, ns, tag, n)
+    c.close()
+    sigkill(m)
+    return ssd_manager(manager_factory, ssd), hs
+
+
+def restore_checked(c, lease, hs: list[bytes], expect_bytes: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Restore all of `lease` (the blocks `hs`), release it, and check every block's bytes;
+    with `expect_bytes`, also what `restore` reports having copied."""
+    out = [bytearray(BB) for _ in hs]
+    copied = c.restore(lease, out)
+    if expect_bytes is not None:
+        assert copied == expect_bytes
+    c.release(lease)
+    assert all(bytes(o) == content(h) for o, h in zip(out, hs, strict=True))
+
+
 def restore_each(c, ns, hs: list[bytes]) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
     """Restore block by block; returns (exact, failed, missing). Never tolerates wrong bytes."""
     exact = failed = missing = 0
@@ -87,36 +120,23 @@ def restore_each(c, ns, hs: list[bytes]) -> tuple[int, int, int]:  # type: ignor
 @pytest.mark.parametrize("mode", ["direct", "kernel"])
 def test_spill_evict_and_stage_back_byte_exact(manager_factory, tmp_path, mode) -> None:  # type: ignore[no-untyped-def]
     m = ssd_manager(manager_factory, tmp_path / "ssd", "--ssd-mode", mode)
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     first = fill_and_spill(m, c, ns, 1, 32)
     fill_and_spill(m, c, ns, 2, 64)  # 6 MiB through a 4 MiB arena: the first blocks are demoted to SSD
     st = m.stats()
     assert st["ssd_only_blocks"] >= 32 - 4 and st["ssd"]["mode"] == mode
     lease = c.lookup(ns, first)
     assert lease.hit_blocks == 32, "SSD-only blocks stay visible"
-    out = [bytearray(BB) for _ in first]
-    assert c.restore(lease, out) == 32 * BB
-    c.release(lease)
-    assert all(bytes(o) == content(h) for o, h in zip(out, first, strict=True))
+    restore_checked(c, lease, first, expect_bytes=32 * BB)
     st = m.stats()
     assert st["ssd_staged_blocks_total"] >= 28 and st["ssd_checksum_failures_total"] == 0
     assert st["live_leases"] == 0 and st["dram_pinned_blocks"] == 0
 
 
 def test_restart_recovers_and_serves_the_warm_cache(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    ssd = tmp_path / "ssd"
-    m = ssd_manager(manager_factory, ssd)
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
-    hs = fill_and_spill(m, c, ns, 3, 24)
-    c.close()
-    m.proc.send_signal(signal.SIGKILL)
-    m.proc.wait()
-    m2 = ssd_manager(manager_factory, ssd)
+    m2, hs = spill_then_restart(manager_factory, tmp_path / "ssd", 3, 24)
     assert m2.stats()["ssd_dormant_blocks"] == 24
-    c2 = m2.client()
-    ns2 = c2.register_namespace(FP, BB)
+    c2, ns2 = connect(m2)
     assert restore_each(c2, ns2, hs) == (24, 0, 0)
     st = m2.stats()
     assert st["ssd_adopted_blocks_total"] == 24 and st["ssd_staged_blocks_total"] == 24
@@ -126,8 +146,7 @@ def test_lookup_reports_which_hit_blocks_come_from_ssd(manager_factory, tmp_path
     """`Lease.ssd_blocks`: indices of the hit blocks only the SSD tier held at lookup
     time, exactly those `acquire` stages back; DRAM hits are not listed."""
     m = ssd_manager(manager_factory, tmp_path / "ssd")
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     first = fill_and_spill(m, c, ns, 5, 32)
     second = fill_and_spill(m, c, ns, 6, 64)  # 6 MiB through a 4 MiB arena: `first` is demoted
     assert m.stats()["ssd_only_blocks"] >= 28
@@ -138,10 +157,7 @@ def test_lookup_reports_which_hit_blocks_come_from_ssd(manager_factory, tmp_path
     assert lease.hit_blocks == 32 and 28 <= len(ssd) <= 32
     assert ssd == sorted(set(ssd)) and all(0 <= i < 32 for i in ssd)
     staged = m.stats()["ssd_staged_blocks_total"]
-    out = [bytearray(BB) for _ in first]
-    assert c.restore(lease, out) == 32 * BB
-    c.release(lease)
-    assert all(bytes(o) == content(h) for o, h in zip(out, first, strict=True))
+    restore_checked(c, lease, first, expect_bytes=32 * BB)
     st = m.stats()
     assert st["ssd_staged_blocks_total"] - staged == len(ssd)
     assert st["ssd_hit_blocks_total"] == len(ssd), "the metric counts the same SSD hits"
@@ -160,23 +176,11 @@ def test_lookup_reports_which_hit_blocks_come_from_ssd(manager_factory, tmp_path
 
 
 def test_restart_reports_every_recovered_hit_as_ssd(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    ssd = tmp_path / "ssd"
-    m = ssd_manager(manager_factory, ssd)
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
-    hs = fill_and_spill(m, c, ns, 8, 16)
-    c.close()
-    m.proc.send_signal(signal.SIGKILL)
-    m.proc.wait()
-    m2 = ssd_manager(manager_factory, ssd)
-    c2 = m2.client()
-    ns2 = c2.register_namespace(FP, BB)
+    m2, hs = spill_then_restart(manager_factory, tmp_path / "ssd", 8, 16)
+    c2, ns2 = connect(m2)
     lease = c2.lookup(ns2, hs)
     assert (lease.hit_blocks, lease.ssd_blocks) == (16, list(range(16))), "after a restart only SSD holds them"
-    out = [bytearray(BB) for _ in hs]
-    c2.restore(lease, out)
-    c2.release(lease)
-    assert all(bytes(o) == content(h) for o, h in zip(out, hs, strict=True))
+    restore_checked(c2, lease, hs)
     again = c2.lookup(ns2, hs)
     assert (again.hit_blocks, again.ssd_blocks) == (16, [])
     c2.release(again)
@@ -185,14 +189,12 @@ def test_restart_reports_every_recovered_hit_as_ssd(manager_factory, tmp_path) -
 def _sigkill_mid_spill(manager_factory, ssd: Path) -> list[bytes]:  # type: ignore[no-untyped-def]
     """Save a lot, SIGKILL while write-behind is still going; return what was saved."""
     m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     hs = hashes(4, 200)
     for i in range(0, 200, 20):
         c.save(ns, hs[i : i + 20], [content(h) for h in hs[i : i + 20]])
     eventually(lambda: m.stats()["ssd_spilled_blocks_total"] >= 40, "some blocks spilled")
-    m.proc.send_signal(signal.SIGKILL)  # possibly mid-spill
-    m.proc.wait()
+    sigkill(m)  # possibly mid-spill
     return hs
 
 
@@ -206,8 +208,7 @@ def test_sigkill_mid_spill_then_bit_flip_is_never_served(manager_factory, tmp_pa
         f.seek(4096 + 1000)
         f.write(bytes([b[0] ^ 0x10]))
     m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     exact, failed, missing = restore_each(c, ns, hs)
     assert failed == 1, (exact, failed, missing)
     assert exact >= 39 and exact + failed + missing == 200
@@ -239,8 +240,7 @@ def test_sigkill_then_torn_header_is_dropped_by_the_background_check(manager_fac
         )
 
     eventually(checked, "the header check dropped the torn header and the cache forgot it")
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     exact, failed, missing = restore_each(c, ns, hs)
     assert failed == 1, (exact, failed, missing)  # the torn payload, caught by its read
     assert exact >= 38 and exact + failed + missing == 200
@@ -255,8 +255,7 @@ def test_truncated_data_file_loses_only_the_cut_blocks(manager_factory, tmp_path
     data = ssd / "data.okv"
     os.truncate(data, 20 * (BB + 4096) + 1234)  # cut inside the 21st extent
     m = ssd_manager(manager_factory, ssd, dram="16MiB", segment="4MiB")
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     exact, failed, missing = restore_each(c, ns, hs)
     assert exact <= 20 and exact + failed + missing == 200
     assert exact >= 1
@@ -265,19 +264,16 @@ def test_truncated_data_file_loses_only_the_cut_blocks(manager_factory, tmp_path
 def test_namespace_size_mismatch_and_reset_generation_are_rejected_after_restart(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ssd = tmp_path / "ssd"
     m = ssd_manager(manager_factory, ssd)
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     other = c.register_namespace(b"\x42" * 32, BB)
     hs = fill_and_spill(m, c, ns, 5, 8)
     hs_other = hashes(6, 8)
     c.save(other, hs_other, [content(h) for h in hs_other])
     eventually(lambda: m.stats()["ssd_spilled_blocks_total"] >= 16, "spilled")
     assert c.reset_generation(ns) == 1  # persisted before the reply
-    m.proc.send_signal(signal.SIGKILL)
-    m.proc.wait()
+    sigkill(m)
     m2 = ssd_manager(manager_factory, ssd)
-    c2 = m2.client()
-    ns2 = c2.register_namespace(FP, BB)
+    c2, ns2 = connect(m2)
     assert ns2.generation == 1, "the reset survives the restart"
     assert c2.lookup(ns2, hs).hit_blocks == 0, "blocks of the reset generation are never served"
     # Same fingerprint as `other` but a different block size: nothing adopted.
@@ -313,55 +309,36 @@ def test_concurrent_resets_persist_the_last_generation(manager_factory, tmp_path
         t.join()
     assert not errors, errors
     assert sorted(seen) == list(range(1, 41)), "each reset got its own generation"
-    m.proc.send_signal(signal.SIGKILL)
-    m.proc.wait()
+    sigkill(m)
     m2 = ssd_manager(manager_factory, ssd)
     assert m2.client().register_namespace(FP, BB).generation == 40
+
+
+def serve(tmp_path: Path, *args: str, **kw) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    """Run `python -m orbitkv serve` on a socket in `tmp_path` with `args`, capturing its output."""
+    cmd = [sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
 def test_tmpfs_with_direct_mode_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm tmpfs on this machine")
     d = Path("/dev/shm") / f"orbitkv-test-{os.getpid()}"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orbitkv",
-            "serve",
-            "--socket",
-            str(tmp_path / "s.sock"),
-            "--dram-size",
-            "4MiB",
-            "--ssd-dir",
-            str(d),
-            "--ssd-capacity",
-            "16MiB",
-            "--metrics-addr",
-            "off",
-        ],
-        capture_output=True,
-        text=True,
+    r = serve(
+        tmp_path,
+        "--dram-size",
+        "4MiB",
+        "--ssd-dir",
+        str(d),
+        "--ssd-capacity",
+        "16MiB",
+        "--metrics-addr",
+        "off",
         timeout=60,
     )
     assert r.returncode == 1
     assert str(d) in r.stderr and "kernel" in r.stderr, r.stderr
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orbitkv",
-            "serve",
-            "--socket",
-            str(tmp_path / "s.sock"),
-            "--ssd-dir",
-            str(tmp_path),
-            "--ssd-mode",
-            "sideways",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    r = serve(tmp_path, "--ssd-dir", str(tmp_path), "--ssd-mode", "sideways")
     assert r.returncode == 2 and "direct or kernel" in r.stderr
 
 
@@ -369,8 +346,7 @@ def test_concurrent_restores_of_the_same_ssd_blocks(manager_factory, tmp_path) -
     import threading
 
     m = ssd_manager(manager_factory, tmp_path / "ssd")
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     first = fill_and_spill(m, c, ns, 7, 16)  # 3 readers x 1 MiB staged fit the 4 MiB arena
     fill_and_spill(m, c, ns, 8, 64)  # demote the first set
     assert m.stats()["ssd_only_blocks"] >= 12
@@ -401,8 +377,7 @@ def test_concurrent_restores_of_the_same_ssd_blocks(manager_factory, tmp_path) -
 
 def test_evict_policy_demotes_instead_of_dropping(manager_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     m = ssd_manager(manager_factory, tmp_path / "ssd", policy="evict")
-    c = m.client()
-    ns = c.register_namespace(FP, BB)
+    c, ns = connect(m)
     assert m.stats()["ssd"]["write_policy"] == "evict"
     first = hashes(9, 32)
     c.save(ns, first, [content(h) for h in first])  # 2 MiB of a 4 MiB arena: no pressure

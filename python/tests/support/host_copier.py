@@ -10,7 +10,7 @@ otherwise.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -60,29 +60,31 @@ class HostCopier(CpuPages):
         base = int(src.ctypes.data)
         self.scatter_from([base + i * bb for i in range(len(block_ids))], block_ids)
 
-    def gather_to(self, dst: Sequence[int], block_ids: Sequence[int]) -> None:
-        """Copy each block to its address in `dst` (`block_bytes` writable bytes each)."""
+    def _page_spans(self, addrs: Sequence[int], block_ids: Sequence[int]) -> Iterator[tuple[int, PageGeometry, int]]:
+        """(address, page, block) for each page of each block: block `block_ids[i]`'s
+        pages lie back to back from `addrs[i]`, in page order."""
         self._check(block_ids)
-        for addr, b in zip(dst, block_ids, strict=True):
+        for addr, b in zip(addrs, block_ids, strict=True):
             off = 0
             for page in self.geometry.pages:
-                if page.contiguous:
-                    ctypes.memmove(addr + off, self._base + page.base + b * page.block_stride, page.page_bytes)
-                else:
-                    _raw(addr + off, page.page_bytes).reshape(page.shape)[...] = self._page(page, b)
+                yield addr + off, page, b
                 off += page.page_bytes
+
+    def gather_to(self, dst: Sequence[int], block_ids: Sequence[int]) -> None:
+        """Copy each block to its address in `dst` (`block_bytes` writable bytes each)."""
+        for addr, page, b in self._page_spans(dst, block_ids):
+            if page.contiguous:
+                ctypes.memmove(addr, self._base + page.base + b * page.block_stride, page.page_bytes)
+            else:
+                _raw(addr, page.page_bytes).reshape(page.shape)[...] = self._page(page, b)
 
     def scatter_from(self, src: Sequence[int], block_ids: Sequence[int]) -> None:
         """Copy each block from its address in `src` (`block_bytes` bytes each) into its pages."""
-        self._check(block_ids)
-        for addr, b in zip(src, block_ids, strict=True):
-            off = 0
-            for page in self.geometry.pages:
-                if page.contiguous:
-                    ctypes.memmove(self._base + page.base + b * page.block_stride, addr + off, page.page_bytes)
-                else:
-                    self._page(page, b)[...] = _raw(addr + off, page.page_bytes).reshape(page.shape)
-                off += page.page_bytes
+        for addr, page, b in self._page_spans(src, block_ids):
+            if page.contiguous:
+                ctypes.memmove(self._base + page.base + b * page.block_stride, addr, page.page_bytes)
+            else:
+                self._page(page, b)[...] = _raw(addr, page.page_bytes).reshape(page.shape)
 
 
 def _raw(address: int, nbytes: int) -> np.ndarray:

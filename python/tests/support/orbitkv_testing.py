@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 # Appended to a child's code by `spawn_client(vanish=True)`: its Manager connection
 # vanishes without a clean close while the process lives on.
@@ -25,13 +25,20 @@ _time.sleep(60)
 """
 
 
-def eventually(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+def eventually(pred: Callable[[], bool], what: str, timeout: float = 10.0, poll: float = 0.02) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return
-        time.sleep(0.02)
+        time.sleep(poll)
     raise AssertionError(f"timed out waiting for: {what}")
+
+
+def assert_imports_nothing_heavy(code: str, heavy: Sequence[str]) -> None:
+    """Run `code` in a fresh interpreter: after it, none of the modules `heavy` is imported."""
+    code += f"import sys\nheavy = [m for m in {tuple(heavy)!r} if m in sys.modules]\nprint(heavy)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def spawn_client(code: str, socket: str, *, vanish: bool = False) -> subprocess.Popen[str]:

@@ -3,19 +3,12 @@ and the scheduler process import it before deciding anything)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from orbitkv_testing import assert_imports_nothing_heavy
 
 
 def test_importing_the_copy_engine_package_imports_nothing_heavy() -> None:
-    code = (
-        "import sys, orbitkv.kvcopy as k\n"
-        "assert issubclass(k.CopyEngineError, RuntimeError)\n"
-        "heavy = [m for m in ('torch', 'numpy', 'vllm', 'orbitkv._native') if m in sys.modules]\n"
-        "print(heavy)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    code = "import sys, orbitkv.kvcopy as k\nassert issubclass(k.CopyEngineError, RuntimeError)\n"
+    assert_imports_nothing_heavy(code, ("torch", "numpy", "vllm", "orbitkv._native"))
 
 
 def test_unknown_names_are_attribute_errors() -> None:

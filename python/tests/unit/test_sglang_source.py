@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from orbitkv_testing import assert_imports_nothing_heavy
 
 
 def test_importing_the_sglang_adapter_imports_nothing_heavy() -> None:
     """O4: neither SGLang, vLLM, torch nor the native module is imported by the package or
     its settings parser (SGLang's plugin loader imports the entry point's module first)."""
-    code = (
-        "import sys, orbitkv.sglang as s, orbitkv.sglang.plugin\n"
-        "s.parse_settings({'orbitkv.socket_path': '/x.sock'})\n"
-        "heavy = [m for m in ('sglang', 'torch', 'numpy', 'vllm', 'orbitkv._native', 'orbitkv.kvcopy',\n"
-        "                     'orbitkv.sglang._shared', 'orbitkv.sglang.v0_5_21', 'orbitkv.sglang.v0_5_23')\n"
-        "         if m in sys.modules]\n"
-        "print(heavy)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    code = "import sys, orbitkv.sglang as s, orbitkv.sglang.plugin\n"
+    code += "s.parse_settings({'orbitkv.socket_path': '/x.sock'})\n"
+    heavy = ("sglang", "torch", "numpy", "vllm", "orbitkv._native", "orbitkv.kvcopy")
+    heavy += ("orbitkv.sglang._shared", "orbitkv.sglang.v0_5_21", "orbitkv.sglang.v0_5_23")
+    assert_imports_nothing_heavy(code, heavy)
 
 
 def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,6 +67,14 @@ def _run_checked(e: Engine, r: Any, steps: list[Any] | None = None) -> list[Any]
     return steps + e.run_to_completion([r.request_id])
 
 
+def assert_rejected_in_both_roles(cfg: Any, match: str) -> None:
+    """Building the connector from `cfg` raises UnsupportedProfileError matching `match`
+    in the scheduler role and in the worker role."""
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(UnsupportedProfileError, match=match):
+            KVConnectorFactory.create_connector(cfg, role, make_kv_cache_config(64, "LBNHC"))
+
+
 def test_the_installed_release_selects_its_module() -> None:
     release = compat.current()
     assert release.VERSION == vllm.__version__ and vllm.__version__ in compat.SUPPORTED_PINS
@@ -101,9 +109,7 @@ def test_the_extensible_kv_cache_is_rejected_on_0_34_naming_the_flag(model_dir: 
     cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER)
     assert cfg.cache_config.enable_extensible_kv_cache is False  # CPU resolves it off
     cfg.cache_config.enable_extensible_kv_cache = True
-    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
-        with pytest.raises(UnsupportedProfileError, match="--no-enable-extensible-kv-cache"):
-            KVConnectorFactory.create_connector(cfg, role, make_kv_cache_config(64, "LBNHC"))
+    assert_rejected_in_both_roles(cfg, "--no-enable-extensible-kv-cache")
 
 
 # ---- sleep mode -----------------------------------------------------------------------
@@ -113,9 +119,7 @@ def test_the_extensible_kv_cache_is_rejected_on_0_34_naming_the_flag(model_dir: 
 def test_sleep_mode_is_rejected_on_0_31_naming_the_setting(model_dir: Path) -> None:
     cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER)
     cfg.model_config.enable_sleep_mode = True
-    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
-        with pytest.raises(UnsupportedProfileError, match="--enable-sleep-mode"):
-            KVConnectorFactory.create_connector(cfg, role, make_kv_cache_config(64, "LBNHC"))
+    assert_rejected_in_both_roles(cfg, "--enable-sleep-mode")
 
 
 @only_033
@@ -153,8 +157,7 @@ def test_sleep_mid_load_drains_the_copy_refuses_transfers_and_resumes(
     _saved(model_dir, orbit_manager, extra=extra)
     b = Engine.build(make_vllm_config(model_dir, socket_path=str(orbit_manager.socket_path), extra=extra))
     w = b.worker
-    r = make_request(PROMPT)
-    b.scheduler.add_request(r)
+    r = b.submit(PROMPT)
     # One step by hand, up to the point where the load was submitted to the worker
     # (earlier steps only wait for the background lookup: they carry no load).
     so = b.schedule_admitting(r)

@@ -29,7 +29,7 @@ import pytest
 from vllm.config import CacheConfig, KVTransferConfig
 from vllm.v1.request import RequestStatus
 from vllm_env import ManagerProcess
-from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens
+from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens, stop_all_threads
 
 from orbitkv.engine.identity import fingerprint
 
@@ -218,6 +218,13 @@ def hits_again(engine: Engine, mgr: ManagerProcess, seed: int) -> None:
     mgr.settled_stats(live_leases=0)
 
 
+def restart_and_hit_again(b: Engine, restartable: dict[str, Any], seed: int) -> None:
+    """Restart the killed Manager: `b` hits again (see hits_again), then shuts down."""
+    restartable["restart"]()
+    hits_again(b, restartable["mgr"], seed=seed)
+    b.shutdown()
+
+
 def save_prompt(model_dir: Path, mgr: ManagerProcess) -> None:
     a = Engine.build(make_vllm_config(model_dir, socket_path=str(mgr.socket_path)))
     run_checked(a, PROMPT)
@@ -245,9 +252,7 @@ def test_manager_killed_before_a_lookup(model_dir: Path, restartable: dict[str, 
     c = counters(b)
     assert c["lookups"] == 0 and c["hit_blocks"] == 0 and c["manager_errors"] >= 1, c
     b.run_until_drained()
-    restartable["restart"]()
-    hits_again(b, restartable["mgr"], seed=101)
-    b.shutdown()
+    restart_and_hit_again(b, restartable, seed=101)
 
 
 @COPY_ENGINES
@@ -268,9 +273,7 @@ def test_manager_killed_between_lookup_and_load(model_dir: Path, restartable: di
     assert counters(b)["loads_failed"] == 1
     b.run_until_drained()
     b.assert_drained()
-    restartable["restart"]()
-    hits_again(b, restartable["mgr"], seed=202)
-    b.shutdown()
+    restart_and_hit_again(b, restartable, seed=202)
 
 
 class _KillingClient:
@@ -343,9 +346,7 @@ def test_manager_killed_during_the_copy(model_dir: Path, restartable: dict[str, 
     assert b.worker.worker_side.counters["bytes_restored"] == FULL_BLOCKS * b.connector.block_bytes
     b.run_until_drained()
     b.assert_drained()
-    restartable["restart"]()
-    hits_again(b, restartable["mgr"], seed=303)
-    b.shutdown()
+    restart_and_hit_again(b, restartable, seed=303)
 
 
 @COPY_ENGINES
@@ -358,19 +359,7 @@ def test_manager_killed_during_a_save(model_dir: Path, restartable: dict[str, An
     c = counters(b)
     assert c["saved_blocks"] == 0 and c["failed_saves"] >= 1, c
     b.assert_drained()
-    restartable["restart"]()
-    hits_again(b, restartable["mgr"], seed=404)
-    b.shutdown()
-
-
-def _stop(mgr: ManagerProcess) -> None:
-    """SIGSTOP the Manager and wait until every one of its threads is stopped."""
-    os.kill(mgr.proc.pid, signal.SIGSTOP)
-    tasks = Path(f"/proc/{mgr.proc.pid}/task")
-    deadline = time.monotonic() + 10
-    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
-        assert time.monotonic() < deadline, "the Manager did not stop"
-        time.sleep(0.01)
+    restart_and_hit_again(b, restartable, seed=404)
 
 
 @COPY_ENGINES
@@ -385,7 +374,7 @@ def test_manager_stalled_during_a_load(model_dir: Path, orbit_manager: ManagerPr
     b.scheduler.add_request(r)
     so = b.schedule_admitting(r)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    _stop(orbit_manager)
+    stop_all_threads(orbit_manager.proc.pid)  # every Manager thread stopped
     try:
         b.execute(so)
         b.run_until(lambda: counters(b)["loads_failed"] == 1, what="the timed-out load reported failed")

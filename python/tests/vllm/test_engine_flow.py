@@ -28,6 +28,7 @@ from vllm_harness import (
     make_request,
     make_vllm_config,
     prompt_tokens,
+    stop_all_threads,
     write_peft_adapter,
 )
 
@@ -423,17 +424,6 @@ def test_dropped_scheduler_connection_loses_its_leases_not_the_next_connection(
     b.shutdown()
 
 
-def _stop_all_threads(pid: int) -> None:
-    # kill() only queues the stop: wait until every Manager thread is stopped, or a
-    # running session thread may still answer the lookup.
-    os.kill(pid, signal.SIGSTOP)
-    tasks = Path(f"/proc/{pid}/task")
-    deadline = time.monotonic() + 10
-    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
-        assert time.monotonic() < deadline, "the Manager did not stop"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("async_lookups", [True, False])
 def test_stalled_manager_holds_the_scheduler_step_at_most_the_scheduler_timeout(
     model_dir: Path, manager: ManagerProcess, async_lookups: bool
@@ -451,7 +441,9 @@ def test_stalled_manager_holds_the_scheduler_step_at_most_the_scheduler_timeout(
     e.scheduler.add_request(miss)
     e.scheduler.add_request(r)
     side = e.connector.scheduler_side
-    _stop_all_threads(manager.proc.pid)
+    # kill() only queues the stop: wait until every Manager thread is stopped, or a
+    # running session thread may still answer the lookup.
+    stop_all_threads(manager.proc.pid)
     try:
         t0 = time.monotonic()
         so = e.scheduler.schedule()

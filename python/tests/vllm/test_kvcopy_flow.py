@@ -35,6 +35,11 @@ TORCH = {"orbitkv.copy_engine": "torch"}
 LAYOUTS = ["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
 
 
+@pytest.fixture
+def manager(orbit_manager: ManagerProcess) -> ManagerProcess:
+    return orbit_manager
+
+
 def build(model_dir: Path, manager: ManagerProcess, *, extra: dict[str, Any] | None = None, **kw: Any) -> Engine:
     cfg = make_vllm_config(model_dir, socket_path=str(manager.socket_path), extra=dict(TORCH, **(extra or {})), **kw)
     e = Engine.build(cfg)
@@ -55,7 +60,8 @@ def prefill_done(e: Engine, req_id: str, n: int):  # type: ignore[no-untyped-def
     return pred
 
 
-def assert_no_leases_held(e: Engine, manager: ManagerProcess) -> None:
+def assert_drained_no_leases_held(e: Engine, manager: ManagerProcess) -> None:
+    e.assert_drained()
     c = counters(e)
     assert c["leases_released"] + c["leases_lost_with_session"] == c["lookups"], c
     manager.settled_stats(live_leases=0, live_saves=0)
@@ -75,10 +81,12 @@ def visible_blocks(e: Engine, prompt: list[int]) -> int:
 class Gate:
     """Defers (or fails) the completion of copies the real engine issued."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Any, method: str, *, fail: bool = False) -> None:
+        """Gate the copies `engine.method` issues from now on (failing them, with `fail`)."""
         self.open = False
-        self.fail = False
+        self.fail = fail
         self.issued = 0
+        self.wrap(engine, method)
 
     def wrap(self, engine: Any, method: str) -> None:
         real = getattr(engine, method)
@@ -104,8 +112,7 @@ class Gate:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, orbit_manager: ManagerProcess, layout: str) -> None:
-    manager = orbit_manager
+def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, manager: ManagerProcess, layout: str) -> None:
     a = build(model_dir, manager, layout=layout)
     r = make_request(PROMPT)
     a.scheduler.add_request(r)
@@ -115,13 +122,11 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, orbit_manager:
     assert (c["lookups"], c["presence_misses"], c["hit_blocks"], c["loads_started"]) == (0, 1, 0, 0)
     assert c["saved_blocks"] >= FULL_BLOCKS and c["failed_saves"] == 0, c
     assert c["delayed_frees"] == 1, "the finish waited for the asynchronous saves"
-    a.assert_drained()
-    assert_no_leases_held(a, manager)
+    assert_drained_no_leases_held(a, manager)
 
     # A fresh engine (no HBM state) restores the whole prefix through the copy engine.
     b = build(model_dir, manager, layout=layout)
-    r2 = make_request(PROMPT)
-    b.scheduler.add_request(r2)
+    r2 = b.submit(PROMPT)
     so = b.schedule_admitting(r2)
     meta = so.kv_connector_metadata
     assert isinstance(meta, OrbitKVConnectorMetadata) and [len(s.block_ids) for s in meta.loads] == [FULL_BLOCKS]
@@ -132,8 +137,7 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, orbit_manager:
     b.run_to_completion([r2.request_id])
     b.run_until_drained()
     assert (counters(b)["hit_blocks"], counters(b)["loads_finished"]) == (FULL_BLOCKS, 1)
-    b.assert_drained()
-    assert_no_leases_held(b, manager)
+    assert_drained_no_leases_held(b, manager)
 
     # The slot format is the native path's: a native-copy engine restores it byte-exact.
     n = Engine.build(make_vllm_config(model_dir, socket_path=str(manager.socket_path), layout=layout))
@@ -163,13 +167,10 @@ def test_triton_kernel_on_cpu_pages_is_refused_at_registration_naming_the_settin
     e.shutdown()
 
 
-def test_async_save_holds_blocks_until_the_copy_completes(model_dir: Path, orbit_manager: ManagerProcess) -> None:
-    manager = orbit_manager
+def test_async_save_holds_blocks_until_the_copy_completes(model_dir: Path, manager: ManagerProcess) -> None:
     a = build(model_dir, manager)
-    gate = Gate()
-    gate.wrap(a.worker.worker_side.engine, "save")
-    r = make_request(PROMPT)
-    a.scheduler.add_request(r)
+    gate = Gate(a.worker.worker_side.engine, "save")
+    r = a.submit(PROMPT)
     steps = a.run_to_completion([r.request_id])
     assert gate.issued >= 1
     # The request finished, but its copies have not completed: vLLM keeps its blocks
@@ -194,21 +195,16 @@ def test_async_save_holds_blocks_until_the_copy_completes(model_dir: Path, orbit
     assert len(sent) == 1, "reported in finished_sending exactly once, after completion"
     assert counters(a)["saved_blocks"] >= FULL_BLOCKS
     assert visible_blocks(a, PROMPT) == FULL_BLOCKS
-    a.assert_drained()
-    assert_no_leases_held(a, manager)
+    assert_drained_no_leases_held(a, manager)
     a.shutdown()
 
 
 def test_failed_copy_is_aborted_never_visible_and_the_request_finishes(
-    model_dir: Path, orbit_manager: ManagerProcess
+    model_dir: Path, manager: ManagerProcess
 ) -> None:
-    manager = orbit_manager
     a = build(model_dir, manager)
-    gate = Gate()
-    gate.fail = True
-    gate.wrap(a.worker.worker_side.engine, "save")
-    r = make_request(PROMPT)
-    a.scheduler.add_request(r)
+    gate = Gate(a.worker.worker_side.engine, "save", fail=True)
+    r = a.submit(PROMPT)
     a.run_to_completion([r.request_id])
     a.run_until_drained()
     assert gate.issued >= 1 and r.request_id in a.finished and r.request_id not in a.failed
@@ -217,22 +213,19 @@ def test_failed_copy_is_aborted_never_visible_and_the_request_finishes(
     stats = manager.stats()
     assert stats["blocks_committed_total"] == 0 and stats["dram_pending_save_bytes"] == 0, stats
     assert visible_blocks(a, PROMPT) == 0
-    a.assert_drained()
-    assert_no_leases_held(a, manager)
+    assert_drained_no_leases_held(a, manager)
     a.shutdown()
 
 
 def test_deferred_load_is_reported_only_after_completion_and_keeps_its_lease(
-    model_dir: Path, orbit_manager: ManagerProcess
+    model_dir: Path, manager: ManagerProcess
 ) -> None:
-    manager = orbit_manager
     a = build(model_dir, manager)
     a.scheduler.add_request(make_request(PROMPT))
     a.run_until_drained()
     b = build(model_dir, manager)
     worker = b.worker.worker_side
-    gate = Gate()
-    gate.wrap(worker.engine, "load")
+    gate = Gate(worker.engine, "load")
     r = make_request(PROMPT)
     b.scheduler.add_request(r)
     b.run_until(lambda: gate.issued == 1, what="the load's copy issued")
@@ -251,18 +244,15 @@ def test_deferred_load_is_reported_only_after_completion_and_keeps_its_lease(
     b.check_pages(r, len(PROMPT))
     b.run_to_completion([r.request_id])
     b.run_until_drained()
-    b.assert_drained()
-    assert_no_leases_held(b, manager)
+    assert_drained_no_leases_held(b, manager)
     for e in (a, b):
         e.shutdown()
 
 
-def test_shutdown_drains_copies_before_closing_the_session(model_dir: Path, orbit_manager: ManagerProcess) -> None:
-    manager = orbit_manager
+def test_shutdown_drains_copies_before_closing_the_session(model_dir: Path, manager: ManagerProcess) -> None:
     a = build(model_dir, manager)
     worker = a.worker.worker_side
-    gate = Gate()
-    gate.wrap(worker.engine, "save")
+    gate = Gate(worker.engine, "save")
     r = make_request(PROMPT)
     a.scheduler.add_request(r)
     a.run_to_completion([r.request_id])
@@ -292,16 +282,12 @@ def test_shutdown_drains_copies_before_closing_the_session(model_dir: Path, orbi
     other.shutdown()
 
 
-def test_preempted_request_with_saves_in_flight_resumes_and_drains(
-    model_dir: Path, orbit_manager: ManagerProcess
-) -> None:
+def test_preempted_request_with_saves_in_flight_resumes_and_drains(model_dir: Path, manager: ManagerProcess) -> None:
     """Preemption while saves are still copying: the saves no longer hold the request
     (both roles drop it in the same order), they still commit, and the resumed request
     finishes with its own saves' delayed free."""
-    manager = orbit_manager
     a = build(model_dir, manager)
-    gate = Gate()
-    gate.wrap(a.worker.worker_side.engine, "save")
+    gate = Gate(a.worker.worker_side.engine, "save")
     r = make_request(PROMPT, max_tokens=24)
     a.scheduler.add_request(r)
     a.run_until(lambda: len(r.output_token_ids) >= 8, what="decode progress")
@@ -315,6 +301,5 @@ def test_preempted_request_with_saves_in_flight_resumes_and_drains(
     a.run_to_completion([r.request_id])
     a.run_until_drained()
     assert counters(a)["saved_blocks"] >= FULL_BLOCKS
-    a.assert_drained()
-    assert_no_leases_held(a, manager)
+    assert_drained_no_leases_held(a, manager)
     a.shutdown()

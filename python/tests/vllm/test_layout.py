@@ -41,6 +41,18 @@ def _block_bytes(kv: dict[str, torch.Tensor], block: int) -> bytes:
     return b"".join(kv[name].view(torch.uint8)[block].contiguous().numpy().tobytes() for name in LAYERS)
 
 
+def _assert_moved(
+    kv: dict[str, torch.Tensor], layout: str, before: dict[int, bytes], blocks: list[int], dst: list[int]
+) -> None:
+    """Block `dst[i]` now holds what block `blocks[i]` held `before`; every other block is untouched."""
+    for b in range(NUM_BLOCKS):
+        after = _block_bytes(kv, b)
+        if b in dst:
+            assert after == before[blocks[dst.index(b)]], f"{layout}: block {b} not restored"
+        else:
+            assert after == before[b], f"{layout}: sentinel block {b} was touched"
+
+
 @pytest.mark.parametrize("layout", [layout.name for layout in KVCacheLayout])
 def test_gather_scatter_roundtrip_with_sentinels(layout: str) -> None:
     kv, copier = _pages(layout)
@@ -53,12 +65,7 @@ def test_gather_scatter_roundtrip_with_sentinels(layout: str) -> None:
     # Move block 3 -> 10, 7 -> 0, 1 -> 5 and check only those destinations changed.
     dst = [10, 0, 5]
     copier.scatter(staged, dst)
-    for b in range(NUM_BLOCKS):
-        after = _block_bytes(kv, b)
-        if b in dst:
-            assert after == before[blocks[dst.index(b)]], f"{layout}: block {b} not restored"
-        else:
-            assert after == before[b], f"{layout}: sentinel block {b} was touched"
+    _assert_moved(kv, layout, before, blocks, dst)
 
 
 @pytest.mark.parametrize("layout", [layout.name for layout in KVCacheLayout])
@@ -122,9 +129,4 @@ def test_native_page_copies_match_the_host_oracle(layout: str, orbit_manager) ->
             c.restore(lease, staged)  # the cached bytes, block by block
             assert bytes(staged) == oracle.tobytes(), f"{layout}: cached block format differs from the oracle"
             assert c.restore_pages(lease, native_layout, flat, dst) == len(dst) * g.block_bytes
-    for b in range(NUM_BLOCKS):
-        after = _block_bytes(kv, b)
-        if b in dst:
-            assert after == before[blocks[dst.index(b)]], f"{layout}: block {b} not restored"
-        else:
-            assert after == before[b], f"{layout}: sentinel block {b} was touched"
+    _assert_moved(kv, layout, before, blocks, dst)

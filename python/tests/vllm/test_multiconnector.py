@@ -20,8 +20,15 @@ import pytest
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
-from vllm_harness import BLOCK, make_kv_cache_config, make_request, make_vllm_config, prompt_tokens, runner_output
+from vllm_harness import (
+    BLOCK,
+    make_kv_cache_config,
+    make_request,
+    make_scheduler,
+    make_vllm_config,
+    prompt_tokens,
+    runner_output,
+)
 
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
 
@@ -48,13 +55,7 @@ def _decode_side_scheduler(model_dir: Path) -> Scheduler:
     cfg = make_vllm_config(model_dir, kv_connector="MultiConnector", module_path=None, extra=extra)
     kc = make_kv_cache_config(128, "LBNHC")
     cfg.cache_config.num_gpu_blocks = 128
-    return Scheduler(
-        vllm_config=cfg,
-        kv_cache_config=kc,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(cfg),
-        block_size=BLOCK,
-    )
+    return make_scheduler(cfg, kc)
 
 
 def _output(so, sched: Scheduler, finished_recving: set[str] | None = None) -> ModelRunnerOutput:  # type: ignore[no-untyped-def]

@@ -14,7 +14,6 @@ from vllm_env import skip_module_if_unavailable
 
 skip_module_if_unavailable()
 
-import os
 import signal
 import threading
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 from vllm.v1.request import RequestStatus
 from vllm_env import ManagerProcess
-from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens
+from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens, stop_all_threads
 
 from orbitkv.vllm.scheduler import OrbitKVScheduler
 
@@ -48,16 +47,6 @@ def save_prompt(model_dir: Path, manager: ManagerProcess, prompt: list[int]) -> 
     a.run_to_completion([r.request_id])
     a.run_until_drained()
     a.shutdown()
-
-
-def stop_all_threads(pid: int) -> None:
-    """SIGSTOP `pid` and wait until every thread is stopped (kill() only queues it)."""
-    os.kill(pid, signal.SIGSTOP)
-    tasks = Path(f"/proc/{pid}/task")
-    deadline = time.monotonic() + 10
-    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
-        assert time.monotonic() < deadline, "the Manager did not stop"
-        time.sleep(0.01)
 
 
 def test_a_miss_sends_the_manager_no_message(model_dir: Path, orbit_manager: ManagerProcess) -> None:

@@ -16,11 +16,11 @@ skip_module_if_unavailable()
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orbitkv_testing
 import pytest
 from tp_harness import TPEngine
 from vllm.v1.request import RequestStatus
@@ -52,12 +52,7 @@ def qc_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProc
 
 
 def eventually(what: str, pred: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for: {what}")
+    orbitkv_testing.eventually(pred, what, timeout, poll=0.05)
 
 
 def counters(e: TPEngine) -> dict[str, int]:

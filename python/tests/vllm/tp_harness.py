@@ -37,10 +37,14 @@ from vllm_harness import (
     LAYERS,
     NUM_KV_HEADS,
     kv_bytes,
-    kv_connector_output,
     make_kv_cache_config,
+    make_scheduler,
     make_vllm_config,
+    record_finished,
+    run_worker_step,
     runner_output,
+    sampled_tokens,
+    scheduled_requests,
 )
 
 REPLY_TIMEOUT_S = 120.0
@@ -101,13 +105,7 @@ class _Rank:
     def _slot(self, layer: str, block_id: int, offset: int) -> Any:
         return self.kv_caches[layer].view(self.torch.uint8)[block_id, :, offset, :]
 
-    def step(self, so: Any, writes: list[Write]) -> Any:
-        w = self.connector
-        meta = so.kv_connector_metadata
-        w.handle_preemptions(meta)
-        w.bind_connector_metadata(meta)
-        if so.has_sync_kv_loads:
-            w.start_load_kv(None)
+    def _forward(self, writes: list[Write]) -> None:
         for wr in writes:
             for pos in range(wr.start, wr.end):
                 prefix = wr.token_ids[: pos + 1]
@@ -115,10 +113,10 @@ class _Rank:
                     raw = bytearray(rank_kv_bytes(prefix, li, self.rank))
                     data = self.torch.frombuffer(raw, dtype=self.torch.uint8)
                     self._slot(layer, wr.block_ids[pos // BLOCK], pos % BLOCK).copy_(data.view(NUM_KV_HEADS, -1))
-        if not so.has_sync_kv_loads:
-            w.start_load_kv(None)
-        w.wait_for_save()
-        return kv_connector_output(w, so)
+
+    def step(self, so: Any, writes: list[Write]) -> Any:
+        _, out = run_worker_step(self.connector, so, lambda: self._forward(writes))
+        return out
 
     def check(self, block_ids: list[int], token_ids: list[int], n: int) -> str | None:
         for pos in range(n):
@@ -215,19 +213,11 @@ class TPEngine:
     @classmethod
     def build(cls, model_dir: Path, socket_path: str, tp: int, extra: dict[str, Any] | None = None) -> TPEngine:
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
-        from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.structured_output import StructuredOutputManager
 
         cfg = tp_config(model_dir, socket_path, tp, extra)
         kv_cache_config = make_kv_cache_config(128, cfg.cache_config.kv_cache_layout)
         cfg.cache_config.num_gpu_blocks = 128
-        scheduler = Scheduler(
-            vllm_config=cfg,
-            kv_cache_config=kv_cache_config,
-            log_stats=True,
-            structured_output_manager=StructuredOutputManager(cfg),
-            block_size=BLOCK,
-        )
+        scheduler = make_scheduler(cfg, kv_cache_config)
         ctx = _context()
         port = _free_port()
         conns, procs = [], []
@@ -271,19 +261,14 @@ class TPEngine:
     # ---- one engine step ---------------------------------------------------------------
 
     def step(self, sequential: bool = False) -> Any:
-        from vllm.v1.engine import FinishReason
-
         so = self.scheduler.schedule()
         writes: list[Write] = []
         req_ids: list[str] = []
         sampled: list[list[int]] = []
-        for req_id, n in so.num_scheduled_tokens.items():
-            request = self.scheduler.requests[req_id]
-            end = request.num_computed_tokens  # already advanced by schedule()
-            (block_ids,) = self.scheduler.kv_cache_manager.get_block_ids(req_id)
-            writes.append(Write(end - n, end, list(request.all_token_ids[:end]), list(block_ids)))
-            req_ids.append(req_id)
-            sampled.append([5 + len(request.output_token_ids) % 7] if end >= request.num_tokens else [])
+        for request, start, end, block_ids in scheduled_requests(self.scheduler, so):
+            writes.append(Write(start, end, list(request.all_token_ids[:end]), block_ids))
+            req_ids.append(request.request_id)
+            sampled.append(sampled_tokens(request, end))
         live = [r for r in range(self.tp) if r not in self.dead]
         if sequential:  # rank order: rank 0's step (its saves included) ends before rank 1's starts
             outs = [self.call("step", so, writes, ranks=[r])[0] for r in live]
@@ -291,12 +276,7 @@ class TPEngine:
             outs = self.call("step", so, writes)
         mros = [runner_output(req_ids, sampled, out) for out in outs]
         engine_outputs = self.scheduler.update_from_output(so, self.aggregator.aggregate(mros))
-        for eco in engine_outputs.values():
-            for o in eco.outputs:
-                if o.finish_reason is not None:
-                    self.finished.add(o.request_id)
-                    if o.finish_reason == FinishReason.ERROR:
-                        self.failed.add(o.request_id)
+        record_finished(engine_outputs, self.finished, self.failed)
         return so
 
     def step_admitting(self, request: Any, max_steps: int = 200) -> Any:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -81,6 +83,25 @@ def kv_connector_output(w: Any, so: SchedulerOutput) -> KVConnectorOutput:
     )
     w.clear_connector_metadata()
     return out
+
+
+_T = TypeVar("_T")
+
+
+def run_worker_step(w: Any, so: SchedulerOutput, forward: Callable[[], _T]) -> tuple[_T, KVConnectorOutput]:
+    """The worker-role connector's side of one step around `forward` (the model), in the
+    V1 runner's order: bind the metadata, start loads (before the forward when they are
+    synchronous), wait for saves; returns the forward's result and the step's output."""
+    meta = so.kv_connector_metadata
+    w.handle_preemptions(meta)
+    w.bind_connector_metadata(meta)
+    if so.has_sync_kv_loads:
+        w.start_load_kv(None)
+    result = forward()
+    if not so.has_sync_kv_loads:
+        w.start_load_kv(None)
+    w.wait_for_save()
+    return result, kv_connector_output(w, so)
 
 
 def runner_output(req_ids: list[str], sampled: list[list[int]], kv_connector_output: Any = None) -> ModelRunnerOutput:
@@ -257,6 +278,53 @@ def prompt_tokens(n: int, seed: int) -> list[int]:
     return [int(x) for x in rng.integers(3, 1000, size=n)]
 
 
+def make_scheduler(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Scheduler:
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+    )
+
+
+def scheduled_requests(scheduler: Scheduler, so: SchedulerOutput) -> list[tuple[Request, int, int, list[int]]]:
+    """(request, start, end, block ids) for each request `so` schedules: positions
+    [start, end) are computed by this step's forward."""
+    out = []
+    for req_id, n in so.num_scheduled_tokens.items():
+        request = scheduler.requests[req_id]
+        end = request.num_computed_tokens  # already advanced by schedule()
+        (block_ids,) = scheduler.kv_cache_manager.get_block_ids(req_id)
+        out.append((request, end - n, end, list(block_ids)))
+    return out
+
+
+def sampled_tokens(request: Request, end: int) -> list[int]:
+    """A token is sampled once the whole prompt (and prior outputs) is computed."""
+    return [5 + len(request.output_token_ids) % 7] if end >= request.num_tokens else []
+
+
+def record_finished(engine_outputs: Any, finished: set[str], failed: set[str]) -> None:
+    """Add the requests `engine_outputs` finish to `finished` (and those that failed to `failed`)."""
+    for eco in engine_outputs.values():
+        for o in eco.outputs:
+            if o.finish_reason is not None:
+                finished.add(o.request_id)
+                if o.finish_reason == FinishReason.ERROR:
+                    failed.add(o.request_id)
+
+
+def stop_all_threads(pid: int) -> None:
+    """SIGSTOP `pid` and wait until every thread is stopped (kill() only queues it)."""
+    os.kill(pid, signal.SIGSTOP)
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + 10
+    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
+        assert time.monotonic() < deadline, "the Manager did not stop"
+        time.sleep(0.01)
+
+
 @dataclass
 class StepResult:
     scheduler_output: SchedulerOutput
@@ -280,13 +348,7 @@ class Engine:
         assert layout is not None
         kv_cache_config = make_kv_cache_config(num_blocks, layout)
         vllm_config.cache_config.num_gpu_blocks = num_blocks
-        scheduler = Scheduler(
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            log_stats=True,
-            structured_output_manager=StructuredOutputManager(vllm_config),
-            block_size=BLOCK,
-        )
+        scheduler = make_scheduler(vllm_config, kv_cache_config)
         if vllm_config.kv_transfer_config is None:  # no connector: the bare Scheduler
             return cls(vllm_config, kv_cache_config, scheduler, None, {})
         worker = KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
@@ -297,6 +359,12 @@ class Engine:
     @property
     def connector(self) -> Any:
         return self.scheduler.connector
+
+    def submit(self, prompt: list[int], **kw: Any) -> Request:
+        """Add a new request for `prompt` (`make_request`'s keywords) to the scheduler."""
+        r = make_request(prompt, **kw)
+        self.scheduler.add_request(r)
+        return r
 
     # ---- the emulated model ----------------------------------------------------------
 
@@ -325,15 +393,11 @@ class Engine:
     def _forward(self, so: SchedulerOutput) -> ModelRunnerOutput:
         req_ids: list[str] = []
         sampled: list[list[int]] = []
-        for req_id, n in so.num_scheduled_tokens.items():
-            request = self.scheduler.requests[req_id]
-            end = request.num_computed_tokens  # already advanced by schedule()
-            (block_ids,) = self.scheduler.kv_cache_manager.get_block_ids(req_id)
-            for pos in range(end - n, end):
+        for request, start, end, block_ids in scheduled_requests(self.scheduler, so):
+            for pos in range(start, end):
                 self.write_token(request, pos, block_ids)
-            req_ids.append(req_id)
-            # A token is sampled once the whole prompt (and prior outputs) is computed.
-            sampled.append([5 + len(request.output_token_ids) % 7] if end >= request.num_tokens else [])
+            req_ids.append(request.request_id)
+            sampled.append(sampled_tokens(request, end))
         return runner_output(req_ids, sampled)
 
     # ---- one engine step ------------------------------------------------------------
@@ -343,26 +407,11 @@ class Engine:
 
     def execute(self, so: SchedulerOutput) -> StepResult:
         """Run the worker side of one step for `so`, then feed the scheduler."""
-        w = self.worker
-        meta = so.kv_connector_metadata
-        assert meta is not None
-        w.handle_preemptions(meta)
-        w.bind_connector_metadata(meta)
-        if so.has_sync_kv_loads:
-            w.start_load_kv(None)
-        out = self._forward(so)
-        if not so.has_sync_kv_loads:
-            w.start_load_kv(None)
-        w.wait_for_save()
-        out.kv_connector_output = kv_connector_output(w, so)
-        kv_output = out.kv_connector_output
+        assert so.kv_connector_metadata is not None
+        out, kv_output = run_worker_step(self.worker, so, lambda: self._forward(so))
+        out.kv_connector_output = kv_output
         engine_outputs = self.scheduler.update_from_output(so, out)
-        for eco in engine_outputs.values():
-            for o in eco.outputs:
-                if o.finish_reason is not None:
-                    self.finished.add(o.request_id)
-                    if o.finish_reason == FinishReason.ERROR:
-                        self.failed.add(o.request_id)
+        record_finished(engine_outputs, self.finished, self.failed)
         return StepResult(so, kv_output, engine_outputs)
 
     def schedule_admitting(self, request: Request, max_steps: int = 200) -> SchedulerOutput:
