@@ -118,6 +118,29 @@ fn anything_but_exactly_the_block_is_a_miss_with_its_reason() {
     assert!(s.get(&key(3, 0), 8192).is_ok());
     let st = s.stats();
     assert_eq!((st.absent, st.invalid, st.hits), (2, 3, 1));
+    // Large blocks: the same verdicts.
+    const BIG: usize = 4 << 20;
+    assert_eq!(s.get(&key(4, 0), BIG as u64).map(|_| ()), Err(Miss::Absent));
+    assert!(s.put(&key(4, 0), &block(4, BIG + 4096)));
+    assert_eq!(
+        s.get(&key(4, 0), BIG as u64).map(|_| ()),
+        Err(Miss::Invalid(Mismatch::Length {
+            stored: (BIG + 4096) as u64,
+            expected: BIG as u64
+        })),
+        "a longer value is named"
+    );
+    assert!(s.put(&key(5, 0), &block(5, BIG)));
+    let got = s.get(&key(5, 0), BIG as u64).expect("a large block");
+    assert!(got.payload() == &block(5, BIG)[..]);
+    // The same length, one payload byte changed deep inside: never served.
+    let k5 = value::store_key("okv:", &key(5, 0));
+    let whole = (value::HEADER_BYTES + BIG).to_string();
+    assert_eq!(c.cli(&["setrange", &k5, &(3 << 20).to_string(), "Z"]), whole);
+    assert_eq!(
+        s.get(&key(5, 0), BIG as u64).map(|_| ()),
+        Err(Miss::Invalid(Mismatch::PayloadSum))
+    );
 }
 
 #[test]
