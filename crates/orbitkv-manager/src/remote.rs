@@ -21,11 +21,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use orbitkv_core::{BlockHash, BlockKey, NsId, SaveStatus, SessionEnd, SessionId, TierKey};
+use orbitkv_core::{BlockHash, NsId, SaveStatus, TierKey};
 use orbitkv_remote::store::{Hit, RemoteError, RemoteStore, StoreStats};
 
 use crate::shared::parts::{Arena, Shutdown};
-use crate::tier::{Tier, ssd_key};
+use crate::tier::{InternalSession, Tier, ssd_key, tier_namespace};
 
 /// Blocks read from the store before they are committed together.
 const FILL_BATCH: usize = 16;
@@ -115,7 +115,9 @@ impl RemoteTier {
     /// store into DRAM. Returns how many leading blocks the store held and
     /// this Manager stored (visible now); any failure ends the fill there.
     pub fn fill(&self, arena: Arena<'_>, ns: NsId, hashes: &[BlockHash]) -> usize {
-        let Some((tier_ns, generation, block_bytes)) = namespace_key(arena, ns, hashes) else {
+        let Some((tier_ns, generation, block_bytes)) =
+            hashes.first().and_then(|h| tier_namespace(arena, ns, h))
+        else {
             return 0;
         };
         let mut stored = 0;
@@ -172,44 +174,6 @@ impl RemoteTier {
     }
 }
 
-/// The tier key parts of `ns` (its namespace key, generation and block size).
-fn namespace_key(
-    arena: Arena<'_>,
-    ns: NsId,
-    hashes: &[BlockHash],
-) -> Option<(orbitkv_core::NamespaceKey, u64, u64)> {
-    let first = hashes.first()?;
-    let cache = arena.cache.read();
-    let generation = cache.generation_of(ns).ok()?;
-    let block_bytes = cache.block_bytes(ns).ok()?;
-    let tk = cache.tier_key(&BlockKey {
-        ns,
-        generation,
-        hash: *first,
-    })?;
-    Some((tk.ns, generation, block_bytes))
-}
-
-/// A Manager-internal session, ended (its saves aborted, its leases released)
-/// when dropped.
-struct InternalSession<'a> {
-    arena: Arena<'a>,
-    id: SessionId,
-}
-
-impl<'a> InternalSession<'a> {
-    fn open(arena: Arena<'a>) -> Self {
-        let id = arena.cache.write().open_session();
-        InternalSession { arena, id }
-    }
-}
-
-impl Drop for InternalSession<'_> {
-    fn drop(&mut self) {
-        let _ = self.arena.cache.write().end_session(self.id, SessionEnd::Clean);
-    }
-}
-
 /// Write the verified payloads of `hashes` into a save of an internal session
 /// and commit it; `None` when the cache refused the save.
 fn store_blocks(
@@ -241,7 +205,9 @@ pub fn writer(remote: &RemoteTier, arena: Arena<'_>, below: Option<&dyn Tier>, s
         let Some((ns, hashes)) = remote.next_batch(Duration::from_millis(50)) else {
             continue;
         };
-        let Some((tier_ns, generation, block_bytes)) = namespace_key(arena, ns, &hashes) else {
+        let Some((tier_ns, generation, block_bytes)) =
+            hashes.first().and_then(|h| tier_namespace(arena, ns, h))
+        else {
             remote
                 .counters
                 .gone

@@ -46,12 +46,7 @@ fn blocks(seed: u8, n: usize) -> Vec<Vec<u8>> {
 }
 
 fn save(m: &ManagerProc, chain: u8, data: &[Vec<u8>]) {
-    let c = m.client();
-    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
-    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    let r = c.save(&ns, &hashes(chain, data.len()), &src).expect("save");
-    assert_eq!(r.stored as usize, data.len());
-    c.close().expect("close");
+    save_blocks(m, FP, BB, &hashes(chain, data.len()), data);
 }
 
 fn stat(m: &ManagerProc, name: &str) -> u64 {

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use orbitkv_core::{BlockHash, BlockKey, NsId};
+use orbitkv_core::{BlockHash, NsId};
 use orbitkv_proto::peer::{BlockQuery, PeerRequest, PeerResponse, decode_peer_response};
 use orbitkv_proto::{read_frame, write_frame};
 
@@ -24,22 +24,8 @@ impl PeerTier {
         let Some(first) = hashes.first() else {
             return 0;
         };
-        let (key, generation, block_bytes) = {
-            let cache = arena.cache.write();
-            let Ok(generation) = cache.generation_of(ns) else {
-                return 0;
-            };
-            let Ok(block_bytes) = cache.block_bytes(ns) else {
-                return 0;
-            };
-            let Some(tk) = cache.tier_key(&BlockKey {
-                ns,
-                generation,
-                hash: *first,
-            }) else {
-                return 0;
-            };
-            (tk.ns, generation, block_bytes)
+        let Some((key, generation, block_bytes)) = crate::tier::tier_namespace(arena, ns, first) else {
+            return 0;
         };
         let query = BlockQuery {
             fingerprint: key.fingerprint.0,

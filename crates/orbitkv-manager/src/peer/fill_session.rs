@@ -2,27 +2,26 @@
 //! the blocks land in, reading them into its slots, checking them against the
 //! source's checksums and committing.
 
-use orbitkv_core::{BlockHash, NsId, SaveId, SaveStatus, SessionEnd, SessionId};
+use orbitkv_core::{BlockHash, NsId, SaveId, SaveStatus};
 use orbitkv_proto::peer::{PeerResponse, decode_peer_response};
 use orbitkv_proto::read_frame;
 
 use super::transport::Conn;
 use super::{PeerError, Piece, checksums_alongside};
 use crate::shared::parts::Arena;
+use crate::tier::InternalSession;
 
-/// A Manager-internal session that owns the save a fill writes into; ended
-/// (its save aborted if not committed) when dropped. The Manager's own thread
-/// is the only writer of those slots and has stopped when this drops, so the
-/// end is `Clean`.
+/// The Manager-internal session that owns the save a fill writes into
+/// (ended, its save aborted if not committed, when dropped).
 pub(super) struct FillSession<'a> {
-    arena: Arena<'a>,
-    id: SessionId,
+    session: InternalSession<'a>,
 }
 
 impl<'a> FillSession<'a> {
     pub(super) fn open(arena: Arena<'a>) -> Self {
-        let id = arena.cache.write().open_session();
-        FillSession { arena, id }
+        FillSession {
+            session: InternalSession::open(arena),
+        }
     }
 
     /// Receive `hashes.len()` blocks into fresh save slots, check them against
@@ -52,13 +51,14 @@ impl<'a> FillSession<'a> {
         ahead: bool,
     ) -> Result<SaveId, PeerError> {
         let (save, items) = self
+            .session
             .arena
             .cache
             .write()
-            .begin_save(self.id, ns, hashes)
+            .begin_save(self.session.id, ns, hashes)
             .map_err(|e| PeerError::Protocol(format!("no room for peer blocks: {e}")))?;
         let len = block_bytes as usize;
-        let segments = self.arena.segments;
+        let segments = self.session.arena.segments;
         let sums = checksums_alongside(
             ahead,
             |sink| read_blocks(conn, segments, &items, len, !ahead, sink),
@@ -76,7 +76,7 @@ impl<'a> FillSession<'a> {
                 }
             };
         if checksums != sums {
-            let _ = self.arena.cache.write().abort_save(self.id, save);
+            let _ = self.session.arena.cache.write().abort_save(self.session.id, save);
             return Err(PeerError::Protocol(
                 "block checksums differ from the source's; nothing stored".into(),
             ));
@@ -87,10 +87,11 @@ impl<'a> FillSession<'a> {
     /// Make a verified save's blocks visible; the blocks committed.
     pub(super) fn commit(&mut self, save: SaveId) -> Result<usize, PeerError> {
         let committed = self
+            .session
             .arena
             .cache
             .write()
-            .commit_save(self.id, save)
+            .commit_save(self.session.id, save)
             .map_err(|e| PeerError::Protocol(e.to_string()))?;
         Ok(committed as usize)
     }
@@ -127,10 +128,4 @@ fn read_blocks<'a>(
         }
     }
     Ok(())
-}
-
-impl Drop for FillSession<'_> {
-    fn drop(&mut self) {
-        let _ = self.arena.cache.write().end_session(self.id, SessionEnd::Clean);
-    }
 }

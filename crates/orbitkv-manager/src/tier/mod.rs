@@ -164,6 +164,51 @@ impl<J: TierMove> Drop for MoveGuard<'_, J> {
     }
 }
 
+/// A Manager-internal session (the peer and remote tiers' fills and sends),
+/// ended when dropped: its open saves aborted, its leases released. Only the
+/// Manager's own thread writes its slots, and it has stopped when this drops,
+/// so the end is `Clean`.
+pub struct InternalSession<'a> {
+    pub arena: Arena<'a>,
+    pub id: orbitkv_core::SessionId,
+}
+
+impl<'a> InternalSession<'a> {
+    pub fn open(arena: Arena<'a>) -> Self {
+        let id = arena.cache.write().open_session();
+        InternalSession { arena, id }
+    }
+}
+
+impl Drop for InternalSession<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .arena
+            .cache
+            .write()
+            .end_session(self.id, orbitkv_core::SessionEnd::Clean);
+    }
+}
+
+/// What a tier below DRAM keys namespace `ns`'s blocks by: its namespace key,
+/// current generation and block size (`first`: any of its hashes). `None`
+/// when `ns` is not registered.
+pub fn tier_namespace(
+    arena: Arena<'_>,
+    ns: orbitkv_core::NsId,
+    first: &orbitkv_core::BlockHash,
+) -> Option<(orbitkv_core::NamespaceKey, u64, u64)> {
+    let cache = arena.cache.read();
+    let generation = cache.generation_of(ns).ok()?;
+    let block_bytes = cache.block_bytes(ns).ok()?;
+    let tk = cache.tier_key(&orbitkv_core::BlockKey {
+        ns,
+        generation,
+        hash: *first,
+    })?;
+    Some((tk.ns, generation, block_bytes))
+}
+
 /// A Manager-internal session's lease acquired for copying out (a peer's
 /// fetch, the remote tier's writer): its slots, staging SSD-only blocks first;
 /// `None` when it cannot be served (an error releases it).

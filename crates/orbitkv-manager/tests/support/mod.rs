@@ -40,6 +40,17 @@ pub fn server_code(e: &ClientError) -> Option<ErrorCode> {
     }
 }
 
+/// Save `data` as the blocks `hashes` of namespace (`fp`, `block_bytes`)
+/// through a fresh client of `m`; every block must be newly stored.
+pub fn save_blocks(m: &ManagerProc, fp: [u8; 32], block_bytes: usize, hashes: &[[u8; 32]], data: &[Vec<u8>]) {
+    let c = m.client();
+    let ns = c.register_namespace(fp, block_bytes as u64, 0, b"").expect("ns");
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let r = c.save(&ns, hashes, &src).expect("save");
+    assert_eq!(r.stored as usize, data.len());
+    c.close().expect("close");
+}
+
 /// Restore the blocks `hashes` of namespace (`fp`, `block_bytes`) through a
 /// fresh client of `m`: (blocks hit, their bytes).
 pub fn restore_blocks(
