@@ -9,6 +9,8 @@
 # The venv lives outside the repository, keyed by the pin:
 #   <repo>/.cache/venvs/sglang-<pin> (git-ignored; ORBITKV_VENV_CACHE=/dir moves it)
 # A stamp file records a completed install; an interrupted install is rebuilt.
+# When the disk is short, other cached engine venvs are removed, least recently used
+# first, to make room (scripts/venv-room.sh; ORBITKV_KEEP_VENVS=1 keeps them).
 # Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
 #
 # Why not `pip install sglang==<pin>`: one of its GPU-only dependencies is a source
@@ -22,6 +24,7 @@
 #   4. ninja (SGLang JIT-builds its SHA-256 page-hash extension on first use; that
 #      needs g++ and the OpenSSL headers from the system).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/venv-room.sh"
 # The venv is the cache: a second copy of every wheel in pip's own cache (several GB per
 # torch stack) is what filled the CI disk before the last pin could be built.
 export PIP_NO_CACHE_DIR="${PIP_NO_CACHE_DIR:-1}"
@@ -70,6 +73,7 @@ PY
 
 if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] && check_import; then
     echo "sglang-venv: reusing $VENV" >&2
+    mark_venv_used "$VENV"
     echo "$VENV"
     exit 0
 fi
@@ -90,16 +94,17 @@ command -v g++ >/dev/null 2>&1 \
     || fail "no OpenSSL headers (SGLang's page-hash extension links -lcrypto; install libssl-dev)"
 
 mkdir -p "$(dirname "$VENV")"
-avail_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print $4}')"
-if [[ -n "$avail_kb" ]] && (( avail_kb < 10 * 1024 * 1024 )); then
-    fail "needs 10 GiB free under $(dirname "$VENV") (the venv takes 5-6 GB and pip unpacks beside it; only $((avail_kb / 1024)) MiB free)"
-fi
 if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
     fail "$VENV exists and is not a virtual environment; refusing to replace it"
 fi
 
 echo "sglang-venv: building $VENV (sglang==$SGLANG_PIN without its GPU dependencies)" >&2
 rm -rf "$VENV"
+# The venv takes 5-6 GB; pip holds the downloaded wheels beside it while installing.
+NEED_GIB=10
+if ! make_venv_room "$(dirname "$VENV")" $((NEED_GIB * 1024 * 1024)) "$VENV"; then
+    fail "needs $NEED_GIB GiB free under $(dirname "$VENV") to build (only $(($(venv_free_kib "$(dirname "$VENV")") / 1024)) MiB free, after removing any other cached engine venv there)"
+fi
 "$PYTHON" -m venv "$VENV" || fail "python -m venv failed"
 PIP=("$VENV/bin/python" -m pip install --quiet)
 "${PIP[@]}" --upgrade pip >&2 || fail "pip upgrade failed (is the package index reachable?)"
@@ -132,5 +137,6 @@ if ! check_import; then
     fail "sglang.srt.mem_cache.unified_radix_cache (or its page-hash extension) does not import on CPU: ${why:-unknown error}"
 fi
 echo "$STAMP_CONTENT" > "$STAMP"
+mark_venv_used "$VENV"
 echo "sglang-venv: ready $VENV" >&2
 echo "$VENV"

@@ -6,7 +6,9 @@
 #      (as root, 8 huge pages are reserved for the run when fewer are free)
 #   4. the vLLM adapter suite on each qualified pin (0.31.0, 0.33.0, 0.34.0), each in its
 #      own cached venv under .cache/venvs, git-ignored (8.5 / 9.5 / 9.5 GB; a cold build
-#      takes ~4 min a pin on this 2-core box; pip keeps no second copy of the wheels) — see docs/adapters.md
+#      takes ~4 min a pin on this 2-core box; pip keeps no second copy of the wheels; on a
+#      short disk the least recently used venvs are removed to make room for the next
+#      one, scripts/venv-room.sh) — see docs/adapters.md
 #   5. the SGLang adapter suite on each qualified pin (0.5.21, 0.5.23), each in its own
 #      cached venv (~2-4 min / 5.3 and 6.0 GB the first time) — see docs/adapters.md
 set -euo pipefail
@@ -82,7 +84,14 @@ echo "== vLLM adapter suite on 0.31.0, 0.33.0 and 0.34.0 (cached venvs; skipped 
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
 echo "== SGLang adapter suite on 0.5.21 and 0.5.23 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings
-VLLM_VENV="$(scripts/vllm-venv.sh 2>/dev/null | tail -n 1 || true)"
+# The torch-only tests need a torch stack, not a particular vLLM: any pin's venv still
+# cached (a short disk keeps only the last ones built), else 0.31.0's, built.
+VLLM_VENV=""
+for pin in 0.34.0 0.33.0 0.31.0; do
+    VLLM_VENV="$(ORBITKV_VENV_REUSE_ONLY=1 scripts/vllm-venv.sh "$pin" 2>/dev/null | tail -n 1 || true)"
+    [[ -x "$VLLM_VENV/bin/python" ]] && break
+done
+[[ -x "$VLLM_VENV/bin/python" ]] || VLLM_VENV="$(scripts/vllm-venv.sh 2>/dev/null | tail -n 1 || true)"
 if [[ -x "$VLLM_VENV/bin/python" ]]; then
     echo "== native tests that need torch (inside the vLLM venv)"
     "$VLLM_VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings python/tests/native/test_torch_buffers.py
@@ -91,4 +100,6 @@ if [[ -x "$VLLM_VENV/bin/python" ]]; then
     echo "== the one-pass Triton copy kernel on CPU pages, under Triton's interpreter (the same cases, kernel=triton)"
     TRITON_INTERPRET=1 "$VLLM_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider -p no:warnings \
         python/tests/with_torch/test_kvcopy_cpu.py -k triton
+else
+    echo "== SKIPPING the torch tests (test_torch_buffers, with_torch, gpu): no vLLM venv could be provided (see the vLLM suite's reason above)"
 fi

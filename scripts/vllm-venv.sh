@@ -6,12 +6,17 @@
 #                                   # prints the venv path on the last line of stdout
 #   ORBITKV_VLLM_VENV_0_33_0=/path  # override the location of one pin's venv (dots -> _)
 #   ORBITKV_VLLM_VENV=/path ...     # the same, for the default pin 0.31.0 only
+#   ORBITKV_VENV_REUSE_ONLY=1 ...   # print the venv only if it is built already; exit 3 if not
 #
 # The venv is cached per pin in the repository's git-ignored .cache/venvs/vllm-<pin>
 # (ORBITKV_VENV_CACHE=/dir moves the cache), so repeated runs reuse it.
 # A stamp file records a completed install; an interrupted install is rebuilt.
-# Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
+# When the disk is short, other cached engine venvs are removed, least recently used
+# first, to make room (scripts/venv-room.sh; ORBITKV_KEEP_VENVS=1 keeps them).
+# Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr),
+# 3 not built and ORBITKV_VENV_REUSE_ONLY=1.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/venv-room.sh"
 # The venv is the cache: a second copy of every wheel in pip's own cache (several GB per
 # torch stack) is what filled the CI disk before the last pin could be built.
 export PIP_NO_CACHE_DIR="${PIP_NO_CACHE_DIR:-1}"
@@ -55,8 +60,13 @@ fail() {
 if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
     && "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLLM_PIN')" 2>/dev/null; then
     echo "vllm-venv: reusing $VENV" >&2
+    mark_venv_used "$VENV"
     echo "$VENV"
     exit 0
+fi
+if [[ "${ORBITKV_VENV_REUSE_ONLY:-0}" == 1 ]]; then
+    echo "vllm-venv: vllm==$VLLM_PIN is not built under $VENV (ORBITKV_VENV_REUSE_ONLY=1)" >&2
+    exit 3
 fi
 
 command -v "$PYTHON" >/dev/null 2>&1 || fail "no '$PYTHON' interpreter on PATH"
@@ -71,16 +81,17 @@ esac
     || fail "'$PYTHON -m venv' is unavailable (install the python3-venv package)"
 
 mkdir -p "$(dirname "$VENV")"
-avail_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print $4}')"
-if [[ -n "$avail_kb" ]] && (( avail_kb < 10 * 1024 * 1024 )); then
-    fail "needs 10 GiB free under $(dirname "$VENV") (the venv takes 8.5-9.5 GB; only $((avail_kb / 1024)) MiB free)"
-fi
-
 if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
     fail "$VENV exists and is not a virtual environment; refusing to replace it"
 fi
 echo "vllm-venv: building $VENV (vllm==$VLLM_PIN, ~4 min, 8.5-9.5 GB)" >&2
 rm -rf "$VENV"
+# The venv takes 8.5-9.5 GB; pip holds the downloaded wheels beside it while installing
+# (peak 11.5 GB measured building 0.33.0 with pip keeping no cache).
+NEED_GIB=14
+if ! make_venv_room "$(dirname "$VENV")" $((NEED_GIB * 1024 * 1024)) "$VENV"; then
+    fail "needs $NEED_GIB GiB free under $(dirname "$VENV") to build (only $(($(venv_free_kib "$(dirname "$VENV")") / 1024)) MiB free, after removing any other cached engine venv there)"
+fi
 "$PYTHON" -m venv "$VENV" || fail "python -m venv failed"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2 || fail "pip upgrade failed (is PyPI reachable?)"
 if [[ -n "${DEP_OVERRIDES[$VLLM_PIN]:-}" ]]; then
@@ -116,5 +127,6 @@ fi
 "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLLM_PIN')" \
     || { rm -rf "$VENV"; fail "installed vllm does not import or is not $VLLM_PIN"; }
 echo "$STAMP_CONTENT" > "$STAMP"
+mark_venv_used "$VENV"
 echo "vllm-venv: ready $VENV" >&2
 echo "$VENV"

@@ -1,0 +1,55 @@
+# Sourced by scripts/vllm-venv.sh and scripts/sglang-venv.sh: room on disk for one more
+# cached engine venv.
+#
+#   make_venv_room CACHE_ROOT NEED_KIB KEEP_DIR
+#
+# An engine venv takes 5-10 GB and pip needs a few more GB beside it while it installs;
+# five pins do not fit on every CI disk at once. When the filesystem holding CACHE_ROOT has
+# less than NEED_KIB free, the OrbitKV engine venvs cached directly under CACHE_ROOT
+# (a directory holding a .orbitkv-*-stamp file; nothing else is ever touched), other than
+# KEEP_DIR, are removed least recently used first (mark_venv_used at each use) until
+# NEED_KIB is free. Each removal is printed on stderr; a later run rebuilds that pin.
+# ORBITKV_KEEP_VENVS=1 removes nothing. Returns 0 when NEED_KIB is free, 1 otherwise
+# (the caller refuses to build, naming the shortfall).
+
+venv_free_kib() {
+    df -Pk "$1" | awk 'NR==2 {print $4}'
+}
+
+mark_venv_used() {
+    touch "$1/.orbitkv-used" 2>/dev/null || true
+}
+
+make_venv_room() {
+    local root="$1" need_kib="$2" keep="$3" free dir used
+    free="$(venv_free_kib "$root")"
+    [[ -n "$free" ]] || return 1
+    ((free >= need_kib)) && return 0
+    if [[ "${ORBITKV_KEEP_VENVS:-0}" == 1 ]]; then
+        echo "venv-room: $((free / 1024)) MiB free under $root, $((need_kib / 1024)) MiB needed;" \
+            "ORBITKV_KEEP_VENVS=1, so no cached venv is removed" >&2
+        return 1
+    fi
+    # Candidates: "<last use, seconds> <dir>", oldest first.
+    local candidates=()
+    for dir in "$root"/*/; do
+        dir="${dir%/}"
+        [[ "$dir" -ef "$keep" ]] && continue
+        [[ -f "$dir/pyvenv.cfg" ]] || continue
+        compgen -G "$dir/.orbitkv-*-stamp" >/dev/null || continue
+        used="$(stat -c %Y "$dir/.orbitkv-used" 2>/dev/null || stat -c %Y "$dir/pyvenv.cfg")"
+        candidates+=("$used $dir")
+    done
+    local line
+    while IFS= read -r line; do
+        [[ -n "$line" ]] || continue
+        ((free >= need_kib)) && break
+        dir="${line#* }"
+        echo "venv-room: removing the cached venv $dir (least recently used) to make room:" \
+            "$((free / 1024)) MiB free, $((need_kib / 1024)) MiB needed; a later run rebuilds it" \
+            "(ORBITKV_KEEP_VENVS=1 keeps cached venvs)" >&2
+        rm -rf "$dir"
+        free="$(venv_free_kib "$root")"
+    done < <(printf '%s\n' ${candidates[@]+"${candidates[@]}"} | sort -n)
+    ((free >= need_kib))
+}
