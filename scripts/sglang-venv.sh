@@ -10,7 +10,7 @@
 #   <repo>/.cache/venvs/sglang-<pin> (git-ignored; ORBITKV_VENV_CACHE=/dir moves it)
 # A stamp file records a completed install; an interrupted install is rebuilt.
 # When the disk is short, other cached engine venvs are removed, least recently used
-# first, to make room (scripts/venv-room.sh; ORBITKV_KEEP_VENVS=1 keeps them).
+# first, to make room (scripts/venv-lib.sh; ORBITKV_KEEP_VENVS=1 keeps them).
 # Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr).
 #
 # Why not `pip install sglang==<pin>`: one of its GPU-only dependencies is a source
@@ -24,7 +24,7 @@
 #   4. ninja (SGLang JIT-builds its SHA-256 page-hash extension on first use; that
 #      needs g++ and the OpenSSL headers from the system).
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/venv-room.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/venv-lib.sh"
 # The venv is the cache: a second copy of every wheel in pip's own cache (several GB per
 # torch stack) is what filled the CI disk before the last pin could be built.
 export PIP_NO_CACHE_DIR="${PIP_NO_CACHE_DIR:-1}"
@@ -78,16 +78,7 @@ if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] && check_imp
     exit 0
 fi
 
-command -v "$PYTHON" >/dev/null 2>&1 || fail "no '$PYTHON' interpreter on PATH"
-pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-"$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] < (3, 15)))' \
-    || fail "sglang==$SGLANG_PIN needs Python >=3.10,<3.15 (found $pyver)"
-case "$(uname -s)-$(uname -m)" in
-    Linux-x86_64 | Linux-aarch64) ;;
-    *) fail "no sglang==$SGLANG_PIN wheel for $(uname -s)-$(uname -m)" ;;
-esac
-"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null \
-    || fail "'$PYTHON -m venv' is unavailable (install the python3-venv package)"
+check_venv_platform "sglang==$SGLANG_PIN"
 command -v g++ >/dev/null 2>&1 \
     || fail "no g++ (SGLang JIT-builds its page-hash extension; install the g++ package)"
 [[ -f /usr/include/openssl/sha.h ]] \

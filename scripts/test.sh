@@ -8,7 +8,7 @@
 #      own cached venv under .cache/venvs, git-ignored (8.5 / 9.5 / 9.5 GB; a cold build
 #      takes ~4 min a pin on this 2-core box; pip keeps no second copy of the wheels; on a
 #      short disk the least recently used venvs are removed to make room for the next
-#      one, scripts/venv-room.sh) — see docs/adapters.md
+#      one, scripts/venv-lib.sh) — see docs/adapters.md
 #   5. the SGLang adapter suite on each qualified pin (0.5.21, 0.5.23), each in its own
 #      cached venv (~2-4 min / 5.3 and 6.0 GB the first time) — see docs/adapters.md
 set -euo pipefail

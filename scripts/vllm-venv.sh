@@ -12,11 +12,11 @@
 # (ORBITKV_VENV_CACHE=/dir moves the cache), so repeated runs reuse it.
 # A stamp file records a completed install; an interrupted install is rebuilt.
 # When the disk is short, other cached engine venvs are removed, least recently used
-# first, to make room (scripts/venv-room.sh; ORBITKV_KEEP_VENVS=1 keeps them).
+# first, to make room (scripts/venv-lib.sh; ORBITKV_KEEP_VENVS=1 keeps them).
 # Exit status: 0 ready, 2 the platform cannot install the pin (reason on stderr),
 # 3 not built and ORBITKV_VENV_REUSE_ONLY=1.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/venv-room.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/venv-lib.sh"
 # The venv is the cache: a second copy of every wheel in pip's own cache (several GB per
 # torch stack) is what filled the CI disk before the last pin could be built.
 export PIP_NO_CACHE_DIR="${PIP_NO_CACHE_DIR:-1}"
@@ -69,16 +69,7 @@ if [[ "${ORBITKV_VENV_REUSE_ONLY:-0}" == 1 ]]; then
     exit 3
 fi
 
-command -v "$PYTHON" >/dev/null 2>&1 || fail "no '$PYTHON' interpreter on PATH"
-pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-"$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] < (3, 15)))' \
-    || fail "vllm==$VLLM_PIN needs Python >=3.10,<3.15 (found $pyver)"
-case "$(uname -s)-$(uname -m)" in
-    Linux-x86_64 | Linux-aarch64) ;;
-    *) fail "no vllm==$VLLM_PIN wheel for $(uname -s)-$(uname -m) (PyPI ships Linux x86_64/aarch64 only)" ;;
-esac
-"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null \
-    || fail "'$PYTHON -m venv' is unavailable (install the python3-venv package)"
+check_venv_platform "vllm==$VLLM_PIN"
 
 mkdir -p "$(dirname "$VENV")"
 if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then

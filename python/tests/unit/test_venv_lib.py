@@ -1,4 +1,4 @@
-"""scripts/venv-room.sh: cached engine venvs removed, least recently used first, only when
+"""scripts/venv-lib.sh: cached engine venvs removed, least recently used first, only when
 the disk cannot hold the next one, and nothing but stamped OrbitKV venvs ever touched.
 
 Runs on a real, small tmpfs (root only: mounting needs it), so `df` reports what the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOM = Path(__file__).resolve().parents[3] / "scripts" / "venv-room.sh"
+ROOM = Path(__file__).resolve().parents[3] / "scripts" / "venv-lib.sh"
 MIB = 1024
 
 
@@ -102,3 +102,13 @@ def test_a_venv_never_marked_used_counts_as_oldest_by_its_creation(small_fs: Pat
     r = make_room(small_fs, 30 * MIB, small_fs / "vllm-0.33.0")
     assert r.returncode == 0, r.stderr
     assert not unmarked.exists() and marked.exists()
+
+
+def test_platform_check_names_a_missing_interpreter() -> None:
+    script = f'fail() {{ echo "FAIL: $*"; exit 2; }}; source "{ROOM}"; check_venv_platform "vllm==0.31.0"; echo passed'
+    r = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHON": "no-such-python3"}
+    )
+    assert r.returncode == 2 and "FAIL: no 'no-such-python3' interpreter on PATH" in r.stdout
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHON": "python3"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("passed"), r.stdout

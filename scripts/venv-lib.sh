@@ -1,6 +1,8 @@
-# Sourced by scripts/vllm-venv.sh and scripts/sglang-venv.sh: room on disk for one more
-# cached engine venv.
+# Sourced by scripts/vllm-venv.sh and scripts/sglang-venv.sh: what building one cached
+# engine venv needs from this machine.
 #
+#   check_venv_platform PACKAGE==PIN   # Python 3.10-3.14, Linux x86_64/aarch64, python -m venv;
+#                                      # otherwise calls the caller's `fail` with the reason
 #   make_venv_room CACHE_ROOT NEED_KIB KEEP_DIR
 #
 # An engine venv takes 5-10 GB and pip needs a few more GB beside it while it installs;
@@ -11,6 +13,20 @@
 # NEED_KIB is free. Each removal is printed on stderr; a later run rebuilds that pin.
 # ORBITKV_KEEP_VENVS=1 removes nothing. Returns 0 when NEED_KIB is free, 1 otherwise
 # (the caller refuses to build, naming the shortfall).
+
+check_venv_platform() {
+    local what="$1" pyver
+    command -v "$PYTHON" >/dev/null 2>&1 || fail "no '$PYTHON' interpreter on PATH"
+    pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    "$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] < (3, 15)))' \
+        || fail "$what needs Python >=3.10,<3.15 (found $pyver)"
+    case "$(uname -s)-$(uname -m)" in
+        Linux-x86_64 | Linux-aarch64) ;;
+        *) fail "no $what wheel for $(uname -s)-$(uname -m) (PyPI ships Linux x86_64/aarch64 only)" ;;
+    esac
+    "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null \
+        || fail "'$PYTHON -m venv' is unavailable (install the python3-venv package)"
+}
 
 venv_free_kib() {
     df -Pk "$1" | awk 'NR==2 {print $4}'
