@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from engine_manager import manager_in_short_dir
-from sglang_env import PINNED_SGLANG, UNAVAILABLE, ManagerProcess
+from engine_env import orbit_manager_fixture
+from sglang_env import PINNED_SGLANG, UNAVAILABLE
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -17,7 +15,4 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"orbitkv SGLang suite: sglang=={PINNED_SGLANG} from {sys.executable}"]
 
 
-@pytest.fixture
-def orbit_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]:
-    with manager_in_short_dir(Path(tmp_path_factory.mktemp("mgr", numbered=True)), "okv-sgl") as mgr:
-        yield mgr
+orbit_manager = orbit_manager_fixture("okv-sgl")

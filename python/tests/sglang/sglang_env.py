@@ -12,7 +12,12 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import pytest
+# The helpers shared with the other engine suite live in python/tests/support (put on the
+# path here too: rank and engine subprocesses import this module outside pytest).
+_SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+if _SUPPORT not in sys.path:
+    sys.path.append(_SUPPORT)
+from engine_env import ManagerProcess, adapter_from_working_tree, skip_module  # noqa: E402,F401
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -45,17 +50,7 @@ UNAVAILABLE = _unavailable_reason()
 
 def skip_module_if_unavailable() -> None:
     """Call first in every test module, before anything imports SGLang."""
-    if UNAVAILABLE:
-        pytest.skip(UNAVAILABLE, allow_module_level=True)
+    skip_module(UNAVAILABLE)
 
 
-# The Manager process helper is shared with the other engine suite (python/tests/support,
-# put on the path here too: rank and engine subprocesses import this module outside pytest).
-_SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
-if _SUPPORT not in sys.path:
-    sys.path.append(_SUPPORT)
-from engine_manager import ManagerProcess  # noqa: E402,F401
-from working_tree import use_working_tree  # noqa: E402
-
-# This checkout's adapter and the layers it builds on, whatever wheel is installed.
-use_working_tree("engine", "kvcopy", "sglang")
+adapter_from_working_tree("sglang")

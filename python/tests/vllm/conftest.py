@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_manager import manager_in_short_dir
-from vllm_env import PINNED_VLLM, UNAVAILABLE, ManagerProcess
+from engine_env import orbit_manager_fixture
+from vllm_env import PINNED_VLLM, UNAVAILABLE
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -19,10 +18,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"orbitkv vLLM suite: vllm=={vllm.__version__} (pin {PINNED_VLLM}) from {sys.executable}"]
 
 
-@pytest.fixture
-def orbit_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]:
-    with manager_in_short_dir(Path(tmp_path_factory.mktemp("mgr", numbered=True)), "okv") as mgr:
-        yield mgr
+orbit_manager = orbit_manager_fixture("okv")
 
 
 @pytest.fixture

@@ -13,7 +13,12 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import pytest
+# The helpers shared with the other engine suite live in python/tests/support (put on the
+# path here too: rank and engine subprocesses import this module outside pytest).
+_SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+if _SUPPORT not in sys.path:
+    sys.path.append(_SUPPORT)
+from engine_env import ManagerProcess, adapter_from_working_tree, skip_module  # noqa: E402,F401
 
 
 def _installed_vllm() -> str | None:
@@ -76,17 +81,7 @@ if UNAVAILABLE is None and INSTALLED_VLLM == "0.34.0":
 
 def skip_module_if_unavailable() -> None:
     """Call first in every test module, before anything imports vLLM."""
-    if UNAVAILABLE:
-        pytest.skip(UNAVAILABLE, allow_module_level=True)
+    skip_module(UNAVAILABLE)
 
 
-# The Manager process helper is shared with the other engine suite (python/tests/support,
-# put on the path here too: rank and engine subprocesses import this module outside pytest).
-_SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
-if _SUPPORT not in sys.path:
-    sys.path.append(_SUPPORT)
-from engine_manager import ManagerProcess  # noqa: E402,F401
-from working_tree import use_working_tree  # noqa: E402
-
-# This checkout's adapter and the layers it builds on, whatever wheel is installed.
-use_working_tree("engine", "kvcopy", "vllm")
+adapter_from_working_tree("vllm")
