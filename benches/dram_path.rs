@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 use orbitkv_client::Client;
 use orbitkv_manager::{Manager, ManagerConfig};
 
+#[path = "common/args.rs"]
+mod args;
+use args::Args;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -30,27 +34,11 @@ fn hash(size_idx: u8, trial: u32, i: u32) -> [u8; 32] {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let out = args
-        .get(1)
-        .filter(|a| !a.starts_with("--"))
-        .cloned()
-        .unwrap_or_else(|| "bench-results/dram_path.json".into());
-    let opt = |name: &str, default: usize| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let total = opt("--total-mib", 256) << 20;
-    let trials = opt("--trials", 9).max(1);
-    let hugepages = args
-        .iter()
-        .position(|a| a == "--hugepages")
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| "off".into());
+    let args = Args::from_env();
+    let out = args.out("bench-results/dram_path.json");
+    let total = args.usize("--total-mib", 256) << 20;
+    let trials = args.usize("--trials", 9).max(1);
+    let hugepages = args.value("--hugepages").unwrap_or("off").to_string();
 
     let dir = std::env::temp_dir().join(format!("orbitkv-bench-{}", std::process::id()));
     let sock = dir.join("m.sock");

@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 
 use orbitkv_client::Client;
 use orbitkv_manager::{Manager, ManagerConfig};
+
+#[path = "common/args.rs"]
+mod args;
+use args::Args;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
@@ -50,9 +54,10 @@ fn free_port() -> u16 {
         .unwrap_or_else(|e| panic!("port: {e}"))
 }
 
-fn run(dir: &Path, args: &[&str]) -> bool {
+/// Runs `openssl` in `dir` with `args` (space-separated; none contains a space).
+fn openssl(dir: &Path, args: &str) -> bool {
     Command::new("openssl")
-        .args(args)
+        .args(args.split(' '))
         .current_dir(dir)
         .stderr(std::process::Stdio::null())
         .status()
@@ -62,76 +67,20 @@ fn run(dir: &Path, args: &[&str]) -> bool {
 /// A CA and one certificate (IP 127.0.0.1, client and server use) for both ends.
 fn make_pki(dir: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    let ok = run(
-        dir,
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            "ca.key",
-        ],
-    ) && run(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=bench-ca",
-            "-days",
-            "1",
-            "-out",
-            "ca.crt",
-        ],
-    ) && std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
-    )
-    .is_ok()
-        && run(
+    let ext =
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n";
+    let ok = openssl(dir, "ecparam -name prime256v1 -genkey -noout -out ca.key")
+        && openssl(
             dir,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                "m.key",
-            ],
+            "req -x509 -new -key ca.key -subj /CN=bench-ca -days 1 -out ca.crt",
         )
-        && run(
+        && std::fs::write(dir.join("ext.cnf"), ext).is_ok()
+        && openssl(dir, "ecparam -name prime256v1 -genkey -noout -out m.key")
+        && openssl(dir, "pkcs8 -topk8 -nocrypt -in m.key -out m.pk8")
+        && openssl(dir, "req -new -key m.key -subj /CN=m -out m.csr")
+        && openssl(
             dir,
-            &["pkcs8", "-topk8", "-nocrypt", "-in", "m.key", "-out", "m.pk8"],
-        )
-        && run(
-            dir,
-            &["req", "-new", "-key", "m.key", "-subj", "/CN=m", "-out", "m.csr"],
-        )
-        && run(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "m.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                "ext.cnf",
-                "-out",
-                "m.crt",
-            ],
+            "x509 -req -in m.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 -extfile ext.cnf -out m.crt",
         );
     ok && std::fs::set_permissions(dir.join("m.pk8"), std::fs::Permissions::from_mode(0o600)).is_ok()
 }
@@ -576,32 +525,13 @@ fn hash_rates(src: &[Vec<u8>], reps: usize) -> (f64, f64) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let out = args
-        .get(1)
-        .filter(|a| !a.starts_with("--"))
-        .cloned()
-        .unwrap_or_else(|| "bench-results/peer_restore.json".into());
-    let opt = |name: &str, default: usize| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let total = opt("--total-mib", 128) << 20;
-    let bs = opt("--block-kib", 256) << 10;
-    let trials = opt("--trials", 5).max(1) as u32;
-    let hash_thread = args
-        .iter()
-        .position(|a| a == "--peer-hash-thread")
-        .and_then(|i| args.get(i + 1))
-        .map_or("auto", String::as_str);
-    let streams = args
-        .iter()
-        .position(|a| a == "--peer-fill-streams")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str);
+    let args = Args::from_env();
+    let out = args.out("bench-results/peer_restore.json");
+    let total = args.usize("--total-mib", 128) << 20;
+    let bs = args.usize("--block-kib", 256) << 10;
+    let trials = args.usize("--trials", 5).max(1) as u32;
+    let hash_thread = args.value("--peer-hash-thread").unwrap_or("auto");
+    let streams = args.value("--peer-fill-streams");
     let n = (total / bs).max(1);
     let src: Vec<Vec<u8>> = (0..n)
         .map(|i| (0..bs).map(|j| (i * 131 + j * 7) as u8).collect())
@@ -613,7 +543,7 @@ fn main() {
     let have_tls = make_pki(&pki);
 
     // Interleaved per trial, so drift on a shared machine hits every row alike.
-    let landing = if args.iter().any(|a| a == "--land-in-shm") {
+    let landing = if args.flag("--land-in-shm") {
         Landing::Shm
     } else {
         Landing::Heap
@@ -621,7 +551,7 @@ fn main() {
     let opts = Opts {
         hash_thread,
         streams,
-        decoy: args.iter().any(|a| a == "--decoy-peer"),
+        decoy: args.flag("--decoy-peer"),
     };
     let plain_pair = pair(None, bs, n * bs, &root, &opts);
     // What `auto` resolved to (or what was asked), from B's status.

@@ -19,7 +19,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use orbitkv_core::policy::{Policy, PolicyKind};
-use orbitkv_core::{AcquireStep, BlockRef, CacheState, Fingerprint, NamespaceKey, SpillPolicy, TierKey};
+use orbitkv_core::{
+    AcquireStep, BlockRef, CacheState, Fingerprint, NamespaceKey, NsId, SessionId, SpillPolicy, TierKey,
+};
 
 const BLOCK: u64 = 64 << 10;
 
@@ -64,9 +66,8 @@ impl Tally {
     }
 }
 
-/// The Manager's policy code: `CacheState` with `policy`, `capacity` blocks of DRAM.
-fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockRef>) -> Result<Tally, String> {
-    let mut cache = CacheState::with_policy_instance(&[capacity * BLOCK], policy);
+/// The replay's one session and namespace.
+fn open_replay(cache: &mut CacheState) -> Result<(SessionId, NsId), String> {
     let s = cache.open_session();
     let key = NamespaceKey {
         fingerprint: Fingerprint([7; 32]),
@@ -74,6 +75,19 @@ fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockRef>) -> Resu
         salt: [0; 32],
     };
     let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
+    Ok((s, ns))
+}
+
+/// Saves and commits `hashes` (what an engine does after computing them).
+fn save(cache: &mut CacheState, s: SessionId, ns: NsId, hashes: &[[u8; 32]]) -> Result<(), String> {
+    let (id, _) = cache.begin_save(s, ns, hashes).map_err(|e| e.to_string())?;
+    cache.commit_save(s, id).map(drop).map_err(|e| e.to_string())
+}
+
+/// The Manager's policy code: `CacheState` with `policy`, `capacity` blocks of DRAM.
+fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockRef>) -> Result<Tally, String> {
+    let mut cache = CacheState::with_policy_instance(&[capacity * BLOCK], policy);
+    let (s, ns) = open_replay(&mut cache)?;
     let mut t = Tally::default();
     for req in trace {
         let hashes: Vec<[u8; 32]> = req.iter().map(|&id| hash_of(id)).collect();
@@ -87,8 +101,7 @@ fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockRef>) -> Resu
         if rest.is_empty() {
             continue;
         }
-        let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
-        cache.commit_save(s, id).map_err(|e| e.to_string())?;
+        save(&mut cache, s, ns, rest)?;
     }
     Ok(t)
 }
@@ -161,13 +174,7 @@ fn run_core_tiered(
         order: std::collections::BTreeMap::new(),
         clock: 0,
     };
-    let s = cache.open_session();
-    let key = NamespaceKey {
-        fingerprint: Fingerprint([7; 32]),
-        shard: 0,
-        salt: [0; 32],
-    };
-    let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
+    let (s, ns) = open_replay(&mut cache)?;
     let mut t = TierTally::default();
     for req in trace {
         let hashes: Vec<[u8; 32]> = req.iter().map(|&id| hash_of(id)).collect();
@@ -198,14 +205,12 @@ fn run_core_tiered(
             cache.release(s, l).map_err(|e| e.to_string())?;
             if !served {
                 // Save what was not served, as an engine would after recomputing.
-                let (id, _) = cache.begin_save(s, ns, &hashes).map_err(|e| e.to_string())?;
-                cache.commit_save(s, id).map_err(|e| e.to_string())?;
+                save(&mut cache, s, ns, &hashes)?;
             }
         }
         let rest = &hashes[r.hit_blocks as usize..];
         if !rest.is_empty() {
-            let (id, _) = cache.begin_save(s, ns, rest).map_err(|e| e.to_string())?;
-            cache.commit_save(s, id).map_err(|e| e.to_string())?;
+            save(&mut cache, s, ns, rest)?;
         }
         // A disk that keeps up writes every candidate; a slow one only
         // `writes_per_request` per request (the rest wait, and DRAM may evict them
@@ -655,19 +660,12 @@ fn lookup_cost(kind: PolicyKind, ssd_blocks: u64) -> Result<f64, String> {
     if ssd_blocks > 0 {
         cache.enable_ssd_tiers(0, SpillPolicy::Evict, ssd_blocks * BLOCK);
     }
-    let s = cache.open_session();
-    let key = NamespaceKey {
-        fingerprint: Fingerprint([7; 32]),
-        shard: 0,
-        salt: [0; 32],
-    };
-    let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
+    let (s, ns) = open_replay(&mut cache)?;
     let chains: Vec<Vec<[u8; 32]>> = (0..CHAINS)
         .map(|c| (0..32).map(|j| hash_of(c * 1000 + j)).collect())
         .collect();
     for c in &chains {
-        let (id, _) = cache.begin_save(s, ns, c).map_err(|e| e.to_string())?;
-        cache.commit_save(s, id).map_err(|e| e.to_string())?;
+        save(&mut cache, s, ns, c)?;
     }
     let mut best = f64::MAX;
     for _ in 0..3 {
