@@ -61,7 +61,7 @@ impl CacheState {
     ) -> Result<TpLookupResult, CacheError> {
         self.live_session(s)?;
         self.check_tp_group(nss)?;
-        self.pin_tp(s, Some(uid), nss, hashes, token, expires_at_ms)
+        self.lookup_tp_part(s, Some(uid), nss, hashes, token, expires_at_ms)
     }
 
     /// The part of a TP lookup that this Manager holds when the group's shards
@@ -83,18 +83,6 @@ impl CacheState {
     ) -> Result<TpLookupResult, CacheError> {
         self.live_session(s)?;
         self.check_tp_shards(nss)?;
-        self.pin_tp(s, uid, nss, hashes, token, expires_at_ms)
-    }
-
-    fn pin_tp(
-        &mut self,
-        s: SessionId,
-        uid: Option<u32>,
-        nss: &[NsId],
-        hashes: &[BlockHash],
-        token: TpToken,
-        expires_at_ms: u64,
-    ) -> Result<TpLookupResult, CacheError> {
         if self.tp.contains_key(&token) {
             return Err(CacheError::TpGroup("token collision; retry".into()));
         }
@@ -248,7 +236,7 @@ impl CacheState {
             }
             if info.key.fingerprint != fp || info.key.salt != salt || info.block_bytes != bytes {
                 return Err(CacheError::TpGroup(format!(
-                    "namespace {} differs from shard 0 in fingerprint, salt or block size: one TP group only",
+                    "namespace {} differs from the first shard declared in fingerprint, salt or block size: one TP group only",
                     ns.0
                 )));
             }
@@ -259,28 +247,14 @@ impl CacheState {
     /// Every namespace registered, shards `0..n` in order, one fingerprint,
     /// salt and block size.
     pub fn check_tp_group(&self, nss: &[NsId]) -> Result<(), CacheError> {
-        if nss.is_empty() || nss.len() > MAX_TP_SHARDS {
-            return Err(CacheError::TpGroup(format!(
-                "a TP lookup declares 1 to {MAX_TP_SHARDS} shards, got {}",
-                nss.len()
-            )));
-        }
-        let first = self.ns(nss[0])?;
-        let (fp, salt, bytes) = (first.key.fingerprint, first.key.salt, first.block_bytes);
+        self.check_tp_shards(nss)?;
         for (i, &ns) in nss.iter().enumerate() {
-            let info = self.ns(ns)?;
-            if info.key.shard as usize != i {
+            let shard = self.ns(ns)?.key.shard;
+            if shard as usize != i {
                 return Err(CacheError::TpGroup(format!(
-                    "namespace {} at position {i} is shard {}: declare shards 0..{} in order",
+                    "namespace {} at position {i} is shard {shard}: declare shards 0..{} in order",
                     ns.0,
-                    info.key.shard,
                     nss.len()
-                )));
-            }
-            if info.key.fingerprint != fp || info.key.salt != salt || info.block_bytes != bytes {
-                return Err(CacheError::TpGroup(format!(
-                    "namespace {} differs from the first shard in fingerprint, salt or block size: one TP group only",
-                    ns.0
                 )));
             }
         }
