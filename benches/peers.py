@@ -131,6 +131,34 @@ class Blocks:
         return int(np.count_nonzero(a != self.base[o : o + size]))
 
 
+class Gets:
+    """The timed gets of one point: each get's latency, and the bytes wrong or missing,
+    checked outside the timing."""
+
+    def __init__(self, blocks: Blocks, size: int) -> None:
+        self.blocks, self.size = blocks, size
+        self.lat: list[float] = []
+        self.total = 0.0
+        self.wrong = 0
+        self.misses = 0
+
+    def timed(self, ns: int) -> None:
+        self.lat.append(ns / 1e3)
+        self.total += ns / 1e9
+
+    def check(self, i: int, got: Any | None) -> None:
+        """`got`: the bytes read for block `i`, or None when the get missed."""
+        if got is None:
+            self.misses += 1
+            self.wrong += self.size
+        else:
+            self.wrong += self.blocks.wrong_bytes(got, i, self.size)
+
+    @property
+    def timing(self) -> tuple[list[float], float]:
+        return self.lat, self.total
+
+
 class System(abc.ABC):
     name = ""
 
@@ -185,20 +213,17 @@ class Memcpy(System):
         if n > slots:
             raise ValueError(f"memcpy store holds {slots} blocks of {size}, {n} asked")
         put = timed_loop(n, lambda i: ctypes.memmove(sa + i * size, blocks.addr + blocks.offset(i), size))
-        wrong = 0
 
         def get(i: int) -> None:
             ctypes.memmove(da, sa + i * size, size)
 
-        lat, total = [], 0.0
+        g = Gets(blocks, size)
         for i in range(n):  # the check runs outside the timed copy
             s = time.perf_counter_ns()
             get(i)
-            d = (time.perf_counter_ns() - s) / 1e3
-            lat.append(d)
-            total += d / 1e6
-            wrong += blocks.wrong_bytes(self.dst, i, size)
-        return point(size, n, put, (lat, total), wrong)
+            g.timed(time.perf_counter_ns() - s)
+            g.check(i, self.dst)
+        return point(size, n, put, g.timing, g.wrong)
 
 
 class RedisServer:
@@ -327,16 +352,14 @@ class RedisPy(System):
         keys = [f"{tag}:{i}" for i in range(n)]
         put = timed_loop(n, lambda i: self.r.set(keys[i], blocks.block(i, size)))
         got: list[Any] = [None]
-        lat, total, wrong = [], 0.0, 0
+        g = Gets(blocks, size)
         for i in range(n):
             s = time.perf_counter_ns()
             got[0] = self.r.get(keys[i])
-            d = (time.perf_counter_ns() - s) / 1e3
-            lat.append(d)
-            total += d / 1e6
-            wrong += size if got[0] is None or len(got[0]) != size else blocks.wrong_bytes(got[0], i, size)
+            g.timed(time.perf_counter_ns() - s)
+            g.check(i, None if got[0] is None or len(got[0]) != size else got[0])
         self.r.flushall()
-        return point(size, n, put, (lat, total), wrong)
+        return point(size, n, put, g.timing, g.wrong)
 
     def stop(self) -> None:
         if hasattr(self, "r"):
@@ -460,17 +483,15 @@ class Mooncake(System):
         if fails:
             raise RuntimeError(f"mooncake put_from failed {len(fails)} of {n} times (first code {fails[0]})")
         da = int(self.dst.ctypes.data)
-        lat, total, wrong = [], 0.0, 0
+        g = Gets(blocks, size)
         for i in range(n):
             t = time.perf_counter_ns()
             got = s.get_into(keys[i], da, size)
-            d = (time.perf_counter_ns() - t) / 1e3
-            lat.append(d)
-            total += d / 1e6
-            wrong += size if got != size else blocks.wrong_bytes(self.dst, i, size)
+            g.timed(time.perf_counter_ns() - t)
+            g.check(i, self.dst if got == size else None)
         for k in keys:
             s.remove(k, True)
-        return point(size, n, p, (lat, total), wrong)
+        return point(size, n, p, g.timing, g.wrong)
 
     def stop(self) -> None:
         if hasattr(self, "store"):
@@ -542,7 +563,7 @@ class OrbitKV(System):
         if refused:
             raise RuntimeError(f"orbitkv save stored nothing for {len(refused)} of {n} blocks: {refused[:3]}")
         dst = memoryview(self.dst.data).cast("B")[:size]
-        lat, total, wrong, misses = [], 0.0, 0, 0
+        g = Gets(blocks, size)
         phases: dict[str, list[float]] = {"lookup": [], "restore": [], "release": []}
         for i in range(n):
             t = time.perf_counter_ns()
@@ -554,17 +575,11 @@ class OrbitKV(System):
             t2 = time.perf_counter_ns()
             c.release(lease)
             t3 = time.perf_counter_ns()
-            d = (t3 - t) / 1e3
             phases["lookup"].append((t1 - t) / 1e3)
             phases["restore"].append((t2 - t1) / 1e3)
             phases["release"].append((t3 - t2) / 1e3)
-            lat.append(d)
-            total += d / 1e6
-            if hit != 1:
-                misses += 1
-                wrong += size
-            else:
-                wrong += blocks.wrong_bytes(self.dst, i, size)
+            g.timed(t3 - t)
+            g.check(i, self.dst if hit == 1 else None)
         evictions = int(c.stats().get("evictions_total", 0)) - evictions0
         # Frees this point's blocks (the Manager frees a reset generation's blocks), so the
         # next point never evicts and the arena needs to hold one point only.
@@ -573,9 +588,9 @@ class OrbitKV(System):
             size,
             n,
             p,
-            (lat, total),
-            wrong,
-            misses=misses,
+            g.timing,
+            g.wrong,
+            misses=g.misses,
             evictions=evictions,
             get_phase_p50_us={k: statistics.median(v) for k, v in phases.items()},
         )
@@ -634,7 +649,7 @@ class OrbitKVMapped(OrbitKV):
         if refused:
             raise RuntimeError(f"orbitkv begin_save allocated nothing for {len(refused)} of {n} blocks")
         da = int(self.dst.ctypes.data)
-        lat, total, wrong, misses = [], 0.0, 0, 0
+        g = Gets(blocks, size)
         for i in range(n):
             t = time.perf_counter_ns()
             lease = c.lookup(ns, [hashes[i]])
@@ -643,17 +658,11 @@ class OrbitKVMapped(OrbitKV):
                 ((seg, off),) = c.acquire(lease)
                 ctypes.memmove(da, addr(seg) + off, size)
             c.release(lease)
-            d = (time.perf_counter_ns() - t) / 1e3
-            lat.append(d)
-            total += d / 1e6
-            if hit != 1:
-                misses += 1
-                wrong += size
-            else:
-                wrong += blocks.wrong_bytes(self.dst, i, size)
+            g.timed(time.perf_counter_ns() - t)
+            g.check(i, self.dst if hit == 1 else None)
         evictions = int(c.stats().get("evictions_total", 0)) - evictions0
         c.reset_generation(ns)
-        return point(size, n, p, (lat, total), wrong, misses=misses, evictions=evictions)
+        return point(size, n, p, g.timing, g.wrong, misses=g.misses, evictions=evictions)
 
 
 CLASSES: dict[str, type[System]] = {

@@ -94,6 +94,16 @@ def _step_output(engine: Engine, so: Any) -> ModelRunnerOutput:
     return runner_output(req_ids, sampled)
 
 
+def _worker_hooks(w: Any, so: Any, out: ModelRunnerOutput) -> None:
+    """The worker-role connector's hooks of one step (the model's output already made)."""
+    meta = so.kv_connector_metadata
+    w.handle_preemptions(meta)
+    w.bind_connector_metadata(meta)
+    w.start_load_kv(None)
+    w.wait_for_save()
+    out.kv_connector_output = kv_connector_output(w, so)
+
+
 def run_variant(
     variant: str, model_dir: Path, socket_path: str, prompts: list[list[int]], max_tokens: int
 ) -> dict[str, Any]:
@@ -132,12 +142,7 @@ def run_variant(
         out = _step_output(engine, so)
         t2 = time.perf_counter()
         if w is not None:
-            meta = so.kv_connector_metadata
-            w.handle_preemptions(meta)
-            w.bind_connector_metadata(meta)
-            w.start_load_kv(None)
-            w.wait_for_save()
-            out.kv_connector_output = kv_connector_output(w, so)
+            _worker_hooks(w, so, out)
         t3 = time.perf_counter()
         sched.update_from_output(so, out)
         t4 = time.perf_counter()
@@ -236,12 +241,7 @@ def admission_run(
         so = sched.schedule()
         t1 = time.perf_counter()
         out = _step_output(engine, so)
-        meta = so.kv_connector_metadata
-        w.handle_preemptions(meta)
-        w.bind_connector_metadata(meta)
-        w.start_load_kv(None)
-        w.wait_for_save()
-        out.kv_connector_output = kv_connector_output(w, so)
+        _worker_hooks(w, so, out)
         t2 = time.perf_counter()
         sched.update_from_output(so, out)
         t3 = time.perf_counter()
