@@ -2,10 +2,15 @@
 # A real Redis Cluster on loopback for the remote tier's tests and benchmarks:
 # 3 masters + 3 replicas (Redis 7, Debian's redis-server / redis-tools), ACL on.
 #
-#   scripts/redis-cluster.sh start DIR [BASE_PORT]   # nodes on 127.0.0.1:BASE_PORT..+5 (default 21100),
-#                                                    # cluster bus on +10000 (keep both below 32768,
-#                                                    # where the kernel's ephemeral ports start)
+#   scripts/redis-cluster.sh start DIR [BASE_PORT] [--tls] [--maxmemory SIZE]
+#                        # nodes on 127.0.0.1:BASE_PORT..+5 (default 21100), cluster bus on
+#                        # +10000 (keep both below 32768, where the kernel's ephemeral ports start)
 #   scripts/redis-cluster.sh stop DIR
+#
+# --tls: every port (clients, replication, cluster bus) speaks TLS only, and clients must
+# present a certificate (mutual TLS). A private CA is made in DIR/tls/ (once per DIR):
+# ca.crt, the nodes' node.crt/node.key (IP 127.0.0.1), a client's client.crt/client.key.
+# --maxmemory SIZE: each master holds at most SIZE (e.g. 8mb) and evicts with allkeys-lru.
 #
 # `start` writes DIR/password (mode 0600, random, kept when DIR already has one) for the ACL user `orbitkv`, whose
 # rights are the remote tier's: read and write keys under `okv:`, the cluster's slot map,
@@ -17,6 +22,17 @@ cmd="${1:-}"
 dir="${2:-}"
 [[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 start|stop DIR [BASE_PORT]" >&2; exit 2; }
 base="${3:-21100}"
+tls=0
+maxmemory=""
+shift $(($# < 3 ? $# : 3))
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --tls) tls=1 ;;
+    --maxmemory) maxmemory="${2:?--maxmemory needs a size}"; shift ;;
+    *) echo "redis-cluster: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
 ports=()
 for i in 0 1 2 3 4 5; do ports+=("$((base + i))"); done
 
@@ -55,12 +71,44 @@ for f in password admin-password; do
 done
 pass="$(cat "$dir/password")"
 admin="$(cat "$dir/admin-password")"
+cli=(redis-cli)
+node_tls=""
+if [[ "$tls" == 1 ]]; then
+    t="$dir/tls"
+    if [[ ! -s "$t/client.crt" ]]; then
+        mkdir -p "$t"
+        ossl() { openssl "$@" >/dev/null 2>&1 || { echo "redis-cluster: openssl $1 failed" >&2; exit 1; }; }
+        ossl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$t/ca.key"
+        ossl req -x509 -new -key "$t/ca.key" -subj /CN=orbitkv-test-ca -days 2 -out "$t/ca.crt"
+        printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' >"$t/node.ext"
+        printf 'extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n' >"$t/client.ext"
+        for who in node client; do
+            ossl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$t/$who.key"
+            ossl req -new -key "$t/$who.key" -subj "/CN=orbitkv-test-$who" -out "$t/$who.csr"
+            ossl x509 -req -in "$t/$who.csr" -CA "$t/ca.crt" -CAkey "$t/ca.key" -CAcreateserial -days 2 \
+                -extfile "$t/$who.ext" -out "$t/$who.crt"
+        done
+    fi
+    cli+=(--tls --cacert "$t/ca.crt" --cert "$t/client.crt" --key "$t/client.key")
+    node_tls="tls-cert-file $t/node.crt
+tls-key-file $t/node.key
+tls-ca-cert-file $t/ca.crt
+tls-auth-clients yes
+tls-cluster yes
+tls-replication yes"
+fi
 for p in "${ports[@]}"; do
     mkdir -p "$dir/$p"
     rm -f "$dir/$p/nodes.conf" "$dir/$p/dump.rdb"
+    if [[ "$tls" == 1 ]]; then listen="port 0
+tls-port $p
+$node_tls"; else listen="port $p"; fi
+    if [[ -n "$maxmemory" ]]; then limits="maxmemory $maxmemory
+maxmemory-policy allkeys-lru"; else limits=""; fi
     cat >"$dir/$p/redis.conf" <<CONF
 bind 127.0.0.1
-port $p
+$listen
+$limits
 dir $dir/$p
 daemonize yes
 pidfile $dir/$p/redis.pid
@@ -83,7 +131,7 @@ done
 for p in "${ports[@]}"; do
     up=0
     for _ in $(seq 400); do
-        if REDISCLI_AUTH="$admin" redis-cli -p "$p" ping >/dev/null 2>&1; then up=1; break; fi
+        if REDISCLI_AUTH="$admin" "${cli[@]}" -p "$p" ping >/dev/null 2>&1; then up=1; break; fi
         sleep 0.05
     done
     if [[ "$up" != 1 ]]; then
@@ -95,13 +143,13 @@ for p in "${ports[@]}"; do
 done
 addrs=()
 for p in "${ports[@]}"; do addrs+=("127.0.0.1:$p"); done
-REDISCLI_AUTH="$admin" redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 \
+REDISCLI_AUTH="$admin" "${cli[@]}" --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 \
     || { cat "$dir/create.log" >&2; stop; exit 1; }
 # Ready: the cluster says ok and every replica's link to its master is up (a replica that
 # never synced could not take over its master's slots).
 for _ in $(seq 400); do
-    if REDISCLI_AUTH="$admin" redis-cli -p "${ports[0]}" cluster info 2>/dev/null | grep -q "cluster_state:ok" \
-        && [[ "$(for p in "${ports[@]}"; do REDISCLI_AUTH="$admin" redis-cli -p "$p" info replication; done 2>/dev/null \
+    if REDISCLI_AUTH="$admin" "${cli[@]}" -p "${ports[0]}" cluster info 2>/dev/null | grep -q "cluster_state:ok" \
+        && [[ "$(for p in "${ports[@]}"; do REDISCLI_AUTH="$admin" "${cli[@]}" -p "$p" info replication; done 2>/dev/null \
             | grep -c "master_link_status:up")" == 3 ]]; then
         printf '%s\n' "${addrs[@]}"
         exit 0

@@ -23,9 +23,9 @@ mod cluster;
 
 use cluster::Cluster;
 
-/// A Manager using `c` as its remote tier.
+/// A Manager using `c` as its remote tier (over mutual TLS when `c` speaks only TLS).
 fn manager(c: &Cluster) -> ManagerProc {
-    let flags = [
+    let mut flags = vec![
         "--remote-nodes".to_string(),
         c.seeds().join(","),
         "--remote-password-file".into(),
@@ -33,6 +33,15 @@ fn manager(c: &Cluster) -> ManagerProc {
         "--remote-deadline-ms".into(),
         "300".into(),
     ];
+    if c.tls() {
+        for (flag, file) in [
+            ("--remote-tls-ca", "ca.crt"),
+            ("--remote-tls-cert", "client.crt"),
+            ("--remote-tls-key", "client.key"),
+        ] {
+            flags.extend([flag.to_string(), c.tls_file(file).display().to_string()]);
+        }
+    }
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     ManagerProc::start(&refs)
 }
@@ -89,6 +98,27 @@ fn what_one_manager_commits_another_serves_from_the_cluster_byte_exact() {
     assert_eq!(
         s["presence_slots"], 0,
         "no presence table: a local miss may be a remote hit"
+    );
+}
+
+#[test]
+fn over_mutual_tls_what_one_manager_commits_another_serves_byte_exact() {
+    let Some(cluster) = Cluster::start_with(21300, &["--tls"]) else {
+        return;
+    };
+    let a = manager(&cluster);
+    let b = manager(&cluster);
+    let data = blocks(50, 8);
+    save(&a, 5, &data);
+    eventually("A wrote its 8 blocks behind over TLS", || {
+        stat(&a, "remote_puts_total") >= 8
+    });
+    let (hit, got) = restore_blocks(&b, FP, BB, &hashes(5, 8));
+    assert!(hit == 8 && got == data, "B served over TLS, byte-exact");
+    assert_eq!(stat(&b, "remote_hits_total"), 8);
+    assert_eq!(
+        stat(&a, "remote_errors_total") + stat(&b, "remote_errors_total"),
+        0
     );
 }
 

@@ -6,8 +6,8 @@
 //! or a skipped request. Nothing here panics on what the store returns, and a store
 //! that is down costs a lookup a clock read once the breaker is open.
 //!
-//! Security: the ACL user's password comes from a file that must not be readable by
-//! group or others; without TLS every node must be a literal loopback address (anything
+//! Security: the ACL user's password and the TLS client key come from files that must
+//! not be readable by group or others; without TLS every node must be a literal loopback address (anything
 //! else is refused when the store is opened, naming the setting).
 
 use std::net::IpAddr;
@@ -46,7 +46,9 @@ pub struct RemoteConfig {
     pub tls: Option<TlsFiles>,
     /// Prefix of every key written (the ACL user's key pattern).
     pub key_prefix: String,
-    /// Longest wait for one request (connecting included).
+    /// Longest wait for one request: it makes at most two attempts (one retry, e.g.
+    /// after a connection broke or a slot moved), each bounded by half of this for
+    /// connecting and half for the response.
     pub deadline: Duration,
     /// Failures in a row that open the breaker.
     pub breaker_failures: u32,
@@ -159,7 +161,9 @@ fn loopback(node: &str) -> bool {
     host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-fn read_private(path: &Path) -> Result<String, RemoteError> {
+/// The bytes of a secret file (`what` names it in errors), refused when group or
+/// others may read it.
+fn read_private(path: &Path, what: &str) -> Result<Vec<u8>, RemoteError> {
     let file = |source| RemoteError::File {
         path: path.to_path_buf(),
         source,
@@ -167,15 +171,12 @@ fn read_private(path: &Path) -> Result<String, RemoteError> {
     let mode = std::fs::metadata(path).map_err(file)?.permissions().mode();
     if mode & 0o077 != 0 {
         return Err(RemoteError::Config(format!(
-            "the password file {} is readable by group or others (mode {:o}); chmod 600 it",
+            "the {what} {} is readable by group or others (mode {:o}); chmod 600 it",
             path.display(),
             mode & 0o777
         )));
     }
-    Ok(std::fs::read_to_string(path)
-        .map_err(file)?
-        .trim_end()
-        .to_string())
+    std::fs::read(path).map_err(file)
 }
 
 impl RemoteConfig {
@@ -215,16 +216,21 @@ impl RemoteStore {
     /// asked again at the first request (and the breaker keeps it cheap meanwhile).
     pub fn open(cfg: &RemoteConfig) -> Result<RemoteStore, RemoteError> {
         cfg.validate()?;
-        let password = read_private(&cfg.password_file)?;
+        let password = String::from_utf8_lossy(&read_private(&cfg.password_file, "password file")?)
+            .trim_end()
+            .to_string();
         let scheme = if cfg.tls.is_some() { "rediss" } else { "redis" };
         let urls: Vec<String> = cfg.nodes.iter().map(|n| format!("{scheme}://{n}")).collect();
         let mut b = ClusterClient::builder(urls)
             .username(&cfg.username)
             .password(password)
-            .connection_timeout(cfg.deadline)
-            .response_timeout(cfg.deadline)
+            .connection_timeout(cfg.deadline / 2)
+            .response_timeout(cfg.deadline / 2)
             .retries(1);
         if let Some(tls) = &cfg.tls {
+            // The client's TLS takes the process's default crypto provider; make it ring
+            // (what the peer tier uses) unless one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let read = |p: &PathBuf| {
                 std::fs::read(p).map_err(|source| RemoteError::File {
                     path: p.clone(),
@@ -234,7 +240,7 @@ impl RemoteStore {
             let client_tls = match &tls.client {
                 Some((cert, key)) => Some(redis::ClientTlsConfig {
                     client_cert: read(cert)?,
-                    client_key: read(key)?,
+                    client_key: read_private(key, "TLS client key")?,
                 }),
                 None => None,
             };

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use orbitkv_remote::store::{Miss, RemoteConfig, RemoteError, RemoteStore};
+use orbitkv_remote::store::{Miss, RemoteConfig, RemoteError, RemoteStore, TlsFiles};
 use orbitkv_remote::value::{self, Mismatch};
 use orbitkv_ssd::SsdKey;
 
@@ -24,7 +24,10 @@ impl Cluster {
             nodes: self.seeds(),
             username: "orbitkv".into(),
             password_file: self.password_file(),
-            tls: None,
+            tls: self.tls().then(|| TlsFiles {
+                ca: self.tls_file("ca.crt"),
+                client: Some((self.tls_file("client.crt"), self.tls_file("client.key"))),
+            }),
             key_prefix: prefix.into(),
             deadline: Duration::from_millis(500),
             breaker_failures: 3,
@@ -35,7 +38,13 @@ impl Cluster {
     /// `redis-cli` as the ACL user, against the node serving `key`.
     fn cli(&self, args: &[&str]) -> String {
         let pass = std::fs::read_to_string(self.dir.join("password")).expect("password");
-        let out = Command::new("redis-cli")
+        let mut cmd = Command::new("redis-cli");
+        if self.tls() {
+            cmd.arg("--tls").arg("--cacert").arg(self.tls_file("ca.crt"));
+            cmd.arg("--cert").arg(self.tls_file("client.crt"));
+            cmd.arg("--key").arg(self.tls_file("client.key"));
+        }
+        let out = cmd
             .env("REDISCLI_AUTH", pass.trim())
             .args(["--user", "orbitkv", "-c", "-p", &self.base.to_string()])
             .args(args)
@@ -269,4 +278,296 @@ fn a_master_killed_mid_run_fails_over_and_nothing_wrong_is_served() {
                 .is_ok_and(|h| h.payload() == &block(i, 4096)[..])
         );
     }
+}
+
+impl Cluster {
+    /// `redis-cli` as the admin (`default`) user against one node, outside cluster mode.
+    fn admin(&self, port: u16, args: &[&str]) -> String {
+        let pass = std::fs::read_to_string(self.dir.join("admin-password")).expect("admin password");
+        let mut cmd = Command::new("redis-cli");
+        if self.tls() {
+            cmd.arg("--tls").arg("--cacert").arg(self.tls_file("ca.crt"));
+            cmd.arg("--cert").arg(self.tls_file("client.crt"));
+            cmd.arg("--key").arg(self.tls_file("client.key"));
+        }
+        let out = cmd
+            .env("REDISCLI_AUTH", pass.trim())
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Keys held by every node, masters and replicas together.
+    fn keys_everywhere(&self) -> u64 {
+        (0..6)
+            .map(|i| self.admin(self.base + i, &["dbsize"]).parse::<u64>().unwrap_or(0))
+            .sum()
+    }
+
+    /// Waits until each of `n` keys is on its master and its replica.
+    fn replicated(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.keys_everywhere() < 2 * n {
+            assert!(Instant::now() < deadline, "keys not replicated within 20 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `(node id, port)` of each master serving slots.
+    fn masters(&self) -> Vec<(String, u16)> {
+        let nodes = self.admin(self.base, &["cluster", "nodes"]);
+        nodes
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                f.len() > 8 && f[2].contains("master") && !f[2].contains("fail")
+            })
+            .filter_map(|l| {
+                let mut f = l.split(' ');
+                let id = f.next()?.to_string();
+                let port = f.next()?.split(['@', ':']).nth(1)?.parse().ok()?;
+                Some((id, port))
+            })
+            .collect()
+    }
+
+    fn pid(&self, port: u16) -> String {
+        std::fs::read_to_string(self.dir.join(port.to_string()).join("redis.pid"))
+            .expect("pid")
+            .trim()
+            .to_string()
+    }
+}
+
+/// What a reader saw while the cluster changed under it.
+#[derive(Default, Debug)]
+struct Seen {
+    hits: u64,
+    failed: u64,
+    absent: u64,
+    wrong: u64,
+    slowest: Duration,
+}
+
+/// Reads blocks `0..n` of `bytes` over and over until `stop`, checking every byte.
+fn read_loop(s: &RemoteStore, n: u32, bytes: usize, stop: &std::sync::atomic::AtomicBool) -> Seen {
+    let mut seen = Seen::default();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for i in 0..n {
+            let t0 = Instant::now();
+            let got = s.get(&key(i, 7), bytes as u64);
+            seen.slowest = seen.slowest.max(t0.elapsed());
+            match got {
+                Ok(h) if h.payload() == &block(i, bytes)[..] => seen.hits += 1,
+                Ok(_) | Err(Miss::Invalid(_)) => seen.wrong += 1,
+                Err(Miss::Absent) => seen.absent += 1,
+                Err(Miss::Failed | Miss::Skipped) => seen.failed += 1,
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn mutual_tls_to_the_cluster_round_trips_and_a_client_it_cannot_verify_is_refused() {
+    let Some(c) = Cluster::start_with(21290, &["--tls"]) else {
+        return;
+    };
+    let s = RemoteStore::open(&c.config("okv:")).expect("open");
+    for (i, bytes) in [(0u32, 256 << 10), (1, 4 << 20)] {
+        assert!(s.put(&key(i, 0), &block(i, bytes)), "put over TLS");
+        let hit = s.get(&key(i, 0), bytes as u64).expect("hit over TLS");
+        assert!(hit.payload() == &block(i, bytes)[..]);
+    }
+    // The nodes ask for a client certificate: without one, nothing is served.
+    let mut cfg = c.config("okv:");
+    cfg.tls = Some(TlsFiles {
+        ca: c.tls_file("ca.crt"),
+        client: None,
+    });
+    let no_cert = RemoteStore::open(&cfg).expect("open");
+    assert_eq!(no_cert.get(&key(0, 0), 256 << 10).map(|_| ()), Err(Miss::Failed));
+    // A root that did not sign the nodes' certificates: the client refuses them.
+    cfg.tls = Some(TlsFiles {
+        ca: c.tls_file("client.crt"),
+        client: Some((c.tls_file("client.crt"), c.tls_file("client.key"))),
+    });
+    let other_root = RemoteStore::open(&cfg).expect("open");
+    assert_eq!(
+        other_root.get(&key(0, 0), 256 << 10).map(|_| ()),
+        Err(Miss::Failed)
+    );
+    // A client key others may read is refused when the store is opened.
+    let loose = c.dir.join("loose.key");
+    std::fs::copy(c.tls_file("client.key"), &loose).expect("copy");
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    cfg.tls = Some(TlsFiles {
+        ca: c.tls_file("ca.crt"),
+        client: Some((c.tls_file("client.crt"), loose)),
+    });
+    let e = RemoteStore::open(&cfg).expect_err("a 0644 client key");
+    assert!(
+        matches!(e, RemoteError::Config(ref m) if m.contains("TLS client key") && m.contains("chmod 600")),
+        "{e}"
+    );
+    // Plain TCP to TLS-only ports (allowed on loopback, but nobody answers in plain text).
+    cfg.tls = None;
+    let plain = RemoteStore::open(&cfg).expect("open");
+    assert_eq!(plain.get(&key(0, 0), 256 << 10).map(|_| ()), Err(Miss::Failed));
+    assert_eq!(s.stats().errors, 0);
+}
+
+#[test]
+fn slots_migrating_under_reads_serve_each_block_exactly_or_miss_and_all_of_it_after() {
+    let Some(c) = Cluster::start(21310) else { return };
+    let s = RemoteStore::open(&c.config("okv:")).expect("open");
+    const N: u32 = 300;
+    const BYTES: usize = 16 << 10;
+    for i in 0..N {
+        assert!(s.put(&key(i, 7), &block(i, BYTES)));
+    }
+    let masters = c.masters();
+    assert_eq!(
+        masters.len(),
+        3,
+        "{masters:?}\n{}",
+        c.admin(c.base, &["cluster", "nodes"])
+    );
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let seen = std::thread::scope(|sc| {
+        let reader = sc.spawn(|| read_loop(&s, N, BYTES, &stop));
+        // Move 3,000 slots (and their keys, MIGRATE) from the first master to the second.
+        let pass = std::fs::read_to_string(c.dir.join("admin-password")).expect("admin password");
+        let out = Command::new("redis-cli")
+            .env("REDISCLI_AUTH", pass.trim())
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{}", c.base)])
+            .args(["--cluster-from", &masters[0].0, "--cluster-to", &masters[1].0])
+            .args(["--cluster-slots", "3000", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster reshard");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            out.status.success(),
+            "reshard: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        reader.join().expect("reader")
+    });
+    eprintln!("during the migration: {seen:?}");
+    assert_eq!(seen.wrong, 0, "{seen:?}");
+    assert!(seen.hits > 0, "{seen:?}");
+    assert!(seen.slowest < Duration::from_secs(3), "{seen:?}");
+    // Every block is served from its slot's new owner.
+    for i in 0..N {
+        let hit = s.get(&key(i, 7), BYTES as u64).expect("hit after the migration");
+        assert!(hit.payload() == &block(i, BYTES)[..], "block {i}");
+    }
+    let nodes = c.admin(c.base, &["cluster", "nodes"]);
+    assert!(
+        c.masters().iter().any(|(id, _)| id == &masters[1].0) && nodes.contains("connected"),
+        "{nodes}"
+    );
+}
+
+#[test]
+fn a_master_frozen_mid_4mib_reads_then_killed_costs_bounded_misses_never_wrong_bytes() {
+    let Some(c) = Cluster::start(21320) else { return };
+    let mut cfg = c.config("okv:");
+    cfg.deadline = Duration::from_secs(1);
+    let s = RemoteStore::open(&cfg).expect("open");
+    const N: u32 = 9;
+    const BYTES: usize = 4 << 20;
+    for i in 0..N {
+        assert!(s.put(&key(i, 7), &block(i, BYTES)));
+    }
+    c.replicated(u64::from(N));
+    let (_, victim) = c.masters()[0].clone();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (during, after) = std::thread::scope(|sc| {
+        let reader = sc.spawn(|| read_loop(&s, N, BYTES, &stop));
+        std::thread::sleep(Duration::from_millis(300));
+        // Frozen mid-stream: requests to it hang until the deadline.
+        let pid = c.pid(victim);
+        assert!(
+            Command::new("kill")
+                .args(["-STOP", &pid])
+                .status()
+                .expect("kill")
+                .success()
+        );
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            Command::new("kill")
+                .args(["-9", &pid])
+                .status()
+                .expect("kill")
+                .success()
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let during = reader.join().expect("reader");
+        // After the failover, every block again (each was replicated before the kill).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let after = loop {
+            let mut one_pass = Seen::default();
+            for i in 0..N {
+                match s.get(&key(i, 7), BYTES as u64) {
+                    Ok(h) if h.payload() == &block(i, BYTES)[..] => one_pass.hits += 1,
+                    Ok(_) | Err(Miss::Invalid(_)) => one_pass.wrong += 1,
+                    Err(_) => one_pass.failed += 1,
+                }
+            }
+            if one_pass.hits == u64::from(N) || one_pass.wrong > 0 || Instant::now() > deadline {
+                break one_pass;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        (during, after)
+    });
+    eprintln!("frozen then killed: {during:?}; after the failover: {after:?}");
+    assert_eq!(during.wrong, 0, "{during:?}");
+    assert!(during.failed > 0, "the frozen master was never asked: {during:?}");
+    // The deadline covers the retry: a request to the frozen node gives up after about
+    // 1 s (two attempts of 0.5 s), not 1 s per attempt.
+    assert!(
+        during.slowest < Duration::from_millis(1600),
+        "a read outlived its deadline: {during:?}"
+    );
+    assert_eq!((after.hits, after.wrong), (u64::from(N), 0), "{after:?}");
+}
+
+#[test]
+fn blocks_the_store_evicted_under_maxmemory_are_misses_and_the_rest_exact() {
+    let Some(c) = Cluster::start_with(21330, &["--maxmemory", "8mb"]) else {
+        return;
+    };
+    let s = RemoteStore::open(&c.config("okv:")).expect("open");
+    const N: u32 = 60;
+    const BYTES: usize = 1 << 20;
+    for i in 0..N {
+        assert!(
+            s.put(&key(i, 7), &block(i, BYTES)),
+            "put {i}: the store evicts to make room"
+        );
+    }
+    let (mut hits, mut absent) = (0, 0);
+    for i in 0..N {
+        match s.get(&key(i, 7), BYTES as u64) {
+            Ok(h) => {
+                assert!(h.payload() == &block(i, BYTES)[..], "block {i}");
+                hits += 1;
+            }
+            Err(Miss::Absent) => absent += 1,
+            Err(m) => panic!("block {i}: {m:?}"),
+        }
+    }
+    // 60 MiB written, 3 x 8 MiB held: most evicted, the most recent kept.
+    assert!(absent >= 30 && hits >= 3, "{hits} hits, {absent} absent");
+    assert!(
+        s.get(&key(N - 1, 7), BYTES as u64).is_ok(),
+        "the last written is kept"
+    );
+    let st = s.stats();
+    assert_eq!((st.invalid, st.errors), (0, 0));
 }

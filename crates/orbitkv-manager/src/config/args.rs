@@ -213,7 +213,7 @@ pub struct Args {
     /// [default: okv:]
     #[arg(long)]
     pub remote_prefix: Option<String>,
-    /// Deadline of each remote request (connect and response), in milliseconds [default: 100]
+    /// Longest wait for one remote request, its one retry included, in milliseconds [default: 200]
     #[arg(long)]
     pub remote_deadline_ms: Option<u64>,
     /// Blocks waiting to be written to the remote tier; beyond it new ones are dropped

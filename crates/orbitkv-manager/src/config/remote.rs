@@ -75,10 +75,10 @@ pub(super) fn remote_settings(
         }
         (None, None) => None,
     };
-    let deadline_ms = deadline_ms.unwrap_or(100);
-    if deadline_ms == 0 || deadline_ms > 60_000 {
+    let deadline_ms = deadline_ms.unwrap_or(200);
+    if !(2..=60_000).contains(&deadline_ms) {
         return Err(ConfigError::Invalid(format!(
-            "remote_deadline_ms {deadline_ms} must be 1 to 60000"
+            "remote_deadline_ms {deadline_ms} must be 2 to 60000"
         )));
     }
     let write_queue = write_queue.unwrap_or(4096);

@@ -14,11 +14,18 @@ use std::process::Command;
 pub struct Cluster {
     pub dir: PathBuf,
     pub base: u16,
+    /// `redis-cluster.sh start` options (`--tls`, `--maxmemory SIZE`), kept for restarts.
+    opts: Vec<String>,
     _tmp: tempfile::TempDir,
 }
 
 impl Cluster {
     pub fn start(base: u16) -> Option<Cluster> {
+        Self::start_with(base, &[])
+    }
+
+    /// A cluster started with `redis-cluster.sh` options (`--tls`, `--maxmemory 8mb`).
+    pub fn start_with(base: u16, opts: &[&str]) -> Option<Cluster> {
         if Command::new("redis-server").arg("--version").output().is_err() {
             assert!(
                 std::env::var_os("ORBITKV_REQUIRE_REDIS").is_none(),
@@ -31,6 +38,7 @@ impl Cluster {
         let c = Cluster {
             dir: tmp.path().join("cluster"),
             base,
+            opts: opts.iter().map(|o| o.to_string()).collect(),
             _tmp: tmp,
         };
         c.up();
@@ -54,7 +62,9 @@ impl Cluster {
     /// Start (or restart, empty) every node.
     pub fn up(&self) {
         let base = self.base.to_string();
-        self.script(&["start", self.dir.to_str().expect("utf-8"), &base]);
+        let mut args = vec!["start", self.dir.to_str().expect("utf-8"), &base];
+        args.extend(self.opts.iter().map(String::as_str));
+        self.script(&args);
     }
 
     /// Stop every node.
@@ -65,6 +75,16 @@ impl Cluster {
     /// Every node as a seed: a reconnect must not depend on one node being up.
     pub fn seeds(&self) -> Vec<String> {
         (0..6).map(|i| format!("127.0.0.1:{}", self.base + i)).collect()
+    }
+
+    /// Whether every node speaks TLS only (mutual: clients present a certificate).
+    pub fn tls(&self) -> bool {
+        self.opts.iter().any(|o| o == "--tls")
+    }
+
+    /// A file of the cluster's private CA (`ca.crt`, `client.crt`, `client.key`, ...).
+    pub fn tls_file(&self, name: &str) -> PathBuf {
+        self.dir.join("tls").join(name)
     }
 
     /// The ACL user `orbitkv`'s password file (mode 0600).
