@@ -106,13 +106,18 @@ class ManagerProcess:
 
 
 @contextmanager
-def manager_in_short_dir(log_dir: Path, prefix: str, fault_injection: bool = True) -> Iterator[ManagerProcess]:
+def manager_in_short_dir(
+    log_dir: Path, prefix: str, fault_injection: bool = True, extra_args: tuple[str, ...] = ()
+) -> Iterator[ManagerProcess]:
     """A Manager whose socket lives in a short private directory under /tmp (Unix socket
     paths are limited to ~107 bytes; the Manager refuses a socket directory others may
     write), its log in `log_dir`; stopped and the directory removed on exit."""
     short = Path("/tmp") / f"{prefix}-{os.getpid()}-{log_dir.name}"
     short.mkdir(mode=0o700, exist_ok=True)
-    mgr = ManagerProcess(short / "m.sock", log_dir / "manager.log", fault_injection=fault_injection)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    mgr = ManagerProcess(
+        short / "m.sock", log_dir / "manager.log", fault_injection=fault_injection, extra_args=extra_args
+    )
     try:
         yield mgr
     finally:
