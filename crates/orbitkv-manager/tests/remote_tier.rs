@@ -25,6 +25,11 @@ use cluster::Cluster;
 
 /// A Manager using `c` as its remote tier (over mutual TLS when `c` speaks only TLS).
 fn manager(c: &Cluster) -> ManagerProc {
+    manager_with(c, &[])
+}
+
+/// [`manager`] with more flags.
+fn manager_with(c: &Cluster, extra: &[&str]) -> ManagerProc {
     let mut flags = vec![
         "--remote-nodes".to_string(),
         c.seeds().join(","),
@@ -42,7 +47,8 @@ fn manager(c: &Cluster) -> ManagerProc {
             flags.extend([flag.to_string(), c.tls_file(file).display().to_string()]);
         }
     }
-    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    refs.extend_from_slice(extra);
     ManagerProc::start(&refs)
 }
 
@@ -99,6 +105,54 @@ fn what_one_manager_commits_another_serves_from_the_cluster_byte_exact() {
         s["presence_slots"], 0,
         "no presence table: a local miss may be a remote hit"
     );
+}
+
+/// Saves chain 1 on `m`, waits until it is written behind, then floods `m` with
+/// `flood` more chains of 12 blocks until chain 1 has left its local tiers; then
+/// chain 1 must come back from the cluster, byte-exact.
+fn evicted_locally_served_from_the_cluster(m: &ManagerProc, flood: u8, what: &str) {
+    let data = blocks(20, 12);
+    save(m, 1, &data);
+    eventually("chain 1 written behind", || stat(m, "remote_puts_total") >= 12);
+    for chain in 2..2 + flood {
+        save(m, chain, &blocks(chain, 12));
+    }
+    let filled = stat(m, "remote_filled_blocks_total");
+    let (hit, got) = restore_blocks(m, FP, BB, &hashes(1, 12));
+    assert!(hit == 12 && got == data, "{what}: chain 1 served byte-exact");
+    assert_eq!(
+        stat(m, "remote_filled_blocks_total") - filled,
+        12,
+        "{what}: every block of chain 1 came back from the cluster"
+    );
+}
+
+#[test]
+fn blocks_evicted_from_dram_and_from_ssd_come_back_from_the_cluster() {
+    let Some(cluster) = Cluster::start(21350) else {
+        return;
+    };
+    // 8 MiB of DRAM holds 128 blocks of 64 KiB: 20 more chains evict chain 1.
+    let dram_only = manager(&cluster);
+    evicted_locally_served_from_the_cluster(&dram_only, 20, "DRAM only");
+    assert!(stat(&dram_only, "evictions_total") > 0);
+    // DRAM and a 16 MiB SSD tier: chain 1 is spilled, then dropped from the SSD too.
+    let ssd = tempfile::tempdir().expect("ssd dir");
+    let dir = ssd.path().to_str().expect("utf8");
+    let tiered = manager_with(
+        &cluster,
+        &[
+            "--ssd-dir",
+            dir,
+            "--ssd-capacity",
+            "16MiB",
+            "--ssd-mode",
+            "kernel",
+        ],
+    );
+    evicted_locally_served_from_the_cluster(&tiered, 60, "DRAM and SSD");
+    assert!(stat(&tiered, "ssd_spilled_blocks_total") > 0);
+    assert!(stat(&tiered, "ssd_dropped_blocks_total") > 0);
 }
 
 #[test]
