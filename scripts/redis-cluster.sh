@@ -2,7 +2,7 @@
 # A real Redis Cluster on loopback for the remote tier's tests and benchmarks:
 # 3 masters + 3 replicas (Redis 7, Debian's redis-server / redis-tools), ACL on.
 #
-#   scripts/redis-cluster.sh start DIR [BASE_PORT] [--tls] [--maxmemory SIZE]
+#   scripts/redis-cluster.sh start DIR [BASE_PORT] [--tls] [--maxmemory SIZE] [--bind IP]
 #                        # nodes on 127.0.0.1:BASE_PORT..+5 (default 21100), cluster bus on
 #                        # +10000 (keep both below 32768, where the kernel's ephemeral ports start)
 #   scripts/redis-cluster.sh stop DIR
@@ -11,6 +11,9 @@
 # present a certificate (mutual TLS). A private CA is made in DIR/tls/ (once per DIR):
 # ca.crt, the nodes' node.crt/node.key (IP 127.0.0.1), a client's client.crt/client.key.
 # --maxmemory SIZE: each master holds at most SIZE (e.g. 8mb) and evicts with allkeys-lru.
+# --bind IP: listen on (and announce) IP instead of 127.0.0.1, e.g. a veth address inside a
+# network namespace (run the script there: `ip netns exec NS scripts/redis-cluster.sh ...`);
+# the nodes' certificate names IP. Off loopback, clients need --tls.
 #
 # `start` writes DIR/password (mode 0600, random, kept when DIR already has one) for the ACL user `orbitkv`, whose
 # rights are the remote tier's: read and write keys under `okv:`, the cluster's slot map,
@@ -24,11 +27,13 @@ dir="${2:-}"
 base="${3:-21100}"
 tls=0
 maxmemory=""
+bind=127.0.0.1
 shift $(($# < 3 ? $# : 3))
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --tls) tls=1 ;;
     --maxmemory) maxmemory="${2:?--maxmemory needs a size}"; shift ;;
+    --bind) bind="${2:?--bind needs an address}"; shift ;;
     *) echo "redis-cluster: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -71,7 +76,7 @@ for f in password admin-password; do
 done
 pass="$(cat "$dir/password")"
 admin="$(cat "$dir/admin-password")"
-cli=(redis-cli)
+cli=(redis-cli -h "$bind")
 node_tls=""
 if [[ "$tls" == 1 ]]; then
     t="$dir/tls"
@@ -80,7 +85,7 @@ if [[ "$tls" == 1 ]]; then
         ossl() { openssl "$@" >/dev/null 2>&1 || { echo "redis-cluster: openssl $1 failed" >&2; exit 1; }; }
         ossl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$t/ca.key"
         ossl req -x509 -new -key "$t/ca.key" -subj /CN=orbitkv-test-ca -days 2 -out "$t/ca.crt"
-        printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' >"$t/node.ext"
+        printf 'subjectAltName=IP:%s,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' "$bind" >"$t/node.ext"
         printf 'extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n' >"$t/client.ext"
         for who in node client; do
             ossl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$t/$who.key"
@@ -106,7 +111,7 @@ $node_tls"; else listen="port $p"; fi
     if [[ -n "$maxmemory" ]]; then limits="maxmemory $maxmemory
 maxmemory-policy allkeys-lru"; else limits=""; fi
     cat >"$dir/$p/redis.conf" <<CONF
-bind 127.0.0.1
+bind $bind
 $listen
 $limits
 dir $dir/$p
@@ -142,7 +147,7 @@ for p in "${ports[@]}"; do
     fi
 done
 addrs=()
-for p in "${ports[@]}"; do addrs+=("127.0.0.1:$p"); done
+for p in "${ports[@]}"; do addrs+=("$bind:$p"); done
 REDISCLI_AUTH="$admin" "${cli[@]}" --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 \
     || { cat "$dir/create.log" >&2; stop; exit 1; }
 # Ready: the cluster says ok and every replica's link to its master is up (a replica that

@@ -1,8 +1,10 @@
-//! Peer Managers in two network namespaces joined by a veth pair (issue 12):
-//! each Manager sees only its own namespace's address, traffic crosses the veth
-//! over mutual TLS, and a Manager holding a certificate from another CA is
-//! refused. Created by the test; skipped, with the reason printed, where this
-//! user may not create network namespaces (not root, or no `ip netns`).
+//! Managers in two network namespaces joined by a veth pair, as on two hosts:
+//! peers (issue 12): each Manager sees only its own namespace's address, traffic
+//! crosses the veth over mutual TLS, and a Manager holding a certificate from
+//! another CA is refused; the remote tier (issue 30): a Redis Cluster in one
+//! namespace shared by a Manager in each, over mutual TLS. Created by the test;
+//! skipped, with the reason printed, where this user may not create network
+//! namespaces (not root, or no `ip netns`).
 
 mod support;
 
@@ -15,6 +17,9 @@ use support::*;
 const BB: usize = 64 << 10;
 const FP: [u8; 32] = [3; 32];
 const PORT: u16 = 7470;
+
+#[path = "../../orbitkv-remote/tests/common/cluster.rs"]
+mod cluster;
 
 /// Two namespaces `<tag>a` (10.77.<k>.1) and `<tag>b` (10.77.<k>.2) and the veth
 /// between them; removed on drop.
@@ -288,5 +293,65 @@ fn tp_across_two_network_namespaces_over_mutual_tls() {
             "--tp-shard-peer",
             &format!("1={}:{PORT}", net.ip_b),
         ],
+    );
+}
+
+#[test]
+fn a_redis_cluster_in_one_namespace_serves_a_manager_in_the_other_over_mutual_tls() {
+    let Some(net) = netns_or_skip("r") else { return };
+    // The cluster's nodes listen on A's veth address only, TLS on every port.
+    let Some(cl) = cluster::Cluster::start_in(Some(&net.a), 21360, &["--tls", "--bind", &net.ip_a]) else {
+        return;
+    };
+    let mut args = vec![
+        "--remote-nodes".to_string(),
+        cl.seeds().join(","),
+        "--remote-password-file".into(),
+        cl.password_file().display().to_string(),
+        "--remote-deadline-ms".into(),
+        "1000".into(),
+    ];
+    for (flag, file) in [
+        ("--remote-tls-ca", "ca.crt"),
+        ("--remote-tls-cert", "client.crt"),
+        ("--remote-tls-key", "client.key"),
+    ] {
+        args.extend([flag.to_string(), cl.tls_file(file).display().to_string()]);
+    }
+    let a = InNs::start(&net.a, &args);
+    let b = InNs::start(&net.b, &args);
+
+    let data: Vec<Vec<u8>> = (0..6).map(|i| block(60 + i, BB)).collect();
+    let hs: Vec<[u8; 32]> = (0..6).map(|i| hash(31, i)).collect();
+    let c = a.client();
+    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    assert_eq!(c.save(&ns, &hs, &src).expect("save").stored, 6);
+    c.close().expect("close");
+    eventually("A wrote the blocks behind", || {
+        a.stats()["remote_puts_total"].as_u64() >= Some(6)
+    });
+    // B, in the other namespace, misses locally and reads the cluster across the veth.
+    let (hit, out) = b.restore(&hs);
+    assert_eq!(hit, 6);
+    assert_eq!(out, data, "byte-exact across the veth");
+    let st = b.stats();
+    assert_eq!(st["remote_filled_blocks_total"], 6);
+    assert_eq!(st["remote_errors_total"], 0);
+    assert_eq!(st["remote"]["tls"], true);
+
+    // Without TLS files, a cluster off loopback is refused at start-up.
+    let plain: Vec<&str> = args[..4].iter().map(String::as_str).collect();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.b, env!("CARGO_BIN_EXE_orbitkv-manager")])
+        .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
+        .args(&plain)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--remote-tls-ca"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

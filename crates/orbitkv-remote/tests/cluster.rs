@@ -483,7 +483,14 @@ fn a_master_frozen_mid_4mib_reads_then_killed_costs_bounded_misses_never_wrong_b
         assert!(s.put(&key(i, 7), &block(i, BYTES)));
     }
     c.replicated(u64::from(N));
-    let (_, victim) = c.masters()[0].clone();
+    // The master holding block 0 (its other keys may be on the other masters).
+    let k0 = value::store_key("okv:", &key(0, 7));
+    let victim = c
+        .masters()
+        .into_iter()
+        .map(|(_, port)| port)
+        .find(|&port| c.admin(port, &["exists", &k0]) == "1")
+        .expect("a master holds block 0");
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (during, after) = std::thread::scope(|sc| {
         let reader = sc.spawn(|| read_loop(&s, N, BYTES, &stop));

@@ -8,14 +8,20 @@
 //! ORBITKV_REQUIRE_REDIS is set (`scripts/test.sh` sets it once the server is installed):
 //! then it fails.
 
+// Each test binary that includes this file uses a part of it.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub struct Cluster {
     pub dir: PathBuf,
     pub base: u16,
-    /// `redis-cluster.sh start` options (`--tls`, `--maxmemory SIZE`), kept for restarts.
+    /// `redis-cluster.sh start` options (`--tls`, `--maxmemory SIZE`, `--bind IP`), kept
+    /// for restarts.
     opts: Vec<String>,
+    /// The network namespace the nodes run in (`ip netns exec`), if not this one.
+    netns: Option<String>,
     _tmp: tempfile::TempDir,
 }
 
@@ -26,6 +32,11 @@ impl Cluster {
 
     /// A cluster started with `redis-cluster.sh` options (`--tls`, `--maxmemory 8mb`).
     pub fn start_with(base: u16, opts: &[&str]) -> Option<Cluster> {
+        Self::start_in(None, base, opts)
+    }
+
+    /// [`Cluster::start_with`] inside network namespace `netns`.
+    pub fn start_in(netns: Option<&str>, base: u16, opts: &[&str]) -> Option<Cluster> {
         if Command::new("redis-server").arg("--version").output().is_err() {
             assert!(
                 std::env::var_os("ORBITKV_REQUIRE_REDIS").is_none(),
@@ -39,6 +50,7 @@ impl Cluster {
             dir: tmp.path().join("cluster"),
             base,
             opts: opts.iter().map(|o| o.to_string()).collect(),
+            netns: netns.map(String::from),
             _tmp: tmp,
         };
         c.up();
@@ -47,11 +59,15 @@ impl Cluster {
 
     fn script(&self, args: &[&str]) {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/redis-cluster.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .args(args)
-            .output()
-            .expect("run redis-cluster.sh");
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "bash"]);
+                c
+            }
+            None => Command::new("bash"),
+        };
+        let out = cmd.arg(script).args(args).output().expect("run redis-cluster.sh");
         assert!(
             out.status.success(),
             "redis-cluster.sh {args:?}: {}",
@@ -74,7 +90,18 @@ impl Cluster {
 
     /// Every node as a seed: a reconnect must not depend on one node being up.
     pub fn seeds(&self) -> Vec<String> {
-        (0..6).map(|i| format!("127.0.0.1:{}", self.base + i)).collect()
+        (0..6)
+            .map(|i| format!("{}:{}", self.host(), self.base + i))
+            .collect()
+    }
+
+    /// The address the nodes listen on (`--bind`, else 127.0.0.1).
+    pub fn host(&self) -> &str {
+        self.opts
+            .iter()
+            .position(|o| o == "--bind")
+            .and_then(|i| self.opts.get(i + 1))
+            .map_or("127.0.0.1", String::as_str)
     }
 
     /// Whether every node speaks TLS only (mutual: clients present a certificate).
