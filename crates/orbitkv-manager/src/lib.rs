@@ -125,7 +125,10 @@ impl Manager {
             None => None,
         };
         let remote = match &config.remote {
-            Some(r) => Some(remote::RemoteTier::open(r)?),
+            Some(r) => {
+                cache.set_remote_admit_hits(r.admit_hits);
+                Some(remote::RemoteTier::open(r)?)
+            }
             None => None,
         };
         let mut shared = Shared::new(config, segments, cache, below);

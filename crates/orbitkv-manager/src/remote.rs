@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use orbitkv_core::{BlockHash, NsId, SaveStatus, TierKey};
+use orbitkv_core::{BlockHash, BlockKey, NsId, SaveStatus, TierKey};
 use orbitkv_remote::store::{Hit, RemoteError, RemoteStore, StoreStats};
 
 use crate::shared::parts::{Arena, Shutdown};
@@ -94,6 +94,15 @@ impl RemoteTier {
             .fetch_add((hashes.len() - room) as u64, Ordering::Relaxed);
         if room > 0 {
             self.ready.notify_one();
+        }
+    }
+
+    /// Queue blocks the cache found due by reuse (`--remote-admit-hits`), each run of
+    /// one namespace as one entry of the queue.
+    pub fn queue_due(&self, due: &[BlockKey]) {
+        for run in due.chunk_by(|a, b| a.ns == b.ns) {
+            let hashes: Vec<BlockHash> = run.iter().map(|k| k.hash).collect();
+            self.queue_committed(run[0].ns, &hashes);
         }
     }
 
@@ -202,6 +211,8 @@ fn store_blocks(
 pub fn writer(remote: &RemoteTier, arena: Arena<'_>, below: Option<&dyn Tier>, shutdown: &Shutdown) {
     let mut buf = Vec::new();
     while !shutdown.requested() {
+        // With `--remote-admit-hits`, what lookups made due since the last turn.
+        remote.queue_due(&arena.cache.read().take_remote_due());
         let Some((ns, hashes)) = remote.next_batch(Duration::from_millis(50)) else {
             continue;
         };

@@ -114,9 +114,16 @@ fn evicted_locally_served_from_the_cluster(m: &ManagerProc, flood: u8, what: &st
     let data = blocks(20, 12);
     save(m, 1, &data);
     eventually("chain 1 written behind", || stat(m, "remote_puts_total") >= 12);
+    // The flood's saves may store fewer than all their blocks: the writer and the
+    // SSD spills pin some DRAM while they copy, and a save takes only free room.
+    let c = m.client();
+    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
     for chain in 2..2 + flood {
-        save(m, chain, &blocks(chain, 12));
+        let data = blocks(chain, 12);
+        let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        c.save(&ns, &hashes(chain, 12), &src).expect("save");
     }
+    c.close().expect("close");
     let filled = stat(m, "remote_filled_blocks_total");
     let (hit, got) = restore_blocks(m, FP, BB, &hashes(1, 12));
     assert!(hit == 12 && got == data, "{what}: chain 1 served byte-exact");
@@ -153,6 +160,54 @@ fn blocks_evicted_from_dram_and_from_ssd_come_back_from_the_cluster() {
     evicted_locally_served_from_the_cluster(&tiered, 60, "DRAM and SSD");
     assert!(stat(&tiered, "ssd_spilled_blocks_total") > 0);
     assert!(stat(&tiered, "ssd_dropped_blocks_total") > 0);
+}
+
+#[test]
+fn with_admit_hits_only_blocks_reused_that_often_are_written_and_only_once() {
+    let Some(cluster) = Cluster::start(21370) else {
+        return;
+    };
+    let a = manager_with(&cluster, &["--remote-admit-hits", "2"]);
+    assert_eq!(a.stats()["remote"]["admit_hits"], 2);
+    let data = blocks(80, 8);
+    save(&a, 1, &data);
+    save(&a, 2, &blocks(90, 8)); // never hit
+    let (hit, _) = restore_blocks(&a, FP, BB, &hashes(1, 8));
+    assert_eq!(hit, 8);
+    std::thread::sleep(Duration::from_millis(300)); // the writer turns every 50 ms
+    assert_eq!(
+        stat(&a, "remote_queued_blocks_total"),
+        0,
+        "one hit of two: nothing written"
+    );
+    // The second hit of the first 5 blocks, then of all 8: each written once.
+    let (hit, _) = restore_blocks(&a, FP, BB, &hashes(1, 5));
+    assert_eq!(hit, 5);
+    eventually("the 5 blocks hit twice written", || {
+        stat(&a, "remote_puts_total") >= 5
+    });
+    let (hit, _) = restore_blocks(&a, FP, BB, &hashes(1, 8));
+    assert_eq!(hit, 8);
+    eventually("all 8 written", || stat(&a, "remote_puts_total") >= 8);
+    for _ in 0..3 {
+        restore_blocks(&a, FP, BB, &hashes(1, 8));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        stat(&a, "remote_queued_blocks_total"),
+        8,
+        "each block queued once"
+    );
+    assert_eq!(
+        stat(&a, "remote_puts_total"),
+        8,
+        "chain 2, never hit, not written"
+    );
+    // Another Manager serves the reused chain from the cluster, not the other one.
+    let b = manager(&cluster);
+    let (hit, got) = restore_blocks(&b, FP, BB, &hashes(1, 8));
+    assert!(hit == 8 && got == data, "byte-exact");
+    assert_eq!(restore_blocks(&b, FP, BB, &hashes(2, 8)).0, 0);
 }
 
 #[test]

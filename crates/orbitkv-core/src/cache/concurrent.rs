@@ -101,6 +101,7 @@ pub(super) struct HotCounters {
     pub(super) leases_granted: AtomicU64,
     pub(super) leases_retired: AtomicU64,
     pub(super) policy_touches_dropped: AtomicU64,
+    pub(super) remote_due_dropped: AtomicU64,
 }
 
 impl HotCounters {
@@ -128,6 +129,7 @@ impl HotCounters {
             leases_granted: get(&self.leases_granted),
             leases_retired: get(&self.leases_retired),
             policy_touches_dropped: get(&self.policy_touches_dropped),
+            remote_due_dropped: get(&self.remote_due_dropped),
             ..base.clone()
         }
     }

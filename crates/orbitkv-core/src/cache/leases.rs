@@ -137,11 +137,16 @@ impl CacheState {
     }
 
     /// Pin one hit block and count the hit (`spill`: the block just became
-    /// due for an eager spill).
+    /// due for an eager spill; a block that just became due for the remote
+    /// tier is recorded there).
     fn pin_hit(&self, k: &BlockKey, e: &Entry, spill: &mut Vec<BlockKey>) {
         e.pin();
-        if self.due_on_hit(e, e.hit()) {
+        let hits = e.hit();
+        if self.due_on_hit(e, hits) {
             spill.push(*k);
+        }
+        if self.remote.due_at(hits) && self.remote.push(std::slice::from_ref(k)) > 0 {
+            HotCounters::add(&self.hot.remote_due_dropped, 1);
         }
     }
 

@@ -45,6 +45,7 @@ mod entries;
 mod jobs;
 mod leases;
 mod registry;
+mod remote_due;
 mod saves;
 mod spill;
 mod ssd_capacity;
@@ -136,6 +137,8 @@ pub struct Counters {
     /// Hits the policy never saw: lookups outpaced the replay of the touch
     /// log and found it full (see `concurrent.rs`); recency only, never bytes.
     pub policy_touches_dropped: u64,
+    /// Blocks due for the remote tier by reuse that found its due list full.
+    pub remote_due_dropped: u64,
     pub saves_begun: u64,
     pub blocks_committed: u64,
     pub blocks_present: u64,
@@ -239,6 +242,8 @@ pub struct CacheState {
     /// Policy touches of leases granted under the shared lock (see `concurrent.rs`).
     touches: TouchLog,
     tier: TierState,
+    /// Blocks due for a remote tier by reuse (`remote_due.rs`).
+    remote: remote_due::RemoteAdmission,
     presence: Option<Box<dyn PresenceSink>>,
 }
 
@@ -281,6 +286,7 @@ impl CacheState {
             hot: HotCounters::default(),
             touches: TouchLog::default(),
             tier: TierState::default(),
+            remote: remote_due::RemoteAdmission::default(),
             presence: None,
         }
     }

@@ -2,6 +2,7 @@
 //! when — the [`SpillPolicy`], admission by hits on commit and on lookup, the
 //! [`SpillJob`]s handed to the Manager's workers and their completion.
 
+use super::concurrent::HotCounters;
 use super::entries::{Busy, Entry};
 use super::jobs::SpillJob;
 use super::tiers::SpillWalk;
@@ -45,6 +46,10 @@ impl CacheState {
         let hits = u32::from(readmitted);
         if let Some(e) = self.index.get_mut(&k) {
             e.set_hits(hits);
+        }
+        // Saved again after an eviction counts one hit for the remote tier too.
+        if self.remote.due_at(hits) && self.remote.push(&[k]) > 0 {
+            HotCounters::add(&self.hot.remote_due_dropped, 1);
         }
         if hits >= self.tier.min_hits && self.tier.policy == SpillPolicy::Eager {
             self.tier.spill_queue.push_back(k);

@@ -220,6 +220,11 @@ pub struct Args {
     /// (counted, never waited for) [default: 4096]
     #[arg(long)]
     pub remote_write_queue: Option<usize>,
+    /// Write a block to the remote tier only once lookups have hit it this many times
+    /// (saving it again after an eviction counts one, with an SSD tier); 0 writes every
+    /// committed block [default: 0]
+    #[arg(long)]
+    pub remote_admit_hits: Option<u32>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     pub config: Option<PathBuf>,
@@ -290,6 +295,7 @@ pub(super) struct FileConfig {
     pub(super) remote_prefix: Option<String>,
     pub(super) remote_deadline_ms: Option<u64>,
     pub(super) remote_write_queue: Option<usize>,
+    pub(super) remote_admit_hits: Option<u32>,
 }
 
 #[cfg(test)]

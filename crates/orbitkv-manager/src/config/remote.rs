@@ -1,6 +1,6 @@
 //! Remote-tier settings (`--remote-*`): the Redis Cluster's seed nodes, its ACL
-//! user and password file, TLS, the key prefix, the per-request deadline and the
-//! write queue, checked at start-up (`RemoteConfig::validate`: loopback or TLS).
+//! user and password file, TLS, the key prefix, the per-request deadline, the
+//! write queue and the admission by hits, checked at start-up (`RemoteConfig::validate`: loopback or TLS).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,6 +17,8 @@ pub struct RemoteSettings {
     pub store: RemoteConfig,
     /// Blocks waiting to be written; beyond it new ones are dropped (counted).
     pub write_queue: usize,
+    /// Write a block at its `admit_hits`-th hit; 0: every committed block.
+    pub admit_hits: u32,
 }
 
 /// The remote tier's settings, or `None` without `--remote-nodes`. Any other
@@ -34,6 +36,7 @@ pub(super) fn remote_settings(
     let prefix = a.remote_prefix.take().or(file.remote_prefix.take());
     let deadline_ms = a.remote_deadline_ms.take().or(file.remote_deadline_ms.take());
     let write_queue = a.remote_write_queue.take().or(file.remote_write_queue.take());
+    let admit_hits = a.remote_admit_hits.take().or(file.remote_admit_hits.take());
     let Some(nodes) = nodes else {
         let others = [
             ("remote_user", user.is_some()),
@@ -44,6 +47,7 @@ pub(super) fn remote_settings(
             ("remote_prefix", prefix.is_some()),
             ("remote_deadline_ms", deadline_ms.is_some()),
             ("remote_write_queue", write_queue.is_some()),
+            ("remote_admit_hits", admit_hits.is_some()),
         ];
         if let Some((name, _)) = others.iter().find(|(_, set)| *set) {
             return Err(ConfigError::Invalid(format!(
@@ -105,5 +109,9 @@ pub(super) fn remote_settings(
     store
         .validate()
         .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-    Ok(Some(RemoteSettings { store, write_queue }))
+    Ok(Some(RemoteSettings {
+        store,
+        write_queue,
+        admit_hits: admit_hits.unwrap_or(0),
+    }))
 }

@@ -144,10 +144,12 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                     Err(e) => map(Err(e)),
                 };
             }
-            // The remote tier writes what this commit makes visible (after it, off this thread).
+            // The remote tier writes what this commit makes visible (after it, off this
+            // thread), unless it admits blocks by their hits (then lookups make them due).
             let queued = shared
                 .remote
                 .as_ref()
+                .filter(|_| cache.remote_admit_hits() == 0)
                 .and_then(|r| cache.save_blocks(s, SaveId(save)).ok().map(|b| (r, b)));
             let done = cache.commit_save(s, SaveId(save));
             drop(cache);

@@ -115,6 +115,7 @@ pub fn json(v: &View<'_>) -> String {
                 "prefix": r.store.key_prefix,
                 "deadline_ms": r.store.deadline.as_millis() as u64,
                 "write_queue": r.write_queue,
+                "admit_hits": r.admit_hits,
             }),
             None => serde_json::json!({ "enabled": false }),
         },
