@@ -39,6 +39,10 @@ from typing import Any
 
 import torch
 
+# The SGLang CPU pools, shared with the SGLang suite (python/tests/support).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests" / "support"))
+from sglang_pools import cpu_pool, pool_buffers
+
 SGLANG = version("sglang")  # 0.5.21 or 0.5.23: the per-release linker module is used
 PAGE = 16
 PAGES = 48
@@ -57,36 +61,11 @@ def _manager(sock: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def _pool(kind: str) -> Any:
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
-
-    if kind == "mha":
-        return MHATokenToKVPool(
-            size=PAGES * PAGE,
-            page_size=PAGE,
-            dtype=torch.bfloat16,
-            head_num=4,
-            head_dim=32,
-            layer_num=4,
-            device="cpu",
-            enable_memory_saver=False,
-            enable_alt_stream=False,
-        )
-    return MLATokenToKVPool(
-        size=PAGES * PAGE,
-        page_size=PAGE,
-        dtype=torch.bfloat16,
-        kv_lora_rank=64,
-        qk_rope_head_dim=16,
-        layer_num=4,
-        device="cpu",
-        enable_memory_saver=False,
-    )
+    return cpu_pool(kind, pages=PAGES, page=PAGE, layers=4, heads=4, head_dim=32, kv_lora_rank=64, rope_dim=16)
 
 
 def _buffers(pool: Any, kind: str) -> list[torch.Tensor]:
-    if kind == "mha":
-        return [b for i in range(len(pool.k_buffer)) for b in (pool.k_buffer[i], pool.v_buffer[i])]
-    return list(pool.kv_buffer)
+    return pool_buffers(pool, kind)
 
 
 def _pattern(tag: bytes, buf: int, page: int, nbytes: int) -> torch.Tensor:

@@ -38,13 +38,14 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome, InitLoadBackParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.test.mem_cache_utils import finish_req
 from sglang_env import V0_5_23
+from sglang_pools import cpu_pool, pool_buffers
 
 PAGE = 4
 LAYERS = 3
@@ -129,33 +130,8 @@ class Engine:
         self.lora_refs = list(get_lora().lora_paths or [])  # resolved LoRARef records
         self.kind = kind
         size = pages * PAGE
-        if kind == "mha":
-            self.kv = MHATokenToKVPool(
-                size=size,
-                page_size=PAGE,
-                dtype=torch.bfloat16,
-                head_num=2,
-                head_dim=8,
-                layer_num=LAYERS,
-                device="cpu",
-                enable_memory_saver=False,
-                enable_alt_stream=False,
-            )
-            self.buffers = [b for i in range(LAYERS) for b in (self.kv.k_buffer[i], self.kv.v_buffer[i])]
-        elif kind == "mla":
-            self.kv = MLATokenToKVPool(
-                size=size,
-                page_size=PAGE,
-                dtype=torch.bfloat16,
-                kv_lora_rank=16,
-                qk_rope_head_dim=8,
-                layer_num=LAYERS,
-                device="cpu",
-                enable_memory_saver=False,
-            )
-            self.buffers = list(self.kv.kv_buffer)
-        else:
-            raise ValueError(kind)
+        self.kv = cpu_pool(kind, pages=pages, page=PAGE, layers=LAYERS)
+        self.buffers = pool_buffers(self.kv, kind)
         for b in self.buffers:  # garbage, not zeros: an unloaded page must not look right
             b.view(torch.uint8).copy_(torch.randint(0, 256, b.view(torch.uint8).shape, dtype=torch.uint8))
         self.alloc = PagedTokenToKVPoolAllocator(

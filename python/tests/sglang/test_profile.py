@@ -20,8 +20,8 @@ from sglang_env import ADAPTER_MODULE, REPO_PYTHON, V0_5_23, skip_module_if_unav
 
 skip_module_if_unavailable()
 
-import torch  # noqa: E402
 from sglang_harness import PAGE, Engine  # noqa: E402
+from sglang_pools import cpu_pool  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -200,17 +200,7 @@ def test_unknown_and_hybrid_pools_are_rejected() -> None:
     class SomeFuturePool(MHATokenToKVPool):
         pass
 
-    pool = SomeFuturePool(
-        size=16 * PAGE,
-        page_size=PAGE,
-        dtype=torch.bfloat16,
-        head_num=1,
-        head_dim=8,
-        layer_num=1,
-        device="cpu",
-        enable_memory_saver=False,
-        enable_alt_stream=False,
-    )
+    pool = cpu_pool("mha", pages=16, page=PAGE, layers=1, heads=1, cls=SomeFuturePool)
     with pytest.raises(UnsupportedProfileError, match="SomeFuturePool is not supported"):
         describe_pool(pool, PAGE)
     with pytest.raises(UnsupportedProfileError, match="HybridLinearKVPool"):
