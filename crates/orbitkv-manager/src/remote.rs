@@ -6,10 +6,11 @@
 //!   blocks new ones are dropped and counted, never waited for); one writer
 //!   thread ([`writer`]) pins each batch under a Manager-internal session's
 //!   lease, copies the blocks out of their slots and writes them.
-//! - **Reads:** a lookup's missing suffix (after DRAM, SSD and peers) is read
-//!   block by block until the first miss ([`RemoteTier::fill`]), each verified
-//!   block written into a Manager-internal save, committed in batches; the
-//!   lookup then runs again, as after a peer fill.
+//! - **Reads:** a lookup's missing suffix (after DRAM, SSD and peers) is read in
+//!   pipelined groups of at most 8 MiB of blocks until the first miss
+//!   ([`RemoteTier::fill`]; the blocks of a group after a miss are read but not
+//!   stored), each verified block written into a Manager-internal save,
+//!   committed in batches of 16; the lookup then runs again, as after a peer fill.
 //!
 //! Every block in the store carries its full key and checksums
 //! (`orbitkv_remote::value`): anything else reads as a miss. A store that does
@@ -29,6 +30,15 @@ use crate::tier::{InternalSession, Tier, ssd_key, tier_namespace};
 
 /// Blocks read from the store before they are committed together.
 const FILL_BATCH: usize = 16;
+
+/// Bytes of replies one pipelined read asks for: enough to keep every node sending, few
+/// enough that one slow reply fails (as misses) only a few blocks.
+const PIPELINE_BYTES: u64 = 8 << 20;
+
+/// Blocks of `block_bytes` per pipelined read (at least 1, at most [`FILL_BATCH`]).
+fn pipeline_blocks(block_bytes: u64) -> usize {
+    usize::try_from(PIPELINE_BYTES / block_bytes.max(1)).map_or(FILL_BATCH, |n| n.clamp(1, FILL_BATCH))
+}
 /// Blocks the writer takes from the queue at a time.
 const WRITE_BATCH: usize = 64;
 
@@ -131,16 +141,23 @@ impl RemoteTier {
         };
         let mut stored = 0;
         for chunk in hashes.chunks(FILL_BATCH) {
-            let mut got: Vec<Hit> = Vec::with_capacity(chunk.len());
-            for h in chunk {
-                let key = ssd_key(&TierKey {
-                    ns: tier_ns,
-                    generation,
-                    hash: *h,
-                });
-                match self.store.get(&key, block_bytes) {
-                    Ok(hit) => got.push(hit),
-                    Err(_) => break,
+            // One pipelined read of the chunk; its leading run of hits is stored.
+            let keys: Vec<_> = chunk
+                .iter()
+                .map(|h| {
+                    ssd_key(&TierKey {
+                        ns: tier_ns,
+                        generation,
+                        hash: *h,
+                    })
+                })
+                .collect();
+            let mut got: Vec<Hit> = Vec::with_capacity(keys.len());
+            for group in keys.chunks(pipeline_blocks(block_bytes)) {
+                let before = got.len();
+                got.extend(self.store.get_many(group, block_bytes).into_iter().map_while(Result::ok));
+                if got.len() - before < group.len() {
+                    break;
                 }
             }
             if got.is_empty() || store_blocks(arena, ns, &chunk[..got.len()], &got, block_bytes).is_none() {

@@ -294,14 +294,52 @@ impl RemoteStore {
 
     /// Block `key` of `block_bytes` bytes, verified; or why not.
     pub fn get(&self, key: &SsdKey, block_bytes: u64) -> Result<Hit, Miss> {
-        let c = &self.counters;
         if self.admit() == Admission::Skip {
-            c.skipped.fetch_add(1, Ordering::Relaxed);
+            self.counters.skipped.fetch_add(1, Ordering::Relaxed);
             return Err(Miss::Skipped);
         }
         let k = value::store_key(&self.prefix, key);
         let got = self.with_conn(|conn| redis::cmd("GET").arg(&k).query::<Option<Vec<u8>>>(conn));
         self.record(got.is_some());
+        self.verdict(got, key, block_bytes)
+    }
+
+    /// [`Self::get`] of every key of `keys`, in one pipeline: the requests for each node
+    /// are sent together before any reply is read, so the nodes serve them at once and no
+    /// round trip waits between blocks. One failed request fails the whole pipeline (every
+    /// key `Failed`); the deadline bounds each reply.
+    pub fn get_many(&self, keys: &[SsdKey], block_bytes: u64) -> Vec<Result<Hit, Miss>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        if self.admit() == Admission::Skip {
+            self.counters
+                .skipped
+                .fetch_add(keys.len() as u64, Ordering::Relaxed);
+            return keys.iter().map(|_| Err(Miss::Skipped)).collect();
+        }
+        let mut pipe = redis::cluster::cluster_pipe();
+        for key in keys {
+            pipe.cmd("GET").arg(value::store_key(&self.prefix, key));
+        }
+        let got = self.with_conn(|conn| pipe.query::<Vec<Option<Vec<u8>>>>(conn));
+        self.record(got.is_some());
+        match got {
+            Some(values) if values.len() == keys.len() => values
+                .into_iter()
+                .zip(keys)
+                .map(|(v, key)| self.verdict(Some(v), key, block_bytes))
+                .collect(),
+            _ => keys
+                .iter()
+                .map(|key| self.verdict(None, key, block_bytes))
+                .collect(),
+        }
+    }
+
+    /// What one reply (`None`: the request failed) serves for `key`, counted.
+    fn verdict(&self, got: Option<Option<Vec<u8>>>, key: &SsdKey, block_bytes: u64) -> Result<Hit, Miss> {
+        let c = &self.counters;
         match got {
             None => {
                 c.errors.fetch_add(1, Ordering::Relaxed);

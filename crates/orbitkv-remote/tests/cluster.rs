@@ -91,6 +91,29 @@ fn blocks_round_trip_byte_exact_across_the_cluster() {
     let st = s.stats();
     assert_eq!((st.puts, st.hits, st.errors, st.invalid), (68, 68, 0, 0));
     assert_eq!(st.bytes_read, 64 * 256 * 1024 + 4 * 4 * 1024 * 1024);
+    // One pipeline over keys on every master: each key's own verdict, in order.
+    let mut keys: Vec<SsdKey> = (0..70).map(|i| key(i, 256 * 1024)).collect();
+    keys.push(key(1, 4 << 20)); // a 4 MiB block asked at 256 KiB: another length
+    let got = s.get_many(&keys, 256 * 1024);
+    assert!(matches!(
+        got.last(),
+        Some(Err(Miss::Invalid(Mismatch::Length { .. })))
+    ));
+    keys.pop();
+    let got = s.get_many(&keys, 256 * 1024);
+    assert_eq!(got.len(), 70);
+    for (i, g) in got.iter().enumerate() {
+        match (i, g) {
+            (0..64, Ok(h)) => assert!(h.payload() == &block(i as u32, 256 * 1024)[..], "block {i}"),
+            (64.., Err(Miss::Absent)) => {}
+            _ => panic!("block {i}: {:?}", g.as_ref().map(|_| ())),
+        }
+    }
+    let hit_4m = s.get_many(&[key(1, 4 << 20), key(2, 4 << 20)], 4 << 20);
+    assert!(hit_4m.iter().enumerate().all(|(i, h)| {
+        h.as_ref()
+            .is_ok_and(|h| h.payload() == &block(i as u32 + 1, 4 << 20)[..])
+    }));
 }
 
 #[test]
