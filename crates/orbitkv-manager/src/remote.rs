@@ -155,7 +155,12 @@ impl RemoteTier {
             let mut got: Vec<Hit> = Vec::with_capacity(keys.len());
             for group in keys.chunks(pipeline_blocks(block_bytes)) {
                 let before = got.len();
-                got.extend(self.store.get_many(group, block_bytes).into_iter().map_while(Result::ok));
+                got.extend(
+                    self.store
+                        .get_many(group, block_bytes)
+                        .into_iter()
+                        .map_while(Result::ok),
+                );
                 if got.len() - before < group.len() {
                     break;
                 }

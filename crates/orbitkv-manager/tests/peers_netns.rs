@@ -303,21 +303,7 @@ fn a_redis_cluster_in_one_namespace_serves_a_manager_in_the_other_over_mutual_tl
     let Some(cl) = cluster::Cluster::start_in(Some(&net.a), 21360, &["--tls", "--bind", &net.ip_a]) else {
         return;
     };
-    let mut args = vec![
-        "--remote-nodes".to_string(),
-        cl.seeds().join(","),
-        "--remote-password-file".into(),
-        cl.password_file().display().to_string(),
-        "--remote-deadline-ms".into(),
-        "1000".into(),
-    ];
-    for (flag, file) in [
-        ("--remote-tls-ca", "ca.crt"),
-        ("--remote-tls-cert", "client.crt"),
-        ("--remote-tls-key", "client.key"),
-    ] {
-        args.extend([flag.to_string(), cl.tls_file(file).display().to_string()]);
-    }
+    let args = cl.manager_flags(1000);
     let a = InNs::start(&net.a, &args);
     let b = InNs::start(&net.b, &args);
 

@@ -30,23 +30,7 @@ fn manager(c: &Cluster) -> ManagerProc {
 
 /// [`manager`] with more flags.
 fn manager_with(c: &Cluster, extra: &[&str]) -> ManagerProc {
-    let mut flags = vec![
-        "--remote-nodes".to_string(),
-        c.seeds().join(","),
-        "--remote-password-file".into(),
-        c.password_file().display().to_string(),
-        "--remote-deadline-ms".into(),
-        "300".into(),
-    ];
-    if c.tls() {
-        for (flag, file) in [
-            ("--remote-tls-ca", "ca.crt"),
-            ("--remote-tls-cert", "client.crt"),
-            ("--remote-tls-key", "client.key"),
-        ] {
-            flags.extend([flag.to_string(), c.tls_file(file).display().to_string()]);
-        }
-    }
+    let flags = c.manager_flags(300);
     let mut refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     refs.extend_from_slice(extra);
     ManagerProc::start(&refs)

@@ -37,7 +37,16 @@ impl Cluster {
 
     /// `redis-cli` as the ACL user, against the node serving `key`.
     fn cli(&self, args: &[&str]) -> String {
-        let pass = std::fs::read_to_string(self.dir.join("password")).expect("password");
+        let port = self.base.to_string();
+        let mut all = vec!["--user", "orbitkv", "-c", "-p", &port];
+        all.extend_from_slice(args);
+        self.redis_cli("password", &all)
+    }
+
+    /// `redis-cli` with the password in file `password` (of the cluster's directory),
+    /// over TLS when the cluster speaks only TLS; its output, trimmed.
+    fn redis_cli(&self, password: &str, args: &[&str]) -> String {
+        let pass = std::fs::read_to_string(self.dir.join(password)).expect("password");
         let mut cmd = Command::new("redis-cli");
         if self.tls() {
             cmd.arg("--tls").arg("--cacert").arg(self.tls_file("ca.crt"));
@@ -46,7 +55,6 @@ impl Cluster {
         }
         let out = cmd
             .env("REDISCLI_AUTH", pass.trim())
-            .args(["--user", "orbitkv", "-c", "-p", &self.base.to_string()])
             .args(args)
             .output()
             .expect("redis-cli");
@@ -306,20 +314,10 @@ fn a_master_killed_mid_run_fails_over_and_nothing_wrong_is_served() {
 impl Cluster {
     /// `redis-cli` as the admin (`default`) user against one node, outside cluster mode.
     fn admin(&self, port: u16, args: &[&str]) -> String {
-        let pass = std::fs::read_to_string(self.dir.join("admin-password")).expect("admin password");
-        let mut cmd = Command::new("redis-cli");
-        if self.tls() {
-            cmd.arg("--tls").arg("--cacert").arg(self.tls_file("ca.crt"));
-            cmd.arg("--cert").arg(self.tls_file("client.crt"));
-            cmd.arg("--key").arg(self.tls_file("client.key"));
-        }
-        let out = cmd
-            .env("REDISCLI_AUTH", pass.trim())
-            .args(["-p", &port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        let port = port.to_string();
+        let mut all = vec!["-p", &port];
+        all.extend_from_slice(args);
+        self.redis_cli("admin-password", &all)
     }
 
     /// Keys held by every node, masters and replicas together.

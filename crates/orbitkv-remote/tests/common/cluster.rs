@@ -114,6 +114,29 @@ impl Cluster {
         self.dir.join("tls").join(name)
     }
 
+    /// The `orbitkv serve` flags that make this cluster a Manager's remote tier, with
+    /// `deadline_ms` and, when the cluster speaks only TLS, its CA and client certificate.
+    pub fn manager_flags(&self, deadline_ms: u32) -> Vec<String> {
+        let mut flags = vec![
+            "--remote-nodes".to_string(),
+            self.seeds().join(","),
+            "--remote-password-file".into(),
+            self.password_file().display().to_string(),
+            "--remote-deadline-ms".into(),
+            deadline_ms.to_string(),
+        ];
+        if self.tls() {
+            for (flag, file) in [
+                ("--remote-tls-ca", "ca.crt"),
+                ("--remote-tls-cert", "client.crt"),
+                ("--remote-tls-key", "client.key"),
+            ] {
+                flags.extend([flag.to_string(), self.tls_file(file).display().to_string()]);
+            }
+        }
+        flags
+    }
+
     /// The ACL user `orbitkv`'s password file (mode 0600).
     pub fn password_file(&self) -> PathBuf {
         self.dir.join("password")
