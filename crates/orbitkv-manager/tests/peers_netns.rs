@@ -173,8 +173,8 @@ impl Drop for InNs {
 }
 
 /// A Manager in namespace `ns` with `args` and no TLS files must refuse to
-/// start (exit code 2) for want of mutual TLS.
-fn assert_refused_without_tls(ns: &str, args: &[&str]) {
+/// start (exit code 2) for want of TLS, its error containing `needle`.
+fn assert_refused_without_tls(ns: &str, args: &[&str], needle: &str) {
     let out = Command::new("ip")
         .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_orbitkv-manager")])
         .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
@@ -182,7 +182,8 @@ fn assert_refused_without_tls(ns: &str, args: &[&str]) {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("requires mutual TLS"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "{err}");
 }
 
 #[test]
@@ -221,7 +222,11 @@ fn two_network_namespaces_over_mutual_tls() {
     assert_eq!(a.stats()["peers"]["source"]["refused"], 1);
 
     // Without TLS files, the non-loopback address is refused at start-up.
-    assert_refused_without_tls(&net.b, &["--peer", &format!("{}:{PORT}", net.ip_a)]);
+    assert_refused_without_tls(
+        &net.b,
+        &["--peer", &format!("{}:{PORT}", net.ip_a)],
+        "requires mutual TLS",
+    );
 }
 
 #[test]
@@ -293,6 +298,7 @@ fn tp_across_two_network_namespaces_over_mutual_tls() {
             "--tp-shard-peer",
             &format!("1={}:{PORT}", net.ip_b),
         ],
+        "requires mutual TLS",
     );
 }
 
@@ -328,16 +334,5 @@ fn a_redis_cluster_in_one_namespace_serves_a_manager_in_the_other_over_mutual_tl
 
     // Without TLS files, a cluster off loopback is refused at start-up.
     let plain: Vec<&str> = args[..4].iter().map(String::as_str).collect();
-    let out = Command::new("ip")
-        .args(["netns", "exec", &net.b, env!("CARGO_BIN_EXE_orbitkv-manager")])
-        .args(["--socket", "/nonexistent/x.sock", "--metrics-addr", "off"])
-        .args(&plain)
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--remote-tls-ca"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_refused_without_tls(&net.b, &plain, "--remote-tls-ca");
 }

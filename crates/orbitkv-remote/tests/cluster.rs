@@ -376,19 +376,26 @@ struct Seen {
 fn read_loop(s: &RemoteStore, n: u32, bytes: usize, stop: &std::sync::atomic::AtomicBool) -> Seen {
     let mut seen = Seen::default();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        seen.read_all(s, n, bytes);
+    }
+    seen
+}
+
+impl Seen {
+    /// Read blocks `0..n` of `bytes` once, counting what each read served.
+    fn read_all(&mut self, s: &RemoteStore, n: u32, bytes: usize) {
         for i in 0..n {
             let t0 = Instant::now();
             let got = s.get(&key(i, 7), bytes as u64);
-            seen.slowest = seen.slowest.max(t0.elapsed());
+            self.slowest = self.slowest.max(t0.elapsed());
             match got {
-                Ok(h) if h.payload() == &block(i, bytes)[..] => seen.hits += 1,
-                Ok(_) | Err(Miss::Invalid(_)) => seen.wrong += 1,
-                Err(Miss::Absent) => seen.absent += 1,
-                Err(Miss::Failed | Miss::Skipped) => seen.failed += 1,
+                Ok(h) if h.payload() == &block(i, bytes)[..] => self.hits += 1,
+                Ok(_) | Err(Miss::Invalid(_)) => self.wrong += 1,
+                Err(Miss::Absent) => self.absent += 1,
+                Err(Miss::Failed | Miss::Skipped) => self.failed += 1,
             }
         }
     }
-    seen
 }
 
 #[test]
@@ -518,34 +525,20 @@ fn a_master_frozen_mid_4mib_reads_then_killed_costs_bounded_misses_never_wrong_b
         std::thread::sleep(Duration::from_millis(300));
         // Frozen mid-stream: requests to it hang until the deadline.
         let pid = c.pid(victim);
-        assert!(
-            Command::new("kill")
-                .args(["-STOP", &pid])
-                .status()
-                .expect("kill")
-                .success()
-        );
+        let signal = |sig: &str| {
+            let ok = Command::new("kill").args([sig, &pid]).status().expect("kill");
+            assert!(ok.success(), "kill {sig} {pid}");
+        };
+        signal("-STOP");
         std::thread::sleep(Duration::from_millis(1500));
-        assert!(
-            Command::new("kill")
-                .args(["-9", &pid])
-                .status()
-                .expect("kill")
-                .success()
-        );
+        signal("-9");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let during = reader.join().expect("reader");
         // After the failover, every block again (each was replicated before the kill).
         let deadline = Instant::now() + Duration::from_secs(30);
         let after = loop {
             let mut one_pass = Seen::default();
-            for i in 0..N {
-                match s.get(&key(i, 7), BYTES as u64) {
-                    Ok(h) if h.payload() == &block(i, BYTES)[..] => one_pass.hits += 1,
-                    Ok(_) | Err(Miss::Invalid(_)) => one_pass.wrong += 1,
-                    Err(_) => one_pass.failed += 1,
-                }
-            }
+            one_pass.read_all(&s, N, BYTES);
             if one_pass.hits == u64::from(N) || one_pass.wrong > 0 || Instant::now() > deadline {
                 break one_pass;
             }
