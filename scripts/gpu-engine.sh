@@ -13,8 +13,8 @@
 # Python 3.12, torch 2.11 (CUDA 13), Triton and transformers lacks for vLLM PIN: for
 # 0.31.0 its torch 2.13.0 stack (torch, triton 3.7.1, NCCL 2.29.7, torchvision 0.28.0)
 # and 86 small packages; for 0.33.0 torch 2.14.0, triton 3.8.0, NCCL 2.30.7, torchvision 0.29.0
-# and 87 (made from the releases' metadata, not yet installed on a GPU host: flashinfer and
-# cuDNN 9.24 are left out as for 0.31.0); 0.34.0 resolves to exactly 0.33.0's lists (its CPU
+# and 87 (made from the releases' metadata; installed and run on the H200 on 2026-12-03: flashinfer
+# and cuDNN 9.24 are left out as for 0.31.0); 0.34.0 resolves to exactly 0.33.0's lists (its CPU
 # venv differs from 0.33.0's only in vllm, transformers - the host's 5.17 satisfies both - and
 # flashinfer, left out; 2026-12-03). A host with network can `pip install vllm==PIN` (0.34.0:
 # not as declared, see scripts/vllm-venv.sh).
