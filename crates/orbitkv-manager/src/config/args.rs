@@ -1,13 +1,16 @@
 //! The sources of the settings: the command line of `orbitkv serve` (with its
-//! `ORBITKV_*` environment variables) and the keys of the TOML file.
+//! `ORBITKV_*` environment variables) and the keys of the TOML file, one struct for both.
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use serde::Deserialize;
 
-/// Command line of `orbitkv serve` / `orbitkv-manager`.
-#[derive(Debug, Parser, Default)]
+/// Command line of `orbitkv serve` / `orbitkv-manager`, and the keys of its `--config` TOML
+/// file (the long flags' names with underscores; an unknown key, `config` included, is
+/// refused). A flag or its environment variable wins over the file.
+#[derive(Debug, Parser, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[command(
     name = "orbitkv serve",
     about = "Run the OrbitKV Manager (one per host).",
@@ -227,6 +230,7 @@ pub struct Args {
     pub remote_admit_hits: Option<u32>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Log level: error, warn, info, debug
     #[arg(long, env = "ORBITKV_LOG")]
@@ -234,68 +238,6 @@ pub struct Args {
     /// Log line format: text (RFC 3339 time, level, message) or json (one object a line)
     #[arg(long, env = "ORBITKV_LOG_FORMAT")]
     pub log_format: Option<String>,
-}
-
-/// The keys of the `--config` TOML file (those of the long flags, with underscores).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct FileConfig {
-    pub(super) socket: Option<PathBuf>,
-    pub(super) dram_size: Option<String>,
-    pub(super) segment_size: Option<String>,
-    pub(super) hugepages: Option<String>,
-    pub(super) metrics_addr: Option<String>,
-    pub(super) token_file: Option<PathBuf>,
-    pub(super) allow_uid: Option<Vec<u32>>,
-    pub(super) socket_mode: Option<String>,
-    pub(super) enable_fault_injection: Option<bool>,
-    pub(super) enable_query_control: Option<bool>,
-    pub(super) tp_lease_ttl_ms: Option<u64>,
-    pub(super) max_connections: Option<usize>,
-    pub(super) max_buffered_bytes: Option<String>,
-    pub(super) hello_timeout_ms: Option<u64>,
-    pub(super) frame_timeout_ms: Option<u64>,
-    pub(super) session_spin_us: Option<u64>,
-    pub(super) log_level: Option<String>,
-    pub(super) log_format: Option<String>,
-    pub(super) ssd_dir: Option<PathBuf>,
-    pub(super) ssd: Option<bool>,
-    pub(super) ssd_capacity: Option<String>,
-    pub(super) ssd_mode: Option<String>,
-    pub(super) ssd_engine: Option<String>,
-    pub(super) ssd_admit_hits: Option<u32>,
-    pub(super) ssd_write_policy: Option<String>,
-    pub(super) presence_slots: Option<String>,
-    pub(super) cache_policy: Option<String>,
-    pub(super) cache_policy_seed: Option<u64>,
-    pub(super) peer_listen: Option<String>,
-    pub(super) peer: Option<Vec<String>>,
-    pub(super) peer_tls_cert: Option<PathBuf>,
-    pub(super) peer_tls_key: Option<PathBuf>,
-    pub(super) peer_tls_ca: Option<PathBuf>,
-    pub(super) peer_timeout_ms: Option<u64>,
-    pub(super) etcd_endpoints: Option<String>,
-    pub(super) etcd_tls_ca: Option<PathBuf>,
-    pub(super) etcd_tls_cert: Option<PathBuf>,
-    pub(super) etcd_tls_key: Option<PathBuf>,
-    pub(super) etcd_prefix: Option<String>,
-    pub(super) etcd_ttl_s: Option<u64>,
-    pub(super) peer_advertise: Option<String>,
-    pub(super) tp_shard_peer: Option<Vec<String>>,
-    pub(super) tp_peer_parallel: Option<usize>,
-    pub(super) peer_fill_parallel: Option<usize>,
-    pub(super) peer_hash_thread: Option<String>,
-    pub(super) peer_fill_streams: Option<usize>,
-    pub(super) remote_nodes: Option<String>,
-    pub(super) remote_user: Option<String>,
-    pub(super) remote_password_file: Option<PathBuf>,
-    pub(super) remote_tls_ca: Option<PathBuf>,
-    pub(super) remote_tls_cert: Option<PathBuf>,
-    pub(super) remote_tls_key: Option<PathBuf>,
-    pub(super) remote_prefix: Option<String>,
-    pub(super) remote_deadline_ms: Option<u64>,
-    pub(super) remote_write_queue: Option<usize>,
-    pub(super) remote_admit_hits: Option<u32>,
 }
 
 #[cfg(test)]

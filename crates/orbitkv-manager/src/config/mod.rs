@@ -23,7 +23,6 @@ use std::path::PathBuf;
 use clap::Parser;
 
 pub use args::Args;
-use args::FileConfig;
 use peer::peer_settings;
 pub use peer::{EtcdSettings, EtcdTlsFiles, PeerSettings, PeerTlsFiles, is_literal_loopback};
 pub use remote::RemoteSettings;
@@ -104,10 +103,9 @@ impl ManagerConfig {
             Some(p) => {
                 let text =
                     std::fs::read_to_string(p).map_err(|err| ConfigError::Read { path: p.clone(), err })?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|err| ConfigError::Toml { path: p.clone(), err })?
+                toml::from_str::<Args>(&text).map_err(|err| ConfigError::Toml { path: p.clone(), err })?
             }
-            None => FileConfig::default(),
+            None => Args::default(),
         };
         let peers = peer_settings(&mut a, &mut file)?;
         let remote = remote::remote_settings(&mut a, &mut file)?;
@@ -153,7 +151,7 @@ impl ManagerConfig {
             None => None,
         };
         let mut allow_uids = a.allow_uid;
-        allow_uids.extend(file.allow_uid.unwrap_or_default());
+        allow_uids.extend(file.allow_uid);
         if !allow_uids.is_empty() && token.is_none() {
             return Err(ConfigError::Invalid(
                 "--allow-uid admits other users and requires --token-file".into(),
@@ -220,7 +218,7 @@ impl ManagerConfig {
         let ssd_dir = a
             .ssd_dir
             .or(file.ssd_dir)
-            .or_else(|| (a.ssd || file.ssd.unwrap_or(false)).then(ssd::default_ssd_dir));
+            .or_else(|| (a.ssd || file.ssd).then(ssd::default_ssd_dir));
         let ssd = match ssd_dir {
             None => None,
             Some(dir) => Some(ssd::settings(
@@ -294,8 +292,8 @@ impl ManagerConfig {
             token,
             allow_uids,
             socket_mode,
-            enable_fault_injection: a.enable_fault_injection || file.enable_fault_injection.unwrap_or(false),
-            enable_query_control: a.enable_query_control || file.enable_query_control.unwrap_or(false),
+            enable_fault_injection: a.enable_fault_injection || file.enable_fault_injection,
+            enable_query_control: a.enable_query_control || file.enable_query_control,
             tp_lease_ttl,
             max_connections,
             max_buffered_bytes,
@@ -412,5 +410,33 @@ mod tests {
         std::fs::write(&p, "dram_sise = \"8MiB\"\n").expect("write");
         let e = ManagerConfig::from_argv(["x", "--config", &ps]).expect_err("typo");
         assert!(e.to_string().contains("dram_sise"));
+    }
+
+    #[test]
+    fn toml_file_lists_and_switches_add_to_the_flags_and_cannot_name_another_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("m.toml");
+        let ps = p.to_string_lossy().to_string();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "0123456789abcdef0123456789abcdef").expect("write");
+        std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+        let toml = format!(
+            "allow_uid = [4242]\nenable_fault_injection = true\nenable_query_control = true\n\
+             token_file = {:?}\nmetrics_addr = \"off\"\n",
+            token.to_string_lossy()
+        );
+        std::fs::write(&p, toml).expect("write");
+        let c = ManagerConfig::from_argv(["x", "--config", &ps, "--allow-uid", "7"]).expect("ok");
+        assert!(
+            c.allow_uids.contains(&7) && c.allow_uids.contains(&4242),
+            "{:?}",
+            c.allow_uids
+        );
+        assert!(c.enable_fault_injection && c.enable_query_control && c.token.is_some());
+        let c = ManagerConfig::from_argv(["x", "--metrics-addr", "off"]).expect("ok");
+        assert!(!c.enable_fault_injection && !c.enable_query_control && c.token.is_none());
+        std::fs::write(&p, "config = \"/etc/other.toml\"\n").expect("write");
+        let e = ManagerConfig::from_argv(["x", "--config", &ps]).expect_err("nested config");
+        assert!(e.to_string().contains("config"), "{e}");
     }
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::ConfigError;
-use super::args::{Args, FileConfig};
+use super::args::Args;
 
 /// Mutual-TLS files for Manager↔Manager traffic.
 #[derive(Debug, Clone)]
@@ -79,13 +79,10 @@ fn check_host_port(what: &str, addr: &str) -> Result<(), ConfigError> {
     }
 }
 
-pub(super) fn peer_settings(
-    a: &mut Args,
-    file: &mut FileConfig,
-) -> Result<Option<PeerSettings>, ConfigError> {
+pub(super) fn peer_settings(a: &mut Args, file: &mut Args) -> Result<Option<PeerSettings>, ConfigError> {
     let listen_s = a.peer_listen.take().or(file.peer_listen.take());
     let mut peers = std::mem::take(&mut a.peer);
-    peers.extend(file.peer.take().unwrap_or_default());
+    peers.extend(std::mem::take(&mut file.peer));
     let etcd_s = a.etcd_endpoints.take().or(file.etcd_endpoints.take());
     let cert = a.peer_tls_cert.take().or(file.peer_tls_cert.take());
     let key = a.peer_tls_key.take().or(file.peer_tls_key.take());
@@ -95,7 +92,7 @@ pub(super) fn peer_settings(
     let etcd_cert = a.etcd_tls_cert.take().or(file.etcd_tls_cert.take());
     let etcd_key = a.etcd_tls_key.take().or(file.etcd_tls_key.take());
     let mut tp_shard_s = std::mem::take(&mut a.tp_shard_peer);
-    tp_shard_s.extend(file.tp_shard_peer.take().unwrap_or_default());
+    tp_shard_s.extend(std::mem::take(&mut file.tp_shard_peer));
     let tp_parallel = a.tp_peer_parallel.or(file.tp_peer_parallel).unwrap_or(8);
     if !(1..=64).contains(&tp_parallel) {
         return Err(ConfigError::Invalid(format!(
@@ -138,7 +135,7 @@ pub(super) fn peer_settings(
             "peer_fill_streams {fill_streams} must be 1..=8"
         )));
     }
-    let query_control = a.enable_query_control || file.enable_query_control.unwrap_or(false);
+    let query_control = a.enable_query_control || file.enable_query_control;
     if !tp_shard_s.is_empty() && !query_control {
         return Err(ConfigError::Invalid(
             "--tp-shard-peer places TP shards on peer Managers, which needs tensor-parallel query control: add --enable-query-control (on every Manager of the group)".into(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use orbitkv_remote::store::{RemoteConfig, TlsFiles};
 
 use super::ConfigError;
-use super::args::{Args, FileConfig};
+use super::args::Args;
 
 /// Validated remote-tier settings.
 #[derive(Debug, Clone)]
@@ -23,10 +23,7 @@ pub struct RemoteSettings {
 
 /// The remote tier's settings, or `None` without `--remote-nodes`. Any other
 /// `remote_*` setting without it is an error (it would silently do nothing).
-pub(super) fn remote_settings(
-    a: &mut Args,
-    file: &mut FileConfig,
-) -> Result<Option<RemoteSettings>, ConfigError> {
+pub(super) fn remote_settings(a: &mut Args, file: &mut Args) -> Result<Option<RemoteSettings>, ConfigError> {
     let nodes = a.remote_nodes.take().or(file.remote_nodes.take());
     let user = a.remote_user.take().or(file.remote_user.take());
     let password_file = a.remote_password_file.take().or(file.remote_password_file.take());
