@@ -132,7 +132,8 @@ def run_variant(
     sched_us: list[float] = []
     worker_us: list[float] = []
     hooks_us: list[float] = []
-    hook_clock = _instrument(engine.connector) if variant == "orbitkv" else [0.0]
+    per_hook: dict[str, float] = {}
+    hook_clock = _instrument(engine.connector, per_hook) if variant == "orbitkv" else [0.0]
     w = engine.worker
     while sched.requests:
         hook_clock[0] = 0.0
@@ -162,6 +163,8 @@ def run_variant(
         "step_us_median": statistics.median(a + b for a, b in zip(sched_us, worker_us, strict=True)),
     }
     if variant == "orbitkv":
+        # each hook's time per step, over the steps that scheduled tokens
+        result["hook_us_per_step"] = {k: v / len(sched_us) * 1e6 for k, v in sorted(per_hook.items())}
         c = engine.connector.scheduler_side.counters
         result["lookups"] = c["lookups"]
         result["hit_blocks"] = c["hit_blocks"]
@@ -171,20 +174,24 @@ def run_variant(
     return result
 
 
-def _instrument(connector: Any) -> list[float]:
-    """Accumulate time spent inside OrbitKV's scheduler-side hooks (profiler clock)."""
+def _instrument(connector: Any, per_hook: dict[str, float] | None = None) -> list[float]:
+    """Accumulate time spent inside OrbitKV's scheduler-side hooks (profiler clock);
+    `per_hook` (if given) sums each hook's own time over the run, in seconds."""
     from orbitkv.vllm.connector import SCHEDULER_METHODS
 
     clock = [0.0]
     for name in SCHEDULER_METHODS:
         fn = getattr(connector, name)
 
-        def timed(*args: Any, _fn: Any = fn, **kw: Any) -> Any:
+        def timed(*args: Any, _fn: Any = fn, _name: str = name, **kw: Any) -> Any:
             t = time.perf_counter()
             try:
                 return _fn(*args, **kw)
             finally:
-                clock[0] += time.perf_counter() - t
+                dt = time.perf_counter() - t
+                clock[0] += dt
+                if per_hook is not None:
+                    per_hook[_name] = per_hook.get(_name, 0.0) + dt
 
         setattr(connector, name, timed)
     return clock
@@ -500,6 +507,10 @@ def main() -> None:
             "scheduler_us_mean": med("orbitkv", "scheduler_us_mean"),
             "hooks_us_median": med("orbitkv", "orbitkv_hooks_us_median"),
             "hooks_us_mean": med("orbitkv", "orbitkv_hooks_us_mean"),
+            "hook_us_per_step_median": {
+                k: statistics.median(r["hook_us_per_step"].get(k, 0.0) for r in runs["orbitkv"])
+                for k in runs["orbitkv"][0]["hook_us_per_step"]
+            },
             "step_us_median": okv_step,
         },
         "scheduler_overhead_ratio": okv_sched / none_sched - 1.0,

@@ -418,15 +418,22 @@ class OrbitKVScheduler:
                 self._release(st)
                 st.lease_start = -1  # resumed requests look up again from their new hit
         block_state = scheduler_output.kv_connector_block_state
+        if block_state is None:
+            return self._close_save_batch(meta)
+        # Runs for every scheduled request every step: most decode steps complete no
+        # block, so the common path is one division and two comparisons.
+        reqs, block_size = self._reqs, self.block_size
         for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
-            st = self._reqs.get(req_id)
-            if st is None or st.bypass is not None or block_state is None:
+            st = reqs.get(req_id)
+            if st is None or st.bypass is not None:
                 continue
             request = st.request
             # build_connector_meta runs before vLLM advances num_computed_tokens.
-            computed_after = request.num_computed_tokens + num_new
-            complete = min(computed_after // self.block_size, len(request.block_hashes))
-            start = max(st.saved_upto, st.save_from)
+            complete = (request.num_computed_tokens + num_new) // block_size
+            start = st.saved_upto if st.saved_upto > st.save_from else st.save_from
+            if complete <= start:
+                continue
+            complete = min(complete, len(request.block_hashes))
             if complete <= start:
                 continue
             group_ids = block_state.get_block_ids(req_id)
@@ -446,6 +453,10 @@ class OrbitKVScheduler:
             st.saved_upto = complete
             st.saving = self.async_saves
             self.counters["save_blocks_planned"] += complete - start
+        return self._close_save_batch(meta)
+
+    def _close_save_batch(self, meta: OrbitKVConnectorMetadata) -> OrbitKVConnectorMetadata:
+        """Number this step's saves (if any) as one batch whose completion is awaited."""
         if meta.saves:
             meta.save_batch = self._next_batch
             self._pending_save_batches.add(self._next_batch)
