@@ -32,27 +32,25 @@ if [[ -r "$HP_FREE" && -w "$HP_SYSCTL" ]] && (($(cat "$HP_FREE") < 8)); then
     fi
 fi
 
-# The peer membership test needs a real etcd (Debian etcd-server). Install it where this
-# user may (root with apt-get); otherwise that test skips with the reason printed.
-if ! command -v etcd >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing etcd-server for the peer membership test"
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 ||
-        { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1; }; }; then
-        echo "== could not install etcd-server; the etcd membership test will skip"
-    fi
-fi
-
-# The remote tier's tests need a real Redis Cluster (Debian redis-server, redis-tools);
-# installed the same way, or those tests print why they did not run.
-if ! command -v redis-server >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing redis-server for the remote tier's cluster tests"
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null 2>&1 ||
-        { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null 2>&1; }; }; then
-        echo "== could not install redis-server; the remote tier's cluster tests will not run"
-    fi
-fi
+# Real dependencies of some tests (etcd for peer membership, a Redis Cluster for the remote
+# tier, systemd-analyze for the unit file), installed where this user may (root with
+# apt-get); otherwise those tests skip or fail with the reason printed.
+apt_provide() { # COMMAND WHAT PACKAGE...
+    local cmd=$1 what=$2
+    shift 2
+    command -v "$cmd" >/dev/null 2>&1 && return 0
+    [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1 || return 0
+    echo "== installing $* for $what"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1; } ||
+        echo "== could not install $*; $what will not run"
+}
+apt_provide etcd "the etcd membership test" etcd-server
+apt_provide redis-server "the remote tier's cluster tests" redis-server redis-tools
+apt_provide systemd-analyze "the systemd unit's check" systemd
 # With a Redis server here, its tests must run: a missing server then fails them.
 if command -v redis-server >/dev/null 2>&1; then export ORBITKV_REQUIRE_REDIS=1; fi
+if command -v systemd-analyze >/dev/null 2>&1; then export ORBITKV_REQUIRE_SYSTEMD=1; fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
