@@ -517,6 +517,10 @@ fn second_manager_on_a_live_socket_is_refused_and_metrics_are_served() {
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
     assert!(body.contains("# TYPE orbitkv_lookups_total counter"));
     assert!(body.contains("orbitkv_dram_capacity_bytes 4194304"));
+    for name in ["lookup", "acquire", "begin_save", "commit_save", "remote_fill"] {
+        assert!(body.contains(&format!("# TYPE orbitkv_{name}_seconds histogram")), "{body}");
+        assert!(body.contains(&format!("orbitkv_{name}_seconds_bucket{{le=\"+Inf\"}}")), "{body}");
+    }
     c.close().expect("close");
 
     // SIGTERM stops it and removes the socket file.
@@ -665,4 +669,33 @@ fn connections_over_the_limit_are_refused_busy_without_a_thread() {
     eventually("a place is free again", || {
         Client::connect(m.socket(), None, Duration::from_secs(5)).is_ok()
     });
+}
+
+#[test]
+fn latency_histograms_count_every_timed_request() {
+    let m = ManagerProc::start(&[]);
+    let c = m.client();
+    let ns = c.register_namespace([11; 32], 4096, 0, [0; 32]).expect("ns");
+    let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(11, i)).collect();
+    let data: Vec<Vec<u8>> = (0..4).map(|i| block(i, 4096)).collect();
+    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    assert_eq!(c.save(&ns, &hs, &src).expect("save").stored, 4);
+    for _ in 0..5 {
+        let hit = c.lookup(&ns, &hs).expect("lookup");
+        assert_eq!(hit.hit_blocks, 4);
+        c.acquire(hit.lease).expect("acquire");
+        c.release(hit.lease).expect("release");
+    }
+    let st = m.stats();
+    let lat = &st["latency_us"];
+    assert_eq!(lat["lookup"]["count"], 5, "{lat}");
+    assert_eq!(lat["acquire"]["count"], 5, "{lat}");
+    assert_eq!(lat["begin_save"]["count"], 1, "{lat}");
+    assert_eq!(lat["commit_save"]["count"], 1, "{lat}");
+    assert_eq!(lat["remote_fill"]["count"], 0, "{lat}");
+    assert!(lat["remote_fill"]["p99_le"].is_null(), "{lat}");
+    let p50 = lat["lookup"]["p50_le"].as_u64().expect("p50");
+    let p99 = lat["lookup"]["p99_le"].as_u64().expect("p99");
+    assert!(p50 >= 1 && p50 <= p99, "{lat}");
+    assert!(lat["lookup"]["mean"].as_f64().expect("mean") > 0.0, "{lat}");
 }

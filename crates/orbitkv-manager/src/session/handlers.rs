@@ -249,7 +249,12 @@ fn lookup(
         .as_ref()
         .map_or(0, |p| p.fill(shared.arena(), ns, rest));
     let from_remote = match shared.remote.as_ref() {
-        Some(r) if from_peers < rest.len() => r.fill(shared.arena(), ns, &rest[from_peers..]),
+        Some(r) if from_peers < rest.len() => {
+            let t = std::time::Instant::now();
+            let n = r.fill(shared.arena(), ns, &rest[from_peers..]);
+            shared.counters.latency.remote_fill.since(t);
+            n
+        }
         _ => 0,
     };
     if from_peers + from_remote == 0 {

@@ -12,6 +12,7 @@ use super::{Conn, SessionCtx};
 use crate::framing::Stall;
 use crate::shared::Shared;
 use crate::shared::parts::ServerCounters;
+use crate::stats::latency::{Histogram, Latencies};
 
 /// Requests that hand out arena addresses, refused to a control-only session so
 /// that it provably never copies (and its leases can be dropped with its connection).
@@ -83,6 +84,17 @@ fn frame_failed(shared: &Shared, conn: &Conn, e: FrameError) -> Option<(u32, Err
     }
 }
 
+/// The latency histogram a request's time goes to, if its path has one.
+fn timed_path<'a>(l: &'a Latencies, req: &Request) -> Option<&'a Histogram> {
+    match req {
+        Request::Lookup { .. } | Request::LookupTp { .. } => Some(&l.lookup),
+        Request::Acquire { .. } | Request::RedeemTp { .. } => Some(&l.acquire),
+        Request::BeginSave { .. } => Some(&l.begin_save),
+        Request::CommitSave { .. } => Some(&l.commit_save),
+        _ => None,
+    }
+}
+
 /// Serve one request (it may block: an SSD read, a peer fetch).
 fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, DecodeError>) -> Step {
     let SessionCtx {
@@ -117,16 +129,21 @@ fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, Decod
             ServerCounters::inc(&shared.counters.sessions_closed_clean);
             Step::Last(h.request_id, map(r.map(|_| Response::Ok)), SessionEnd::Clean)
         }
-        Ok(req) => Step::Reply(
-            h.request_id,
-            match control.then(|| refused_for_control(&req)).flatten() {
+        Ok(req) => {
+            let started = std::time::Instant::now();
+            let timed = timed_path(&shared.counters.latency, &req);
+            let reply = match control.then(|| refused_for_control(&req)).flatten() {
                 Some(refusal) => refusal,
                 None => match crate::tp::handle(shared, session, uid, control, &req, map) {
                     Some(r) => r,
                     None => handle(shared, session, req),
                 },
-            },
-        ),
+            };
+            if let Some(hist) = timed {
+                hist.since(started);
+            }
+            Step::Reply(h.request_id, reply)
+        }
         Err(e) => {
             ServerCounters::inc(&shared.counters.bad_frames);
             Step::Reply(

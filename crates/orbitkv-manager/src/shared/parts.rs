@@ -34,6 +34,8 @@ pub struct ServerCounters {
     /// not release (already ended; nobody is waiting for an answer).
     pub quiet_releases: AtomicU64,
     pub quiet_release_failures: AtomicU64,
+    /// Latency histograms of the request paths (`/metrics`, `orbitkv status --json`).
+    pub latency: crate::stats::latency::Latencies,
 }
 
 impl ServerCounters {

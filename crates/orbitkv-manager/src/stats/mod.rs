@@ -4,9 +4,11 @@
 //! The snapshot is built section by section, each a function named for what it
 //! reports: `cache.rs` (the cache's counters and gauges), `server.rs` (the
 //! server's connections and frames), `tiers.rs` (the SSD tier, the presence
-//! table and the remote tier).
+//! table and the remote tier); `latency.rs` holds the latency histograms, rendered
+//! after the scalar metrics.
 
 mod cache;
+pub mod latency;
 mod server;
 mod tiers;
 
@@ -120,6 +122,22 @@ pub fn json(v: &View<'_>) -> String {
             None => serde_json::json!({ "enabled": false }),
         },
     );
+    m.insert(
+        "latency_us".into(),
+        v.counters
+            .latency
+            .all()
+            .iter()
+            .map(|(name, _, h)| {
+                let s = h.summary();
+                let q = |p: f64| s.quantile_us(p).map_or(serde_json::Value::Null, serde_json::Value::from);
+                let mean = (s.count > 0).then(|| s.sum_ns as f64 / s.count as f64 / 1e3);
+                let v = serde_json::json!({ "count": s.count, "mean": mean, "p50_le": q(0.5), "p99_le": q(0.99) });
+                ((*name).to_string(), v)
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    );
     m.insert("pid".into(), std::process::id().into());
     m.insert(
         "segment_sizes".into(),
@@ -138,6 +156,9 @@ pub fn prometheus(v: &View<'_>) -> String {
         out.push_str(&format!(
             "# HELP orbitkv_{name} {help}\n# TYPE orbitkv_{name} {kind}\norbitkv_{name} {value}\n"
         ));
+    }
+    for (name, help, h) in v.counters.latency.all() {
+        out.push_str(&h.summary().prometheus(name, help));
     }
     if let Some(p) = v.peers {
         out.push_str(&p.prometheus());
