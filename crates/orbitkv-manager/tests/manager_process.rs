@@ -518,8 +518,14 @@ fn second_manager_on_a_live_socket_is_refused_and_metrics_are_served() {
     assert!(body.contains("# TYPE orbitkv_lookups_total counter"));
     assert!(body.contains("orbitkv_dram_capacity_bytes 4194304"));
     for name in ["lookup", "acquire", "begin_save", "commit_save", "remote_fill"] {
-        assert!(body.contains(&format!("# TYPE orbitkv_{name}_seconds histogram")), "{body}");
-        assert!(body.contains(&format!("orbitkv_{name}_seconds_bucket{{le=\"+Inf\"}}")), "{body}");
+        assert!(
+            body.contains(&format!("# TYPE orbitkv_{name}_seconds histogram")),
+            "{body}"
+        );
+        assert!(
+            body.contains(&format!("orbitkv_{name}_seconds_bucket{{le=\"+Inf\"}}")),
+            "{body}"
+        );
     }
     c.close().expect("close");
 
