@@ -84,19 +84,8 @@ command -v g++ >/dev/null 2>&1 \
 [[ -f /usr/include/openssl/sha.h ]] \
     || fail "no OpenSSL headers (SGLang's page-hash extension links -lcrypto; install libssl-dev)"
 
-mkdir -p "$(dirname "$VENV")"
-if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
-    fail "$VENV exists and is not a virtual environment; refusing to replace it"
-fi
-
-echo "sglang-venv: building $VENV (sglang==$SGLANG_PIN without its GPU dependencies)" >&2
-rm -rf "$VENV"
 # The venv takes 5-6 GB; pip holds the downloaded wheels beside it while installing.
-NEED_GIB=10
-if ! make_venv_room "$(dirname "$VENV")" $((NEED_GIB * 1024 * 1024)) "$VENV"; then
-    fail "needs $NEED_GIB GiB free under $(dirname "$VENV") to build (only $(($(venv_free_kib "$(dirname "$VENV")") / 1024)) MiB free, after removing any other cached engine venv there)"
-fi
-"$PYTHON" -m venv "$VENV" || fail "python -m venv failed"
+start_venv_build "$VENV" 10 "sglang-venv: building $VENV (sglang==$SGLANG_PIN without its GPU dependencies)"
 PIP=("$VENV/bin/python" -m pip install --quiet)
 "${PIP[@]}" --upgrade pip >&2 || fail "pip upgrade failed (is the package index reachable?)"
 "${PIP[@]}" --no-deps "sglang==$SGLANG_PIN" >&2 || { rm -rf "$VENV"; fail "pip install --no-deps sglang==$SGLANG_PIN failed"; }

@@ -4,6 +4,7 @@
 #   check_venv_platform PACKAGE==PIN   # Python 3.10-3.14, Linux x86_64/aarch64, python -m venv;
 #                                      # otherwise calls the caller's `fail` with the reason
 #   make_venv_room CACHE_ROOT NEED_KIB KEEP_DIR
+#   start_venv_build VENV NEED_GIB MESSAGE   # an empty venv at VENV, room made for NEED_GIB
 #
 # An engine venv takes 5-10 GB and pip needs a few more GB beside it while it installs;
 # five pins do not fit on every CI disk at once. When the filesystem holding CACHE_ROOT has
@@ -68,4 +69,21 @@ make_venv_room() {
         free="$(venv_free_kib "$root")"
     done < <(printf '%s\n' ${candidates[@]+"${candidates[@]}"} | sort -n)
     ((free >= need_kib))
+}
+
+# Replace VENV (refused when it is something other than a venv) with an empty venv, after
+# making NEED_GIB free beside it (make_venv_room); MESSAGE says what is being built.
+start_venv_build() {
+    local venv="$1" need_gib="$2" message="$3" root
+    root="$(dirname "$venv")"
+    mkdir -p "$root"
+    if [[ -e "$venv" && ! -f "$venv/pyvenv.cfg" ]]; then
+        fail "$venv exists and is not a virtual environment; refusing to replace it"
+    fi
+    echo "$message" >&2
+    rm -rf "$venv"
+    if ! make_venv_room "$root" $((need_gib * 1024 * 1024)) "$venv"; then
+        fail "needs $need_gib GiB free under $root to build (only $(($(venv_free_kib "$root") / 1024)) MiB free, after removing any other cached engine venv there)"
+    fi
+    "$PYTHON" -m venv "$venv" || fail "python -m venv failed"
 }

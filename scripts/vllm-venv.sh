@@ -71,19 +71,9 @@ fi
 
 check_venv_platform "vllm==$VLLM_PIN"
 
-mkdir -p "$(dirname "$VENV")"
-if [[ -e "$VENV" && ! -f "$VENV/pyvenv.cfg" ]]; then
-    fail "$VENV exists and is not a virtual environment; refusing to replace it"
-fi
-echo "vllm-venv: building $VENV (vllm==$VLLM_PIN, ~4 min, 8.5-9.5 GB)" >&2
-rm -rf "$VENV"
 # The venv takes 8.5-9.5 GB; pip holds the downloaded wheels beside it while installing
 # (peak 11.5 GB measured building 0.33.0 with pip keeping no cache).
-NEED_GIB=14
-if ! make_venv_room "$(dirname "$VENV")" $((NEED_GIB * 1024 * 1024)) "$VENV"; then
-    fail "needs $NEED_GIB GiB free under $(dirname "$VENV") to build (only $(($(venv_free_kib "$(dirname "$VENV")") / 1024)) MiB free, after removing any other cached engine venv there)"
-fi
-"$PYTHON" -m venv "$VENV" || fail "python -m venv failed"
+start_venv_build "$VENV" 14 "vllm-venv: building $VENV (vllm==$VLLM_PIN, ~4 min, 8.5-9.5 GB)"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2 || fail "pip upgrade failed (is PyPI reachable?)"
 if [[ -n "${DEP_OVERRIDES[$VLLM_PIN]:-}" ]]; then
     # vLLM itself without its declared dependencies, then those dependencies as declared

@@ -112,3 +112,34 @@ def test_platform_check_names_a_missing_interpreter() -> None:
     assert r.returncode == 2 and "FAIL: no 'no-such-python3' interpreter on PATH" in r.stdout
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHON": "python3"})
     assert r.returncode == 0 and r.stdout.strip().endswith("passed"), r.stdout
+
+
+def start_build(venv: Path, need_gib: int) -> subprocess.CompletedProcess[str]:
+    script = f'fail() {{ echo "FAIL: $*"; exit 2; }}; source "{ROOM}"; start_venv_build "$1" "$2" go; echo started'
+    return subprocess.run(
+        ["bash", "-c", script, "build", str(venv), str(need_gib)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": "python3"},
+    )
+
+
+def test_a_build_replaces_an_old_venv_and_refuses_anything_else(tmp_path: Path) -> None:
+    old = fake_venv(tmp_path, "vllm-0.31.0", 1, used=None)
+    r = start_build(old, 0)
+    assert r.returncode == 0 and r.stdout.strip().endswith("started"), r.stdout + r.stderr
+    assert r.stderr.strip() == "go"
+    assert not (old / "payload").exists() and (old / "bin" / "python").exists()
+
+    other = tmp_path / "not-a-venv"
+    other.mkdir()
+    (other / "data").write_text("keep")
+    r = start_build(other, 0)
+    assert r.returncode == 2 and "exists and is not a virtual environment; refusing to replace it" in r.stdout
+    assert (other / "data").read_text() == "keep"
+
+
+def test_a_build_without_room_names_the_shortfall(small_fs: Path) -> None:
+    r = start_build(small_fs / "vllm-0.34.0", 1)
+    assert r.returncode == 2 and "needs 1 GiB free under" in r.stdout and "MiB free" in r.stdout, r.stdout
+    assert not (small_fs / "vllm-0.34.0").exists()
