@@ -102,7 +102,7 @@ class Lease:
     @property
     def released(self) -> bool: ...
     def __enter__(self) -> Lease: ...
-    def __exit__(self, exc_type: object, exc_value: object, traceback: object, /) -> None:
+    def __exit__(self, *exc: object) -> None:
         """Releases the lease (a no-op when already released)."""
 
 @final
@@ -152,7 +152,7 @@ class PendingSave:
     @property
     def done(self) -> bool: ...  # committed or aborted
     def __enter__(self) -> PendingSave: ...
-    def __exit__(self, exc_type: object, exc_value: object, traceback: object, /) -> None:
+    def __exit__(self, *exc: object) -> None:
         """Aborts the save unless it was committed (a no-op when done)."""
 
 @final
@@ -242,7 +242,7 @@ class Client:
         """Waits for this client's host copies in flight, then tells the Manager
         to release every lease and pending save of the session. Idempotent."""
     def __enter__(self) -> Client: ...
-    def __exit__(self, exc_type: object, exc_value: object, traceback: object, /) -> None: ...
+    def __exit__(self, *exc: object) -> None: ...
     def restore_pages(
         self,
         lease: Lease,

@@ -10,7 +10,7 @@ use orbitkv_client::ClientError;
 use orbitkv_proto::ErrorCode;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 
 use crate::errors::to_py;
 
@@ -108,15 +108,8 @@ impl Lease {
     }
 
     /// Leaving a `with` block releases the lease (a no-op when already released).
-    #[pyo3(signature = (exc_type, exc_value, traceback, /))]
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        exc_type: Py<PyAny>,
-        exc_value: Py<PyAny>,
-        traceback: Py<PyAny>,
-    ) -> PyResult<()> {
-        let _ = (exc_type, exc_value, traceback);
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<()> {
         release_lease(py, &self.client, self, Release::Wait)
     }
 }

@@ -34,7 +34,7 @@ use namespace::Namespace;
 use orbitkv_client::{ClientError, SlotCopier, SlotStatus};
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 use save::{PendingSave, SaveResult, abort_pending};
 
 #[pyclass(frozen, module = "orbitkv._native")]
@@ -559,15 +559,9 @@ impl Client {
         slf
     }
 
-    #[pyo3(signature = (exc_type, exc_value, traceback, /))]
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        exc_type: Py<PyAny>,
-        exc_value: Py<PyAny>,
-        traceback: Py<PyAny>,
-    ) -> PyResult<()> {
-        let _ = (exc_type, exc_value, traceback);
+    /// Leaving a `with` block closes the client (its leases and saves end with it).
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<()> {
         self.close(py)
     }
 }

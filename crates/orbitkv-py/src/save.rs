@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use orbitkv_client::SlotStatus;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 
 use crate::errors::to_py;
 use crate::lease::pack_slots;
@@ -91,15 +91,8 @@ impl PendingSave {
     }
 
     /// Leaving a `with` block aborts the save unless it was committed.
-    #[pyo3(signature = (exc_type, exc_value, traceback, /))]
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        exc_type: Py<PyAny>,
-        exc_value: Py<PyAny>,
-        traceback: Py<PyAny>,
-    ) -> PyResult<()> {
-        let _ = (exc_type, exc_value, traceback);
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<()> {
         abort_pending(py, &self.client, self)
     }
 }
