@@ -14,16 +14,10 @@ use orbitkv_manager::{Manager, ManagerConfig};
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/stats.rs"]
+mod stats;
 use args::Args;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn gbps(bytes: usize, d: Duration) -> f64 {
-    bytes as f64 / d.as_secs_f64() / 1e9
-}
+use stats::{gbps, median};
 
 fn hash(size_idx: u8, trial: u32, i: u32) -> [u8; 32] {
     let mut h = [0u8; 32];

@@ -34,18 +34,12 @@ use orbitkv_manager::{Manager, ManagerConfig};
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/stats.rs"]
+mod stats;
 use args::Args;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn gbps(bytes: usize, d: Duration) -> f64 {
-    bytes as f64 / d.as_secs_f64() / 1e9
-}
+use stats::{gbps, median};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

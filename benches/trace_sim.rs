@@ -254,31 +254,58 @@ fn run_core_tiered(
     Ok(t)
 }
 
+/// Least-recently-used residency of block ids, `capacity` at most.
+struct Lru {
+    capacity: u64,
+    stamp: HashMap<u64, u64>,
+    order: BTreeSet<(u64, u64)>,
+    clock: u64,
+}
+
+impl Lru {
+    fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            stamp: HashMap::new(),
+            order: BTreeSet::new(),
+            clock: 0,
+        }
+    }
+
+    fn contains(&self, id: &u64) -> bool {
+        self.stamp.contains_key(id)
+    }
+
+    /// Make `id` the most recent, inserting it (and evicting the least recent when
+    /// over capacity) if absent.
+    fn touch(&mut self, id: u64) {
+        self.clock += 1;
+        if let Some(old) = self.stamp.insert(id, self.clock) {
+            self.order.remove(&(old, id));
+        } else if self.stamp.len() as u64 > self.capacity
+            && let Some((_, victim)) = self.order.pop_first()
+        {
+            self.stamp.remove(&victim);
+        }
+        self.order.insert((self.clock, id));
+    }
+}
+
 /// Plain LRU on the same flow: hit prefix touched (in chain order), missing blocks
 /// inserted (in chain order), least recently used evicted.
 fn run_lru(trace: &[Vec<u64>], capacity: u64) -> Tally {
-    let mut stamp: HashMap<u64, u64> = HashMap::new();
-    let mut order: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut clock = 0u64;
+    let mut lru = Lru::new(capacity);
     let mut t = Tally::default();
     for req in trace {
-        let hit = req.iter().take_while(|id| stamp.contains_key(id)).count();
+        let hit = req.iter().take_while(|id| lru.contains(id)).count();
         t.requested += req.len() as u64;
         t.served += hit as u64;
         for (i, id) in req.iter().enumerate() {
-            let present = stamp.contains_key(id);
+            let present = lru.contains(id);
             if i >= hit && present {
                 continue; // present after the first miss: not part of the served prefix, not touched
             }
-            clock += 1;
-            if let Some(old) = stamp.insert(*id, clock) {
-                order.remove(&(old, *id));
-            } else if stamp.len() as u64 > capacity
-                && let Some((_, victim)) = order.pop_first()
-            {
-                stamp.remove(&victim);
-            }
-            order.insert((clock, *id));
+            lru.touch(*id);
         }
     }
     t
@@ -621,28 +648,18 @@ fn run_oracle_admit_lru(trace: &[Vec<u64>], capacity: u64) -> Tally {
             reused.insert(*id, r as u64);
         }
     }
-    let mut stamp: HashMap<u64, u64> = HashMap::new();
-    let mut order: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut clock = 0u64;
+    let mut lru = Lru::new(capacity);
     let mut t = Tally::default();
     for (r, req) in trace.iter().enumerate() {
-        let hit = req.iter().take_while(|id| stamp.contains_key(id)).count();
+        let hit = req.iter().take_while(|id| lru.contains(id)).count();
         t.requested += req.len() as u64;
         t.served += hit as u64;
         for (i, id) in req.iter().enumerate().rev() {
-            let present = stamp.contains_key(id);
+            let present = lru.contains(id);
             if (i >= hit && present) || (!present && !later[r][i]) {
                 continue;
             }
-            clock += 1;
-            if let Some(old) = stamp.insert(*id, clock) {
-                order.remove(&(old, *id));
-            } else if stamp.len() as u64 > capacity
-                && let Some((_, victim)) = order.pop_first()
-            {
-                stamp.remove(&victim);
-            }
-            order.insert((clock, *id));
+            lru.touch(*id);
         }
     }
     t
