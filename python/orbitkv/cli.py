@@ -1,4 +1,4 @@
-"""`orbitkv` command line: serve, status, demo."""
+"""`orbitkv` command line: serve, status, demo, qualify."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ commands:
   status   show a running Manager's counters and gauges
   demo     start (or use) a Manager and replay a multi-turn chat workload
            from several client processes; prints hit rate and GB/s
+  qualify  check and measure this host for OrbitKV (limits, huge pages, socket
+           directory, arena copies, SSD direct I/O, GPU pinning and copies):
+           a verdict per item with the fix (orbitkv qualify --help)
 """
 
 
@@ -149,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from orbitkv.demo import main as demo_main
 
         return demo_main(rest)
+    if cmd == "qualify":
+        from orbitkv.qualify import main as qualify_main
+
+        return qualify_main(rest)
     if cmd in ("--version", "version"):
         from orbitkv import __version__
 
