@@ -9,8 +9,9 @@
 //! - [`presence`]: the Manager's read-only (for clients) table answering
 //!   "certainly absent" without a message.
 //!
-//! Every `unsafe` block of this crate lives in `mapping.rs` and `words.rs`
-//! (atomic word access to the presence table); `fdpass`, `peer` and
+//! Every `unsafe` block of this crate lives in `mapping.rs`, `words.rs`
+//! (atomic word access to the presence table) and `ucred.rs` (one raw
+//! `getsockopt(SO_PEERCRED)`); `fdpass`, `peer` and
 //! `presence` use safe wrappers; elsewhere `unsafe_code` is denied.
 #![deny(unsafe_op_in_unsafe_fn, unsafe_code)]
 
@@ -19,6 +20,8 @@ pub mod fdpass;
 mod mapping;
 pub mod peer;
 pub mod presence;
+#[allow(unsafe_code)] // one getsockopt into a local ucred
+mod ucred;
 #[allow(unsafe_code)] // shared words accessed only atomically
 mod words;
 

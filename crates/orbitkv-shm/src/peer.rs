@@ -9,18 +9,31 @@ use rustix::process::{Pid, PidfdFlags};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerCred {
+    /// 0 when the peer's process is not visible in this process's pid namespace.
     pub pid: i32,
     pub uid: u32,
     pub gid: u32,
 }
 
+impl PeerCred {
+    /// The peer's process is visible here (same pid namespace, or a child one).
+    pub fn pid_visible(&self) -> bool {
+        self.pid > 0
+    }
+}
+
+/// What to do when a peer's pid is not visible (`PeerCred::pid == 0`).
+pub const PID_NAMESPACE_FIX: &str = "run the Manager and its engines in one pid namespace \
+     (Kubernetes: shareProcessNamespace: true in the pod; Docker: --pid container:<manager>, \
+     compose pid: \"service:<manager>\"; docs/operations.md, Containers)";
+
 /// `SO_PEERCRED` of a connected Unix stream socket (kernel-verified).
 pub fn peer_cred(sock: &UnixStream) -> io::Result<PeerCred> {
-    let c = rustix::net::sockopt::socket_peercred(sock)?;
+    let c = crate::ucred::peercred(sock.as_fd())?;
     Ok(PeerCred {
-        pid: c.pid.as_raw_nonzero().get(),
-        uid: c.uid.as_raw(),
-        gid: c.gid.as_raw(),
+        pid: c.pid,
+        uid: c.uid,
+        gid: c.gid,
     })
 }
 
@@ -72,6 +85,7 @@ mod tests {
         let c = peer_cred(&a).expect("cred");
         assert_eq!(c.uid, my_uid());
         assert_eq!(c.pid as u32, std::process::id());
+        assert!(c.pid_visible());
         let me = ProcessHandle::open(c.pid).expect("pidfd");
         assert!(!me.exited().expect("poll"));
         let mut child = std::process::Command::new("true").spawn().expect("spawn");

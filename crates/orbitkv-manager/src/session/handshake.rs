@@ -12,7 +12,7 @@ use orbitkv_proto::{
 };
 use orbitkv_shm::Segment;
 use orbitkv_shm::fdpass::send_with_fds;
-use orbitkv_shm::peer::{PeerCred, ProcessHandle, my_uid, peer_cred};
+use orbitkv_shm::peer::{PID_NAMESPACE_FIX, PeerCred, ProcessHandle, my_uid, peer_cred};
 
 use super::reply::{frame_code, refuse, reply_and_close};
 use super::requests::request_loop;
@@ -47,6 +47,17 @@ pub fn serve_connection(shared: Arc<Shared>, stream: UnixStream, slot: Connectio
         }
     };
     if let Err(msg) = authorize(&shared.config.allow_uids, &cred) {
+        refuse(&stream, &shared.counters, 0, ErrorCode::Auth, &msg);
+        return;
+    }
+    if !cred.pid_visible() {
+        // Without the pid there is no pidfd: the Manager could not tell a dead client
+        // from a slow one, so its leases could never be freed safely.
+        let msg = format!(
+            "the client's process (uid {}) is not visible in the Manager's pid namespace, so the Manager \
+             cannot watch it exit and free its leases; {PID_NAMESPACE_FIX}",
+            cred.uid
+        );
         refuse(&stream, &shared.counters, 0, ErrorCode::Auth, &msg);
         return;
     }
