@@ -7,14 +7,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ORBITKV_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-TOOLS=(maturin==1.16.0 pytest numpy ruff==0.17.6 mypy)
+TOOLS=(maturin==1.16.0 pytest numpy ruff==0.17.6 mypy pyyaml)
 
 ensure_venv() {
     if [[ ! -x "$PY" ]]; then
         echo "== creating $VENV" >&2
         python3 -m venv "$VENV"
     fi
-    if ! "$PY" -c 'import maturin, pytest, numpy, mypy' >/dev/null 2>&1 || [[ ! -x "$VENV/bin/ruff" ]]; then
+    if ! "$PY" -c 'import maturin, pytest, numpy, mypy, yaml' >/dev/null 2>&1 || [[ ! -x "$VENV/bin/ruff" ]]; then
         echo "== installing build/test tools into $VENV: ${TOOLS[*]}" >&2
         "$PY" -m pip install --quiet --upgrade pip
         "$PY" -m pip install --quiet "${TOOLS[@]}"

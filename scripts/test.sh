@@ -33,7 +33,8 @@ if [[ -r "$HP_FREE" && -w "$HP_SYSCTL" ]] && (($(cat "$HP_FREE") < 8)); then
 fi
 
 # Real dependencies of some tests (etcd for peer membership, a Redis Cluster for the remote
-# tier, systemd-analyze for the unit file), installed where this user may (root with
+# tier, systemd-analyze for the unit file, a Docker daemon and debootstrap for the
+# container image), installed where this user may (root with
 # apt-get); otherwise those tests skip or fail with the reason printed.
 apt_provide() { # COMMAND WHAT PACKAGE...
     local cmd=$1 what=$2
@@ -48,9 +49,14 @@ apt_provide() { # COMMAND WHAT PACKAGE...
 apt_provide etcd "the etcd membership test" etcd-server
 apt_provide redis-server "the remote tier's cluster tests" redis-server redis-tools
 apt_provide systemd-analyze "the systemd unit's check" systemd
+apt_provide dockerd "the container image's build-and-run test" docker.io
+apt_provide debootstrap "the container image's local base" debootstrap
 # With a Redis server here, its tests must run: a missing server then fails them.
 if command -v redis-server >/dev/null 2>&1; then export ORBITKV_REQUIRE_REDIS=1; fi
 if command -v systemd-analyze >/dev/null 2>&1; then export ORBITKV_REQUIRE_SYSTEMD=1; fi
+if [[ "$(id -u)" == 0 ]] && command -v dockerd >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
+    export ORBITKV_REQUIRE_CONTAINER=1
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
