@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,13 +100,9 @@ def wait_for(pred: Any, what: str, proc: subprocess.Popen[bytes] | None, log: st
 
 
 def stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    from orbitkv.launch import stop_process
+
+    stop_process(proc, timeout_s=20)
 
 
 class Blocks:
@@ -153,6 +150,15 @@ class Gets:
             self.wrong += self.size
         else:
             self.wrong += self.blocks.wrong_bytes(got, i, self.size)
+
+    def run(self, n: int, get: Callable[[int], Any | None]) -> None:
+        """Time `get(i)` for each of the `n` blocks, then check what it returned (the
+        bytes read, or None on a miss) outside the timing."""
+        for i in range(n):
+            t = time.perf_counter_ns()
+            got = get(i)
+            self.timed(time.perf_counter_ns() - t)
+            self.check(i, got)
 
     @property
     def timing(self) -> tuple[list[float], float]:
@@ -214,15 +220,12 @@ class Memcpy(System):
             raise ValueError(f"memcpy store holds {slots} blocks of {size}, {n} asked")
         put = timed_loop(n, lambda i: ctypes.memmove(sa + i * size, blocks.addr + blocks.offset(i), size))
 
-        def get(i: int) -> None:
+        def get(i: int) -> Any:
             ctypes.memmove(da, sa + i * size, size)
+            return self.dst
 
         g = Gets(blocks, size)
-        for i in range(n):  # the check runs outside the timed copy
-            s = time.perf_counter_ns()
-            get(i)
-            g.timed(time.perf_counter_ns() - s)
-            g.check(i, self.dst)
+        g.run(n, get)
         return point(size, n, put, g.timing, g.wrong)
 
 
@@ -351,13 +354,13 @@ class RedisPy(System):
     def run(self, blocks: Blocks, size: int, n: int, tag: str) -> dict[str, Any]:
         keys = [f"{tag}:{i}" for i in range(n)]
         put = timed_loop(n, lambda i: self.r.set(keys[i], blocks.block(i, size)))
-        got: list[Any] = [None]
+
+        def get(i: int) -> Any | None:
+            got = self.r.get(keys[i])
+            return None if got is None or len(got) != size else got
+
         g = Gets(blocks, size)
-        for i in range(n):
-            s = time.perf_counter_ns()
-            got[0] = self.r.get(keys[i])
-            g.timed(time.perf_counter_ns() - s)
-            g.check(i, None if got[0] is None or len(got[0]) != size else got[0])
+        g.run(n, get)
         self.r.flushall()
         return point(size, n, put, g.timing, g.wrong)
 
@@ -484,11 +487,7 @@ class Mooncake(System):
             raise RuntimeError(f"mooncake put_from failed {len(fails)} of {n} times (first code {fails[0]})")
         da = int(self.dst.ctypes.data)
         g = Gets(blocks, size)
-        for i in range(n):
-            t = time.perf_counter_ns()
-            got = s.get_into(keys[i], da, size)
-            g.timed(time.perf_counter_ns() - t)
-            g.check(i, self.dst if got == size else None)
+        g.run(n, lambda i: self.dst if s.get_into(keys[i], da, size) == size else None)
         for k in keys:
             s.remove(k, True)
         return point(size, n, p, g.timing, g.wrong)
@@ -649,17 +648,18 @@ class OrbitKVMapped(OrbitKV):
         if refused:
             raise RuntimeError(f"orbitkv begin_save allocated nothing for {len(refused)} of {n} blocks")
         da = int(self.dst.ctypes.data)
-        g = Gets(blocks, size)
-        for i in range(n):
-            t = time.perf_counter_ns()
+
+        def get(i: int) -> Any | None:
             lease = c.lookup(ns, [hashes[i]])
             hit = lease.hit_blocks
             if hit:
                 ((seg, off),) = c.acquire(lease)
                 ctypes.memmove(da, addr(seg) + off, size)
             c.release(lease)
-            g.timed(time.perf_counter_ns() - t)
-            g.check(i, self.dst if hit == 1 else None)
+            return self.dst if hit == 1 else None
+
+        g = Gets(blocks, size)
+        g.run(n, get)
         evictions = int(c.stats().get("evictions_total", 0)) - evictions0
         c.reset_generation(ns)
         return point(size, n, p, g.timing, g.wrong, misses=g.misses, evictions=evictions)

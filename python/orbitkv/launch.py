@@ -71,3 +71,16 @@ def start_serve(
     )
     wait_until_serving(proc, socket, timeout_s)
     return proc
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout_s: float = 30.0) -> None:
+    """SIGTERM `proc` (a no-op when None or already exited) and reap it; SIGKILL it if it
+    has not exited within `timeout_s`."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

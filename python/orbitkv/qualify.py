@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orbitkv.launch import ManagerStartError, serve_command, wait_until_serving
+from orbitkv.launch import ManagerStartError, serve_command, stop_process, wait_until_serving
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -355,13 +355,7 @@ def temporary_manager(plan: Plan, items: list[Item]) -> Iterator[str | None]:
         items.append(_manager_item(sock, flags, started))
         yield sock
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         shutil.rmtree(tmp, ignore_errors=True)
         if plan.ssd_dir:
             shutil.rmtree(os.path.join(plan.ssd_dir, f".orbitkv-qualify-ssd-{os.getpid()}"), ignore_errors=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from orbitkv.launch import stop_process
+
 pytestmark = pytest.mark.native
 
 REPO = Path(__file__).resolve().parents[3]
@@ -83,12 +85,7 @@ def docker_env() -> Iterator[dict[str, str]]:
         yield env
     finally:
         subprocess.run(["docker", "rm", "-f", "okv-m"], env=env, capture_output=True)
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_process(daemon, timeout_s=60)
         log.close()
         subprocess.run(["umount", "-R", str(state / "data")], capture_output=True)
         shutil.rmtree(state, ignore_errors=True)
