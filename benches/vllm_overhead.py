@@ -104,28 +104,37 @@ def _worker_hooks(w: Any, so: Any, out: ModelRunnerOutput) -> None:
     out.kv_connector_output = kv_connector_output(w, so)
 
 
-def run_variant(
-    variant: str, model_dir: Path, socket_path: str, prompts: list[list[int]], max_tokens: int
-) -> dict[str, Any]:
-    connector, module = {
-        "none": (None, None),
+def build_engine(model_dir: Path, socket_path: str, connector: str | None, extra: dict[str, Any] | None = None) -> Any:
+    """The released scheduler and a CPU worker with `connector` ("null": vLLM's
+    NullConnector, "orbitkv", or None: no connector at all), 4,096 KV blocks."""
+    kv_connector, module = {
+        None: (None, None),
         "null": ("NullConnector", "null_connector"),
         "orbitkv": ("OrbitKVConnector", "orbitkv.vllm"),
-    }[variant]
+    }[connector]
     cfg = make_vllm_config(
         model_dir,
         socket_path=socket_path,
-        kv_connector=connector,
+        kv_connector=kv_connector,
         module_path=module,
         max_num_batched_tokens=2048,
+        extra=extra,
     )
-    engine = Engine.build(cfg, num_blocks=4096)  # no worker connector for `none`
-    if variant == "orbitkv":
+    engine = Engine.build(cfg, num_blocks=4096)  # no worker connector for None
+    if connector == "orbitkv":
         # Serving starts long after connect (model load): open both sessions now and
         # let the worker's background arena prefault finish before measuring.
         engine.connector.scheduler_side.session.client()
         engine.worker.worker_side.session.client()
         time.sleep(PREFAULT_WAIT_S)
+    return engine
+
+
+def run_variant(
+    variant: str, model_dir: Path, socket_path: str, prompts: list[list[int]], max_tokens: int
+) -> dict[str, Any]:
+    connector = {"none": None, "null": "null", "orbitkv": "orbitkv"}[variant]
+    engine = build_engine(model_dir, socket_path, connector)
     sched = engine.scheduler
     for p in prompts:
         sched.add_request(make_request(p, max_tokens=max_tokens))
@@ -202,22 +211,8 @@ def admission_run(
 ) -> dict[str, Any]:
     """One burst of `prompts`: per-request scheduler-thread cost of the connector's
     `get_num_new_matched_tokens` and time to its answer (see the module docs)."""
-    null = variant == "null"
-    connector, module = ("NullConnector", "null_connector") if null else ("OrbitKVConnector", "orbitkv.vllm")
     extra = {"orbitkv.async_lookups": False} if variant == "orbitkv_hit_inline" else None
-    cfg = make_vllm_config(
-        model_dir,
-        socket_path=socket_path,
-        kv_connector=connector,
-        module_path=module,
-        max_num_batched_tokens=2048,
-        extra=extra,
-    )
-    engine = Engine.build(cfg, num_blocks=4096)
-    if variant != "null":
-        engine.connector.scheduler_side.session.client()
-        engine.worker.worker_side.session.client()
-        time.sleep(PREFAULT_WAIT_S)
+    engine = build_engine(model_dir, socket_path, "null" if variant == "null" else "orbitkv", extra)
     per_req: dict[str, float] = {}
     first_call: dict[str, float] = {}
     calls: dict[str, int] = {}

@@ -7,8 +7,9 @@ See docs/gpu.md for the ordering rules.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from orbitkv.engine.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from orbitkv.kvcopy.arena import ArenaView, pinned_segments
@@ -44,8 +45,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'orbitkv.kvcopy' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

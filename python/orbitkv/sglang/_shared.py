@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
 from orbitkv.engine.identity import adapter_digest, model_config_digest
 from orbitkv.engine.session import ReconnectBackoff, connection_lost
+from orbitkv.hashing import fingerprint as namespace_fingerprint
 from orbitkv.kvcopy.layout import LayerPages, backing_bytes
 from orbitkv.sglang.config import OrbitKVSGLangConfigError, SGLangSettings
 
@@ -177,6 +178,33 @@ def _model_identity(server_args: Any, settings: SGLangSettings) -> Any:
         "quantization": getattr(server_args, "quantization", None),
         "kv_cache_dtype": getattr(server_args, "kv_cache_dtype", None),
     }
+
+
+def namespace_for(
+    engine: str,
+    server_args: Any,
+    settings: SGLangSettings,
+    geometry: PoolGeometry,
+    tp: tuple[int, int],
+    pp: tuple[int, int],
+    lora: Any,
+) -> bytes:
+    """The namespace fingerprint of one scheduler process (K1): the engine pin, the model,
+    the pool geometry, the key scheme, its TP and PP position, the attention backend and
+    the LoRA identity."""
+    return namespace_fingerprint(
+        {
+            "schema": SCHEMA,
+            "engine": engine,
+            "model": _model_identity(server_args, settings),
+            "kv": geometry.identity,
+            "keys": KEY_SCHEME,
+            "tp": [int(tp[0]), int(tp[1])],
+            "pp": [int(pp[0]), int(pp[1])],
+            "attention_backend": getattr(server_args, "attention_backend", None),
+            "lora": lora_identity(lora),
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -649,3 +677,17 @@ def reject_caller_extra_key(req: Any) -> bool:
     req.to_finish = FINISH_ABORT(EXTRA_KEY_REJECTED, HTTPStatus.BAD_REQUEST, "BadRequestError")
     logger.error("%s (rid=%s)", EXTRA_KEY_REJECTED, req.rid)
     return True
+
+
+def screen_match(linker: LinkerCore, params: Any) -> Any:
+    """The match parameters to pass on (K3): a request with a caller `extra_key` is
+    rejected (counted once) and matched without the linker (`req=None`); any other
+    request's parameters are returned unchanged."""
+    req = getattr(params, "req", None)
+    if req is None or not caller_extra_key(req):
+        return params
+    from dataclasses import replace
+
+    if reject_caller_extra_key(req):
+        linker.stats["extra_key_rejected"] += 1
+    return replace(params, req=None)

@@ -31,21 +31,18 @@ from sglang.srt.mem_cache.hicache_storage import PoolTransfer
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from orbitkv.hashing import fingerprint as namespace_fingerprint
 from orbitkv.sglang import BACKEND_NAME
 from orbitkv.sglang._shared import (
     EXTRA_KEY_REJECTED,
-    KEY_SCHEME,
-    SCHEMA,
     LinkerCore,
     PoolGeometry,
     UnsupportedProfileError,
-    _model_identity,
     caller_extra_key,
     describe_pool,
     logger,
     lora_identity,
-    reject_caller_extra_key,
+    namespace_for,
+    screen_match,
 )
 from orbitkv.sglang.config import SGLangSettings, parse_settings
 
@@ -101,21 +98,14 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
 
 class OrbitKVRadixCache(UnifiedRadixCache):
     """The released `UnifiedRadixCache` plus one guard (K3): a request with a caller
-    `extra_key` is rejected at its first match (see `reject_caller_extra_key`); it is
+    `extra_key` is rejected at its first match (see `_shared.screen_match`); it is
     never looked up in OrbitKV, and nothing it computes is inserted or offloaded.
     Everything else is the released class."""
 
     orbitkv_linker: OrbitKVLinker
 
     def match_prefix(self, params: Any) -> Any:
-        req = getattr(params, "req", None)
-        if req is not None and caller_extra_key(req):
-            from dataclasses import replace
-
-            if reject_caller_extra_key(req):
-                self.orbitkv_linker.stats["extra_key_rejected"] += 1
-            params = replace(params, req=None)  # no external lookup for a rejected request
-        return super().match_prefix(params)
+        return super().match_prefix(screen_match(self.orbitkv_linker, params))
 
     def insert_req(self, req: Any, **kwargs: Any) -> Any:
         with _suppress(self.orbitkv_linker, caller_extra_key(req)):
@@ -189,18 +179,15 @@ def build_tree_cache(ctx: Any, settings: SGLangSettings | None = None) -> OrbitK
     kvcache = params.token_to_kv_pool_allocator.get_kvcache()
     geometry = describe_pool(kvcache, int(params.page_size))
     server_args = ctx.server_args
-    doc = {
-        "schema": SCHEMA,
-        "engine": f"sglang=={PINNED_SGLANG}",
-        "model": _model_identity(server_args, settings),
-        "kv": geometry.identity,
-        "keys": KEY_SCHEME,
-        "tp": [int(ctx.tp_rank), int(ctx.tp_size)],
-        "pp": [int(params.pp_rank), int(params.pp_size)],
-        "attention_backend": getattr(server_args, "attention_backend", None),
-        "lora": lora_identity(get_lora()),
-    }
-    fp = namespace_fingerprint(doc)
+    fp = namespace_for(
+        f"sglang=={PINNED_SGLANG}",
+        server_args,
+        settings,
+        geometry,
+        (ctx.tp_rank, ctx.tp_size),
+        (params.pp_rank, params.pp_size),
+        get_lora(),
+    )
     params.tree_components = (ComponentType.FULL,)
     cache = OrbitKVRadixCache(params)
     linker = OrbitKVLinker(settings, fp, geometry)

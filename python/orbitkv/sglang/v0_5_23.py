@@ -35,20 +35,17 @@ from typing import Any
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
-from orbitkv.hashing import fingerprint as namespace_fingerprint
 from orbitkv.sglang._shared import (
     EXTRA_KEY_REJECTED,
-    KEY_SCHEME,
-    SCHEMA,
     LinkerCore,
     PoolGeometry,
     UnsupportedProfileError,
-    _model_identity,
     caller_extra_key,
     describe_pool,
     logger,
     lora_identity,
-    reject_caller_extra_key,
+    namespace_for,
+    screen_match,
 )
 from orbitkv.sglang.config import SGLangSettings, parse_settings
 
@@ -145,18 +142,15 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()
         geometry = describe_pool(kvcache, int(params.page_size))
         par = get_parallel()
-        doc = {
-            "schema": SCHEMA,
-            "engine": f"sglang=={PINNED_SGLANG}",
-            "model": _model_identity(server_args, settings),
-            "kv": geometry.identity,
-            "keys": KEY_SCHEME,
-            "tp": [int(par.tp_rank), int(par.tp_size)],
-            "pp": [int(params.pp_rank), int(params.pp_size)],
-            "attention_backend": getattr(server_args, "attention_backend", None),
-            "lora": lora_identity(get_lora()),
-        }
-        fp = namespace_fingerprint(doc)
+        fp = namespace_for(
+            f"sglang=={PINNED_SGLANG}",
+            server_args,
+            settings,
+            geometry,
+            (par.tp_rank, par.tp_size),
+            (params.pp_rank, params.pp_size),
+            get_lora(),
+        )
         self._setup(settings, fp, geometry, int(params.page_size), kvcache, forward_stream)
         logger.info(
             "orbitkv: linker on a %s pool (%d pages of %d bytes per block), namespace %s",
@@ -234,7 +228,7 @@ def match_prefix_hook(original: Any, cache: Any, params: Any, *args: Any, **kwar
     """AROUND hook on `UnifiedRadixCache.match_prefix` (0.5.23), registered by the plugin.
 
     Only on a cache whose linker is the OrbitKV linker: a request with a caller
-    `extra_key` is rejected (see `_shared.reject_caller_extra_key`) and matched without
+    `extra_key` is rejected (see `_shared.screen_match`) and matched without
     the linker (`req=None`); every other call is the release's."""
     wrapper = getattr(cache, "linker", None)
     linker = getattr(wrapper, "cache_linker", None)
@@ -242,14 +236,7 @@ def match_prefix_hook(original: Any, cache: Any, params: Any, *args: Any, **kwar
         return original(cache, params, *args, **kwargs)
     if linker.wrapper is None:
         linker.attach(wrapper)
-    req = getattr(params, "req", None)
-    if req is not None and caller_extra_key(req):
-        from dataclasses import replace
-
-        if reject_caller_extra_key(req):
-            linker.stats["extra_key_rejected"] += 1
-        params = replace(params, req=None)
-    return original(cache, params, *args, **kwargs)
+    return original(cache, screen_match(linker, params), *args, **kwargs)
 
 
 def build_tree_cache(ctx: Any) -> Any:

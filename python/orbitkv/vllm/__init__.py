@@ -9,9 +9,9 @@ native client is only loaded when a role first talks to the Manager.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from orbitkv.engine.lazy import lazy_attributes
 from orbitkv.vllm.config import Mode, OrbitKVConfigError, OrbitKVSettings, parse_settings
 
 if TYPE_CHECKING:
@@ -36,10 +36,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'orbitkv.vllm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
