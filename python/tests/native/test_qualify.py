@@ -170,3 +170,18 @@ def test_a_memlock_limit_below_the_arena_is_reported_without_cap_ipc_lock(tmp_pa
 def test_bad_arguments_are_refused_before_anything_runs(args: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "orbitkv", "qualify", *args], capture_output=True, text=True)
     assert r.returncode == 2 and message in r.stderr and "starting a Manager" not in r.stderr
+
+
+def test_enough_huge_pages_qualify_and_the_manager_runs_on_them(tmp_path: Path) -> None:
+    free = int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read_text())
+    if free < 4:
+        pytest.skip(f"{free} free 2 MiB huge pages; 4 needed (scripts/test.sh reserves 8 as root)")
+    rc, doc, _ = qualify(
+        "--dram-size", "8MiB", "--hugepages", "2MiB", "--copy-bytes", "2MiB", "--block-size", "1MiB",
+        "--reps", "1", "--socket", str(tmp_path / "r" / "s"),
+    )  # fmt: skip
+    assert rc == 0, doc
+    items = by_name(doc)
+    assert items["hugepages"]["verdict"] == "ok" and "cover the arena's 4" in items["hugepages"]["found"]
+    assert items["manager"]["verdict"] == "ok" and items["manager"]["data"]["page_bytes"] == 2 << 20
+    assert items["arena_copy"]["verdict"] in ("ok", "warn") and items["arena_copy"]["data"]["restore_gbps"] > 0
