@@ -1,4 +1,4 @@
-"""OrbitKV adapter for vLLM 0.31.0 and 0.33.0 (KV Connector V1; `compat` holds what differs).
+"""OrbitKV adapter for vLLM 0.31.0, 0.33.0 and 0.34.0 (KV Connector V1; `compat` holds what differs).
 
 `kv_connector_module_path="orbitkv.vllm"`, `kv_connector="OrbitKVConnector"`.
 
