@@ -1,4 +1,4 @@
-"""`orbitkv` command line: serve, status, demo, qualify."""
+"""`orbitkv` command line: serve, status, demo, qualify, trace."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ commands:
   qualify  check and measure this host for OrbitKV (limits, huge pages, socket
            directory, arena copies, SSD direct I/O, GPU pinning and copies):
            a verdict per item with the fix (orbitkv qualify --help)
+  trace    follow a running Manager's lookups live: hits, the block each
+           stopped at and why, restores and lease lifetimes (orbitkv trace --help)
 """
 
 
@@ -152,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from orbitkv.demo import main as demo_main
 
         return demo_main(rest)
+    if cmd == "trace":
+        from orbitkv.tracecmd import main as trace_main
+
+        return trace_main(rest)
     if cmd == "qualify":
         from orbitkv.qualify import main as qualify_main
 

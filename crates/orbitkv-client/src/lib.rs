@@ -166,6 +166,29 @@ impl Client {
         }
     }
 
+    /// `orbitkv trace`: keep the Manager recording lookups, restores, releases and
+    /// resets for `arm_ms` more milliseconds (0: stop), of namespaces with
+    /// `fingerprint` only (all zeros: any) and of process `pid` only (0: any); the
+    /// events after `cursor` (`u64::MAX`: from now on) as a JSON object text.
+    pub fn trace(
+        &self,
+        arm_ms: u32,
+        fingerprint: [u8; orbitkv_proto::HASH_BYTES],
+        pid: u32,
+        cursor: u64,
+    ) -> Result<String, ClientError> {
+        let req = Request::Trace {
+            arm_ms,
+            fingerprint,
+            pid,
+            cursor,
+        };
+        match self.call(&req)? {
+            Response::TraceOk { json } => Ok(json),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
     /// Drain and close: host copies are synchronous, so nothing is in flight
     /// once no call is running; the Manager then releases every hold of this
     /// session at once. Idempotent.

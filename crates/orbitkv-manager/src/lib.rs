@@ -21,6 +21,7 @@ mod shared;
 mod stats;
 mod tier;
 mod tp;
+mod trace;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;

@@ -120,7 +120,7 @@ fn json_escape_into(out: &mut String, s: &str) {
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 UTC, e.g. `2026-12-02T18:50:12.345Z`.
-fn rfc3339_millis(unix_millis: u64) -> String {
+pub(crate) fn rfc3339_millis(unix_millis: u64) -> String {
     let secs = unix_millis / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days);

@@ -47,6 +47,8 @@ pub struct Shared {
     metrics_addr: Option<SocketAddr>,
     clock: Clock,
     connections: Connections,
+    /// `orbitkv trace`: off unless a client arms it.
+    tracer: crate::trace::Tracer,
     /// Held by a generation reset from its bump to the end of its fsync, so the
     /// generations file is written in the order of the bumps while the cache
     /// lock is free for everyone else during the fsync ([`Shared::generation_writes`]).
@@ -75,6 +77,7 @@ impl Shared {
             metrics_addr: None,
             clock: Clock::start(),
             connections: Connections::default(),
+            tracer: crate::trace::Tracer::default(),
             generation_writes: Mutex::new(()),
         }
     }
@@ -119,6 +122,10 @@ impl Shared {
 
     pub fn connections(&self) -> &Connections {
         &self.connections
+    }
+
+    pub fn tracer(&self) -> &crate::trace::Tracer {
+        &self.tracer
     }
 
     /// Where `/metrics` is served, if it is.

@@ -39,8 +39,9 @@ pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_
 /// `LookupTp` / `RedeemTp` / `ReleaseTp` / `TpLeaseOk`. 3: the presence table
 /// (`HelloOk.presence_slots` and its fd, `Namespace.presence_key`). 4: `ReleaseQuiet`,
 /// the one request with no reply. 5: arena fds in `ArenaFds` batches after `HelloOk`
-/// (any segment count up to [`MAX_SEGMENTS`]). A client and a
-/// Manager of different versions refuse each other's first frame, naming both versions.
+/// (any segment count up to [`MAX_SEGMENTS`]); `Trace` / `TraceOk` (`orbitkv trace`), a
+/// diagnostic a Manager without it answers with `BadFrame` (the session continues). A client
+/// and a Manager of different versions refuse each other's first frame, naming both versions.
 pub const PROTOCOL_VERSION: u16 = 5;
 /// Most arena segments a Manager may have (and a `HelloOk` may announce). Each
 /// is one fd in the Manager and one mapping in every client that maps the arena

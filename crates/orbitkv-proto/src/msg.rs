@@ -26,6 +26,7 @@ pub enum Kind {
     RedeemTp = 0x0e,
     ReleaseTp = 0x0f,
     ReleaseQuiet = 0x10,
+    Trace = 0x11,
     HelloOk = 0x81,
     Namespace = 0x82,
     LookupOk = 0x83,
@@ -37,6 +38,7 @@ pub enum Kind {
     StatsOk = 0x89,
     TpLeaseOk = 0x8a,
     ArenaFds = 0x8b,
+    TraceOk = 0x8c,
     Error = 0xff,
 }
 
@@ -151,6 +153,16 @@ pub enum Request {
     ReleaseQuiet {
         leases: Vec<u64>,
     },
+    /// `orbitkv trace`: keep recording this Manager's lookups and lease ends for
+    /// `arm_ms` more milliseconds (0: stop now), of namespaces with `fingerprint`
+    /// only (all zeros: every namespace) and of process `pid` only (0: every
+    /// process), and answer the events recorded after `cursor` (`TraceOk`).
+    Trace {
+        arm_ms: u32,
+        fingerprint: [u8; HASH_BYTES],
+        pid: u32,
+        cursor: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +197,10 @@ pub enum Response {
     ArenaFds {
         first: u32,
         count: u32,
+    },
+    /// The reply to `Trace`: a JSON document of the events after its cursor.
+    TraceOk {
+        json: String,
     },
     Namespace {
         ns: u32,
@@ -251,6 +267,7 @@ impl Request {
             Request::RedeemTp { .. } => Kind::RedeemTp,
             Request::ReleaseTp { .. } => Kind::ReleaseTp,
             Request::ReleaseQuiet { .. } => Kind::ReleaseQuiet,
+            Request::Trace { .. } => Kind::Trace,
         }
     }
 
@@ -305,6 +322,14 @@ impl Request {
             }
             Request::ReleaseQuiet { leases } => {
                 w.u64s(leases);
+            }
+            Request::Trace {
+                arm_ms,
+                fingerprint,
+                pid,
+                cursor,
+            } => {
+                w.u32(*arm_ms).raw(fingerprint).u32(*pid).u64(*cursor);
             }
         }
         w.buf
@@ -389,6 +414,12 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
             }
             Request::ReleaseQuiet { leases }
         }
+        0x11 => Request::Trace {
+            arm_ms: r.u32("arm_ms")?,
+            fingerprint: r.hash("fingerprint")?,
+            pid: r.u32("pid")?,
+            cursor: r.u64("cursor")?,
+        },
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -409,6 +440,7 @@ impl Response {
             Response::StatsOk { .. } => Kind::StatsOk,
             Response::TpLeaseOk { .. } => Kind::TpLeaseOk,
             Response::ArenaFds { .. } => Kind::ArenaFds,
+            Response::TraceOk { .. } => Kind::TraceOk,
             Response::Error { .. } => Kind::Error,
         }
     }
@@ -478,7 +510,7 @@ impl Response {
             Response::Generation { generation } => {
                 w.u64(*generation);
             }
-            Response::StatsOk { json } => {
+            Response::StatsOk { json } | Response::TraceOk { json } => {
                 w.bytes(json.as_bytes());
             }
             Response::TpLeaseOk {
@@ -632,6 +664,9 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
             }
             Response::ArenaFds { first, count }
         }
+        0x8c => Response::TraceOk {
+            json: r.text("trace", MAX_TEXT)?,
+        },
         0xff => Response::Error {
             code: r.u16("code")?,
             message: r.text("message", MAX_TEXT)?,

@@ -63,6 +63,18 @@ fn every_request_round_trips() {
         Request::ReleaseQuiet {
             leases: vec![1, u64::MAX, 3],
         },
+        Request::Trace {
+            arm_ms: 5000,
+            fingerprint: [3; 32],
+            pid: 42,
+            cursor: u64::MAX,
+        },
+        Request::Trace {
+            arm_ms: 0,
+            fingerprint: [0; 32],
+            pid: 0,
+            cursor: 0,
+        },
     ];
     for r in reqs {
         assert_eq!(r.expects_reply(), !matches!(r, Request::ReleaseQuiet { .. }));
@@ -122,6 +134,9 @@ fn every_response_round_trips() {
         Response::Committed { blocks: 3 },
         Response::Generation { generation: 4 },
         Response::StatsOk { json: "{}".into() },
+        Response::TraceOk {
+            json: r#"{"events":[]}"#.into(),
+        },
         Response::error(ErrorCode::Busy, "busy"),
         Response::TpLeaseOk {
             token: [9; 16],

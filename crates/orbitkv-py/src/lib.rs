@@ -551,6 +551,28 @@ impl Client {
         py.import("json")?.call_method1("loads", (text,))
     }
 
+    /// `orbitkv trace`: keep the Manager recording lookups (with the block each
+    /// stopped at and why), restores, releases and resets for `arm_ms` more
+    /// milliseconds (0: stop), of the namespace `fingerprint` (None: any) and
+    /// process `pid` (0: any) only; returns the events after `cursor` (the
+    /// default: from now on) with `next`, the cursor of the following call.
+    #[pyo3(signature = (arm_ms, *, fingerprint=None, pid=0, cursor=u64::MAX))]
+    fn trace<'py>(
+        &self,
+        py: Python<'py>,
+        arm_ms: u32,
+        fingerprint: Option<Vec<u8>>,
+        pid: u32,
+        cursor: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fp = match fingerprint {
+            Some(f) => hash32(&f, "fingerprint")?,
+            None => [0; 32],
+        };
+        let text = self.detached(py, |c| c.trace(arm_ms, fp, pid, cursor))?;
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.detached(py, |c| c.close())
     }

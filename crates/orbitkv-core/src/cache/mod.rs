@@ -42,6 +42,7 @@
 mod adopt;
 mod concurrent;
 mod entries;
+mod explain;
 mod jobs;
 mod leases;
 mod registry;
@@ -64,6 +65,7 @@ use concurrent::{HotCounters, PolicyCell, TouchLog};
 
 pub use entries::PresenceSink;
 use entries::{Busy, Entry, Slots};
+pub use explain::MissReason;
 pub use leases::{LeaseState, LookupResult, TpPart, TpToken};
 use leases::{LeaseTable, TpLeaseRecord};
 use registry::{NsInfo, SessionInfo};

@@ -33,6 +33,15 @@ impl OpenSave {
         crate::map::vec_bytes::<(BlockHash, SaveStatus)>(self.items.capacity())
     }
 
+    /// `hash` has a slot in this save, not yet committed (for [`CacheState::explain_miss`]).
+    pub(super) fn is_saving(&self, ns: NsId, hash: &BlockHash) -> bool {
+        self.ns == ns
+            && self
+                .items
+                .iter()
+                .any(|(h, st)| h == hash && matches!(st, SaveStatus::Allocated(_)))
+    }
+
     /// Arena bytes held by this save.
     pub(super) fn bytes(&self) -> u64 {
         self.items

@@ -192,6 +192,26 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
             }
             map(r.map(|generation| Response::Generation { generation }))
         }
+        Request::Trace {
+            arm_ms,
+            fingerprint,
+            pid,
+            cursor,
+        } => {
+            if arm_ms > crate::trace::MAX_ARM_MS {
+                return Response::error(
+                    ErrorCode::InvalidArgument,
+                    format!(
+                        "trace arm_ms {arm_ms} exceeds {} (one hour); ask again to keep tracing",
+                        crate::trace::MAX_ARM_MS
+                    ),
+                );
+            }
+            let now = shared.clock().now_ms();
+            Response::TraceOk {
+                json: shared.tracer().request(now, arm_ms, fingerprint, pid, cursor),
+            }
+        }
         Request::Stats => Response::StatsOk {
             json: stats::json(&shared.stats()),
         },

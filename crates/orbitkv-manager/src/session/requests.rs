@@ -107,6 +107,9 @@ fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, Decod
         // The one request with no reply: nothing is written, whatever happens.
         Ok(Request::ReleaseQuiet { leases }) => {
             release_quiet(shared, session, pid, &leases);
+            if shared.tracer().armed(shared.clock()) {
+                shared.tracer().released(pid, session, &leases, true);
+            }
             Step::Quiet
         }
         // A malformed one-way frame cannot be answered without breaking the
@@ -132,6 +135,8 @@ fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, Decod
         Ok(req) => {
             let started = std::time::Instant::now();
             let timed = timed_path(&shared.counters.latency, &req);
+            // Copied only while a trace is armed (`orbitkv trace`).
+            let traced = shared.tracer().armed(shared.clock()).then(|| req.clone());
             let reply = match control.then(|| refused_for_control(&req)).flatten() {
                 Some(refusal) => refusal,
                 None => match crate::tp::handle(shared, session, uid, control, &req, map) {
@@ -141,6 +146,9 @@ fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, Decod
             };
             if let Some(hist) = timed {
                 hist.since(started);
+            }
+            if let Some(req) = traced {
+                shared.tracer().observe(shared, session, pid, &req, &reply);
             }
             Step::Reply(h.request_id, reply)
         }

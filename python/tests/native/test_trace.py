@@ -1,0 +1,184 @@
+"""`orbitkv trace` against a real Manager: nothing is recorded until a trace is armed;
+armed, each lookup is recorded with its hits and the block it stopped at and why
+(absent, being saved by another session, present under another salt, visible now),
+its lease's restore and release with the lease's lifetime, generation resets; the
+filters by namespace and process; the bounded ring; the CLI's lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.native
+_native = pytest.importorskip("orbitkv._native")
+
+FP = b"t" * 32
+OTHER = b"o" * 32
+BLOCK = 4096
+
+
+def hashes(tag: bytes, n: int) -> list[bytes]:
+    return [tag + bytes([i]) * (32 - len(tag)) for i in range(n)]
+
+
+def events(tracer: Any, cursor: int) -> tuple[list[dict[str, Any]], int]:
+    r = tracer.trace(5000, cursor=cursor)
+    return r["events"], int(r["next"])
+
+
+def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: Any) -> None:
+    with manager.client() as c, manager.client(map_arena=False) as tracer:
+        ns = c.register_namespace(FP, BLOCK)
+        chain = hashes(b"a", 6)
+        c.save(ns, chain[:4], os.urandom(4 * BLOCK))
+        with c.lookup(ns, chain):
+            pass  # before any trace: not recorded
+        first = tracer.trace(5000)  # arm; from now on
+        assert first["events"] == [] and first["armed"] is True and first["missed"] == 0
+        cursor = int(first["next"])
+
+        # 1. a partial hit: stopped at block 4, absent; then its restore and release
+        lease = c.lookup(ns, chain)
+        c.acquire(lease)
+        time.sleep(0.01)
+        c.release(lease)
+        got, cursor = events(tracer, cursor)
+        assert [e["event"] for e in got] == ["lookup", "acquire", "release"]
+        lk, aq, rl = got
+        assert lk["namespace"] == FP.hex() and lk["asked"] == 6 and lk["hit"] == 4 and lk["pid"] == os.getpid()
+        assert lk["stop"] == {"block": 4, "hash": chain[4].hex(), "reason": "absent"}
+        assert aq["lease"] == rl["lease"] == lk["lease"] and aq["blocks"] == 4
+        assert rl["held_us"] >= 10_000 and rl["quiet"] is False
+        assert [e["seq"] for e in got] == sorted(e["seq"] for e in got) and all("time" in e for e in got)
+
+        # 2. block 4 allocated by an open save of another session: "being saved"
+        with manager.client() as saver:
+            pending = saver.begin_save(saver.register_namespace(FP, BLOCK), chain[4:5])
+            with c.lookup(ns, chain):
+                pass
+            got, cursor = events(tracer, cursor)
+            stop = got[0]["stop"]
+            assert stop["reason"] == "being saved" and stop["saving_session"] == saver.session_id
+            saver.abort_save(pending)
+
+        # 3. the block under another salt only: "other salt"
+        salted = c.register_namespace(FP, BLOCK, salt=b"tenant-b")
+        c.save(salted, chain[4:5], os.urandom(BLOCK))
+        with c.lookup(ns, chain):
+            pass
+        got, cursor = events(tracer, cursor)
+        assert got[0]["stop"]["reason"] == "other salt" and got[0]["salted"] is False
+
+        # 4. a full hit has no stop; a quiet release is recorded as one
+        c.save(ns, chain[4:], os.urandom(2 * BLOCK))
+        lease = c.lookup(ns, chain)
+        c.release(lease, wait=False)
+        with c.lookup(ns, chain[:1]):
+            pass  # the quiet release is handled before this request
+        got, cursor = events(tracer, cursor)
+        full, quiet = got[0], got[1]
+        assert full["hit"] == 6 and "stop" not in full
+        assert quiet["event"] == "release" and quiet["quiet"] is True and quiet["lease"] == full["lease"]
+
+        # 5. a generation reset, and the lookup after it (the chain's blocks are purged)
+        assert c.reset_generation(ns) == 1
+        with c.lookup(ns, chain):
+            pass
+        got, cursor = events(tracer, cursor)
+        reset = next(e for e in got if e["event"] == "reset")
+        after = [e for e in got if e["event"] == "lookup"][-1]
+        assert reset["generation"] == 1 and reset["namespace"] == FP.hex()
+        assert after["generation"] == 1 and after["hit"] == 0 and after["stop"]["reason"] == "absent"
+
+        # stopped: nothing more is recorded
+        tracer.trace(0, cursor=cursor)
+        with c.lookup(ns, chain):
+            pass
+        r = tracer.trace(0, cursor=cursor)
+        assert r["events"] == [] and r["armed"] is False
+
+
+def test_filters_keep_one_namespace_and_one_process(manager: Any) -> None:
+    with manager.client() as c, manager.client(map_arena=False) as tracer:
+        a, b = c.register_namespace(FP, BLOCK), c.register_namespace(OTHER, BLOCK)
+        cursor = int(tracer.trace(5000, fingerprint=FP)["next"])
+        for ns in (a, b, a):
+            with c.lookup(ns, hashes(b"f", 2)):
+                pass
+        got, cursor = events(tracer, cursor)
+        assert [e["namespace"] for e in got] == [FP.hex(), FP.hex()]
+        r = tracer.trace(5000, pid=os.getpid() + 1, cursor=cursor)
+        with c.lookup(a, hashes(b"f", 2)):
+            pass
+        assert tracer.trace(5000, cursor=int(r["next"]))["events"] == []
+        with pytest.raises(ValueError, match="fingerprint"):
+            tracer.trace(5000, fingerprint=b"short")
+        with pytest.raises(ValueError, match="exceeds 3600000"):
+            tracer.trace(3_600_001)
+
+
+def test_the_ring_is_bounded_and_a_slow_reader_is_told_what_it_missed(manager: Any) -> None:
+    with manager.client() as c, manager.client(map_arena=False) as tracer:
+        ns = c.register_namespace(FP, BLOCK)
+        cursor = int(tracer.trace(60_000)["next"])
+        for _ in range(4096 + 100):
+            c.release(c.lookup(ns, hashes(b"r", 1)))  # a miss: lookup events only
+        r = tracer.trace(60_000, cursor=cursor)
+        assert r["missed"] == 100 and len(r["events"]) == 512 and r["more"] is True
+        seen = len(r["events"])
+        while r["more"]:
+            r = tracer.trace(60_000, cursor=int(r["next"]))
+            seen += len(r["events"])
+        assert seen == 4096
+        tracer.trace(0)
+
+
+def test_the_cli_prints_a_line_per_event(manager: Any) -> None:
+    with manager.client() as c:
+        ns = c.register_namespace(FP, BLOCK)
+        chain = hashes(b"c", 3)
+        c.save(ns, chain[:2], os.urandom(2 * BLOCK))
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "orbitkv", "trace", "--socket", manager.socket, "--seconds", "3",
+             "--namespace", FP.hex()[:12]],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.0)  # armed by its first poll
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                lease = c.lookup(ns, chain)
+                c.acquire(lease)
+                c.release(lease)
+                time.sleep(0.2)
+
+        t = threading.Thread(target=load)
+        t.start()
+        out, err = cli.communicate(timeout=30)
+        stop.set()
+        t.join()
+    assert cli.returncode == 0, err
+    lines = out.splitlines()
+    lookup = [ln for ln in lines if " lookup " in ln]
+    assert lookup, out
+    assert f"ns {FP.hex()[:16]} gen 0 3 blocks: 2 hit" in lookup[0]
+    assert f"stopped at block 2 ({chain[2].hex()[:16]}): absent" in lookup[0]
+    assert any(" acquire " in ln and ": 2 blocks," in ln for ln in lines)
+    assert any(" release " in ln and " ms" in ln for ln in lines)
+    assert "events" in err
+
+
+def test_the_cli_refuses_bad_input() -> None:
+    for args, message in (
+        (["--namespace", "xyz"], "must be the namespace fingerprint in hex"),
+        (["--seconds", "0"], "--seconds 0 must be above 0"),
+    ):
+        r = subprocess.run([sys.executable, "-m", "orbitkv", "trace", *args], capture_output=True, text=True)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
