@@ -1,7 +1,7 @@
 """`orbitkv trace`: follow a running Manager's lookups live: for each, the namespace, how
 many blocks hit (and how many came from SSD only), the block where it stopped and why
-(absent, being saved by another session, present under another salt, doomed, visible
-now), then the lease's restore and release with its lifetime; generation resets too.
+(evicted, absent, being saved by another session, present under another salt, doomed,
+visible now), then the lease's restore and release with its lifetime; generation resets too.
 
 The Manager records only while a trace is armed (each poll re-arms it for a few
 seconds, so a trace whose reader died ends by itself), in a bounded ring; one filter
@@ -40,6 +40,8 @@ def describe(e: dict[str, Any]) -> str:
             why = stop.get("reason")
             if why == "being saved":
                 why = f"being saved by session {stop.get('saving_session')} (not committed yet)"
+            elif why == "evicted":
+                why = f"evicted {stop.get('left_us_ago', 0) / 1e6:.1f} s ago"
             line += f"; stopped at block {stop['block']} ({str(stop.get('hash', ''))[:16]}): {why}"
         return line
     if kind == "acquire":
@@ -48,6 +50,11 @@ def describe(e: dict[str, Any]) -> str:
     if kind == "release":
         quiet = " (no reply)" if e.get("quiet") else ""
         return f"{head} lease {e.get('lease')} after {e.get('held_us', 0) / 1000:.2f} ms{quiet}"
+    if kind == "fill":
+        return (
+            f"{t} session {e.get('session')} fill    ns {str(e.get('namespace', ''))[:16]}: {e.get('missing')} "
+            f"missing locally: {e.get('from_peers')} from peers, {e.get('from_remote')} from the remote tier"
+        )
     if kind == "reset":
         return f"{head} ns {str(e.get('namespace', ''))[:16]}: generation now {e.get('generation')}"
     return f"{head} {json.dumps(e, sort_keys=True)}"

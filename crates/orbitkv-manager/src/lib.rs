@@ -22,6 +22,7 @@ mod stats;
 mod tier;
 mod tp;
 mod trace;
+mod visibility;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -115,10 +116,18 @@ impl Manager {
             Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,
         };
-        let presence = match config.presence_slots {
-            0 => None,
-            slots => Some(presence::Presence::start(slots, &mut cache)?),
+        let (presence, publisher) = match config.presence_slots {
+            0 => (None, None),
+            slots => {
+                let (p, sink) = presence::Presence::start(slots)?;
+                (Some(p), Some(sink))
+            }
         };
+        let tracer = std::sync::Arc::new(trace::Tracer::default());
+        cache.set_presence_sink(Box::new(visibility::Visibility {
+            presence: publisher,
+            tracer: tracer.clone(),
+        }));
         let peers = match &config.peers {
             Some(p) => {
                 Some(peer::PeerTier::new(p.clone(), config.allow_uids.clone()).map_err(ManagerError::Peer)?)
@@ -133,6 +142,7 @@ impl Manager {
             None => None,
         };
         let mut shared = Shared::new(config, segments, cache, below);
+        shared.set_tracer(tracer);
         shared.presence = presence;
         shared.peers = peers;
         shared.remote = remote;

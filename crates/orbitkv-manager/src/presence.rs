@@ -8,7 +8,7 @@ use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
-use orbitkv_core::{BlockKey, CacheState, NsId, PresenceSink};
+use orbitkv_core::{BlockKey, NsId, PresenceSink};
 use orbitkv_proto::PRESENCE_KEY_BYTES;
 use orbitkv_shm::ShmError;
 use orbitkv_shm::presence::{PresenceStats, PresenceView, PresenceWriter, fingerprint, namespace_key};
@@ -90,20 +90,21 @@ fn draw_secret() -> std::io::Result<[u8; 32]> {
 }
 
 impl Presence {
-    /// Create the table (`slots` > 0) and install its sink into `cache`,
-    /// which first tells it every block already visible (SSD recovery).
-    pub fn start(slots: u64, cache: &mut CacheState) -> Result<Presence, PresenceError> {
+    /// Create the table (`slots` > 0) and the sink that publishes into it, for
+    /// [`crate::visibility::Visibility`] (installed into the cache, which first
+    /// tells it every block already visible: SSD recovery).
+    pub fn start(slots: u64) -> Result<(Presence, Box<dyn PresenceSink>), PresenceError> {
         let secret = draw_secret().map_err(PresenceError::Secret)?;
         let writer = PresenceWriter::create(slots)?;
         let fd = writer.fd().try_clone().map_err(PresenceError::Dup)?;
         let view = PresenceView::open(fd, slots)?;
         let writer = Arc::new(Mutex::new(writer));
-        cache.set_presence_sink(Box::new(Publisher {
+        let sink = Box::new(Publisher {
             secret,
             keys: HashMap::new(),
             writer: writer.clone(),
-        }));
-        Ok(Presence { secret, view, writer })
+        });
+        Ok((Presence { secret, view, writer }, sink))
     }
 
     pub fn slots(&self) -> u64 {

@@ -48,7 +48,7 @@ pub struct Shared {
     clock: Clock,
     connections: Connections,
     /// `orbitkv trace`: off unless a client arms it.
-    tracer: crate::trace::Tracer,
+    tracer: std::sync::Arc<crate::trace::Tracer>,
     /// Held by a generation reset from its bump to the end of its fsync, so the
     /// generations file is written in the order of the bumps while the cache
     /// lock is free for everyone else during the fsync ([`Shared::generation_writes`]).
@@ -77,7 +77,7 @@ impl Shared {
             metrics_addr: None,
             clock: Clock::start(),
             connections: Connections::default(),
-            tracer: crate::trace::Tracer::default(),
+            tracer: std::sync::Arc::default(),
             generation_writes: Mutex::new(()),
         }
     }
@@ -131,6 +131,11 @@ impl Shared {
     /// Where `/metrics` is served, if it is.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// Set before the state is shared: the tracer the cache's visibility sink also tells.
+    pub fn set_tracer(&mut self, tracer: std::sync::Arc<crate::trace::Tracer>) {
+        self.tracer = tracer;
     }
 
     /// Set before the state is shared (at start-up, once the endpoint is bound).

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use orbitkv_core::{MissReason, NsId, SessionId};
+use orbitkv_core::{BlockKey, MissReason, NsId, SessionId};
 use orbitkv_proto::{HASH_BYTES, Request, Response};
 use serde_json::{Value, json};
 
@@ -31,7 +31,21 @@ pub struct Tracer {
     /// `Clock::now_ms` until which events are recorded; 0: never armed or stopped.
     armed_until: AtomicU64,
     inner: Mutex<Inner>,
+    /// Blocks that left the cache while armed (told under the cache lock, so apart
+    /// from `inner`, which is never held while the cache lock is taken).
+    left: Mutex<Left>,
 }
+
+/// Blocks that stopped being visible while a trace was armed, the last
+/// [`MAX_LEFT`] of them: when.
+#[derive(Default)]
+struct Left {
+    when: HashMap<BlockKey, Instant>,
+    order: VecDeque<BlockKey>,
+}
+
+/// Blocks remembered as having left the cache.
+const MAX_LEFT: usize = 65_536;
 
 #[derive(Default)]
 struct Inner {
@@ -80,6 +94,36 @@ impl Tracer {
         false
     }
 
+    /// The cache's visibility sink: `key` stopped being visible (evicted without an
+    /// SSD copy, dropped from SSD, or doomed). Remembered only while armed; the
+    /// armed test here reads no clock (an expired trace stops recording at the
+    /// next request, which switches it off).
+    pub fn left(&self, key: &BlockKey) {
+        if !self.maybe_armed() {
+            return;
+        }
+        let mut l = self.left.lock().unwrap_or_else(|p| p.into_inner());
+        if l.when.insert(*key, Instant::now()).is_none() {
+            l.order.push_back(*key);
+            if l.order.len() > MAX_LEFT
+                && let Some(old) = l.order.pop_front()
+            {
+                l.when.remove(&old);
+            }
+        }
+    }
+
+    /// When `key` left the cache, if it did while armed.
+    fn left_at(&self, key: &BlockKey) -> Option<Instant> {
+        let l = self.left.lock().unwrap_or_else(|p| p.into_inner());
+        l.when.get(key).copied()
+    }
+
+    #[inline]
+    fn maybe_armed(&self) -> bool {
+        self.armed_until.load(Ordering::Relaxed) != 0
+    }
+
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -98,6 +142,7 @@ impl Tracer {
         if arm_ms == 0 {
             self.armed_until.store(0, Ordering::Relaxed);
             g.leases.clear();
+            *self.left.lock().unwrap_or_else(|p| p.into_inner()) = Left::default();
         } else {
             g.fingerprint = (fingerprint != [0; HASH_BYTES]).then_some(fingerprint);
             g.pid = (pid != 0).then(|| i32::try_from(pid).unwrap_or(i32::MAX));
@@ -176,7 +221,7 @@ impl Tracer {
             }
             (Request::Release { lease }, _) => self.released(pid, s, &[*lease], false),
             (Request::ResetGeneration { ns }, Response::Generation { generation }) => {
-                let Some(fp) = self.namespace_if_traced(shared, pid, NsId(*ns)) else {
+                let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
                     return;
                 };
                 let event = json!({
@@ -203,13 +248,37 @@ impl Tracer {
         }
     }
 
-    /// The namespace's fingerprint when this process and namespace are traced.
-    fn namespace_if_traced(&self, shared: &Shared, pid: i32, ns: NsId) -> Option<[u8; HASH_BYTES]> {
+    /// A lookup's local miss filled from the tiers below (before its own event):
+    /// `missing` blocks asked of peers, then of the remote tier.
+    pub fn filled(
+        &self,
+        shared: &Shared,
+        s: SessionId,
+        ns: NsId,
+        missing: usize,
+        peers: usize,
+        remote: usize,
+    ) {
+        let Some(fp) = self.namespace_if_traced(shared, None, ns) else {
+            return;
+        };
+        let event = json!({
+            "event": "fill", "session": s.0, "namespace": hex(&fp), "missing": missing,
+            "from_peers": peers, "from_remote": remote,
+        });
+        self.push(&mut self.inner(), event);
+    }
+
+    /// The namespace's fingerprint when this process (None: not known here) and
+    /// namespace are traced.
+    fn namespace_if_traced(&self, shared: &Shared, pid: Option<i32>, ns: NsId) -> Option<[u8; HASH_BYTES]> {
         let (want_fp, want_pid) = {
             let g = self.inner();
             (g.fingerprint, g.pid)
         };
-        if want_pid.is_some_and(|p| p != pid) {
+        if let (Some(want), Some(pid)) = (want_pid, pid)
+            && want != pid
+        {
             return None;
         }
         let key = shared.cache().read().namespace_key(ns).ok()?;
@@ -226,7 +295,7 @@ impl Tracer {
         hashes: &[[u8; HASH_BYTES]],
         reply: &Response,
     ) {
-        let Some(fp) = self.namespace_if_traced(shared, pid, ns) else {
+        let Some(fp) = self.namespace_if_traced(shared, Some(pid), ns) else {
             return;
         };
         let (key, stop) = {
@@ -235,9 +304,20 @@ impl Tracer {
                 return;
             };
             let stop = match reply {
-                Response::LookupOk { hit_blocks, .. } => {
+                Response::LookupOk {
+                    hit_blocks,
+                    generation,
+                    ..
+                } => {
                     let hit = *hit_blocks as usize;
-                    hashes.get(hit).map(|h| (hit, cache.explain_miss(ns, h)))
+                    hashes.get(hit).map(|h| {
+                        let block = BlockKey {
+                            ns,
+                            generation: *generation,
+                            hash: *h,
+                        };
+                        (hit, block, cache.explain_miss(ns, h))
+                    })
                 }
                 _ => None,
             };
@@ -271,10 +351,14 @@ impl Tracer {
             }
             _ => return,
         }
-        if let Some((block, why)) = stop {
+        if let Some((block, block_key, why)) = stop {
             let mut st = json!({ "block": block, "hash": hex(&hashes[block]) });
             if let Some(o) = st.as_object_mut() {
                 match why {
+                    Ok(MissReason::Absent) if let Some(at) = self.left_at(&block_key) => {
+                        o.insert("reason".into(), "evicted".into());
+                        o.insert("left_us_ago".into(), micros(at).into());
+                    }
                     Ok(r) => {
                         o.insert("reason".into(), r.as_str().into());
                         if let MissReason::BeingSaved(by) = r {

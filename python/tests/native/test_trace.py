@@ -1,6 +1,6 @@
 """`orbitkv trace` against a real Manager: nothing is recorded until a trace is armed;
 armed, each lookup is recorded with its hits and the block it stopped at and why
-(absent, being saved by another session, present under another salt, visible now),
+(absent, evicted, being saved by another session, present under another salt),
 its lease's restore and release with the lease's lifetime, generation resets; the
 filters by namespace and process; the bounded ring; the CLI's lines."""
 
@@ -104,6 +104,27 @@ def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: An
         assert r["events"] == [] and r["armed"] is False
 
 
+def test_a_block_that_left_the_cache_while_armed_is_reported_evicted(manager_factory: Any) -> None:
+    m = manager_factory("--dram-size", "1MiB")  # 256 blocks of 4 KiB
+    with m.client() as c, m.client(map_arena=False) as tracer:
+        ns = c.register_namespace(FP, BLOCK)
+        cursor = int(tracer.trace(60_000)["next"])
+        first = hashes(b"e", 1)
+        c.save(ns, first, os.urandom(BLOCK))
+        for i in range(8):  # 4x the arena of other blocks, never hit: the first is evicted
+            batch = [bytes([i]) + j.to_bytes(2, "little") + b"x" * 29 for j in range(128)]
+            c.save(ns, batch, os.urandom(128 * BLOCK))
+        with c.lookup(ns, first + hashes(b"never", 1)):
+            pass
+        with c.lookup(ns, hashes(b"never", 1)):
+            pass
+        got, _ = events(tracer, cursor)
+        evicted, never = (e["stop"] for e in got if e["event"] == "lookup")
+        assert evicted["block"] == 0 and evicted["reason"] == "evicted" and evicted["left_us_ago"] > 0
+        assert never["reason"] == "absent"  # never saved: not in the record of blocks that left
+        tracer.trace(0)
+
+
 def test_filters_keep_one_namespace_and_one_process(manager: Any) -> None:
     with manager.client() as c, manager.client(map_arena=False) as tracer:
         a, b = c.register_namespace(FP, BLOCK), c.register_namespace(OTHER, BLOCK)
@@ -182,3 +203,35 @@ def test_the_cli_refuses_bad_input() -> None:
     ):
         r = subprocess.run([sys.executable, "-m", "orbitkv", "trace", *args], capture_output=True, text=True)
         assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_a_miss_filled_from_a_peer_is_recorded_before_its_lookup(tmp_path: Any) -> None:
+    import socket
+
+    from orbitkv.launch import start_serve, stop_process
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "a").mkdir(mode=0o700)
+    (tmp_path / "b").mkdir(mode=0o700)
+    sa, sb = tmp_path / "a" / "m.sock", tmp_path / "b" / "m.sock"
+    a = start_serve(sa, "--dram-size", "32MiB", "--peer-listen", f"127.0.0.1:{port}")
+    b = start_serve(sb, "--dram-size", "32MiB", "--peer", f"127.0.0.1:{port}")
+    try:
+        chain = hashes(b"p", 3)
+        with _native.Client(str(sa)) as ca:
+            ca.save(ca.register_namespace(FP, BLOCK), chain[:2], os.urandom(2 * BLOCK))
+        with _native.Client(str(sb)) as cb, _native.Client(str(sb), map_arena=False) as tracer:
+            ns = cb.register_namespace(FP, BLOCK)
+            cursor = int(tracer.trace(5000)["next"])
+            with cb.lookup(ns, chain) as lease:
+                assert lease.hit_blocks == 2
+            got, _ = events(tracer, cursor)
+        fill, lookup = got[0], got[1]
+        assert fill["event"] == "fill" and fill["missing"] == 3 and fill["from_peers"] == 2
+        assert fill["from_remote"] == 0 and fill["namespace"] == FP.hex()
+        assert lookup["event"] == "lookup" and lookup["hit"] == 2 and lookup["stop"]["reason"] == "absent"
+    finally:
+        stop_process(b)
+        stop_process(a)

@@ -277,6 +277,11 @@ fn lookup(
         }
         _ => 0,
     };
+    if shared.tracer().armed(shared.clock()) {
+        shared
+            .tracer()
+            .filled(shared, s, ns, rest.len(), from_peers, from_remote);
+    }
     if from_peers + from_remote == 0 {
         return Ok(first);
     }

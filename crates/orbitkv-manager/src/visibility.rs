@@ -1,0 +1,34 @@
+//! The one sink the cache tells every change of a block's visibility (under its
+//! lock): the presence table's publisher, when there is one, and the trace, which
+//! remembers while armed which blocks left the cache (so `orbitkv trace` can say a
+//! missing block was evicted rather than never saved).
+
+use std::sync::Arc;
+
+use orbitkv_core::{BlockKey, PresenceSink};
+
+use crate::trace::Tracer;
+
+pub struct Visibility {
+    pub presence: Option<Box<dyn PresenceSink>>,
+    pub tracer: Arc<Tracer>,
+}
+
+impl std::fmt::Debug for Visibility {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Visibility")
+            .field("presence", &self.presence.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PresenceSink for Visibility {
+    fn changed(&mut self, key: &BlockKey, visible: bool) {
+        if let Some(p) = self.presence.as_mut() {
+            p.changed(key, visible);
+        }
+        if !visible {
+            self.tracer.left(key);
+        }
+    }
+}
