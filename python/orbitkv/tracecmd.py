@@ -44,6 +44,17 @@ def describe(e: dict[str, Any]) -> str:
                 why = f"evicted {stop.get('left_us_ago', 0) / 1e6:.1f} s ago"
             line += f"; stopped at block {stop['block']} ({str(stop.get('hash', ''))[:16]}): {why}"
         return line
+    if kind == "lookup_tp":
+        ns = str(e.get("namespace", ""))[:16]
+        if "error" in e:
+            return f"{head} ns {ns} TP over {e.get('shards')} shards, {e['asked']} blocks: failed: {e['error']}"
+        line = f"{head} ns {ns} TP over {e.get('shards')} shards, {e['asked']} blocks: {e['hit']} in every shard"
+        stop = e.get("stop")
+        if stop and "shard" in stop:
+            line += f"; stopped at block {stop['block']}: shard {stop['shard']} {stop.get('reason')}"
+        return line
+    if kind == "redeem":
+        return f"{head} TP part of ns {str(e.get('namespace', ''))[:16]}: {e.get('hit')} blocks, lease {e.get('lease')}"
     if kind == "acquire":
         what = f"failed: {e['error']}" if "error" in e else f"{e.get('blocks')} blocks"
         return f"{head} lease {e.get('lease')}: {what}, {e.get('after_lookup_us', 0) / 1000:.2f} ms after the lookup"

@@ -219,6 +219,24 @@ impl Tracer {
                 };
                 self.push(&mut g, event);
             }
+            (Request::LookupTp { nss, hashes }, _) => self.lookup_tp(shared, s, pid, nss, hashes, reply),
+            (
+                Request::RedeemTp { ns, .. },
+                Response::LookupOk {
+                    lease, hit_blocks, ..
+                },
+            ) => {
+                let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
+                    return;
+                };
+                let event = json!({
+                    "event": "redeem", "pid": pid, "session": s.0, "namespace": hex(&fp),
+                    "shard_ns": ns, "hit": hit_blocks, "lease": lease,
+                });
+                let mut g = self.inner();
+                remember(&mut g, *lease);
+                self.push(&mut g, event);
+            }
             (Request::Release { lease }, _) => self.released(pid, s, &[*lease], false),
             (Request::ResetGeneration { ns }, Response::Generation { generation }) => {
                 let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
@@ -374,11 +392,73 @@ impl Tracer {
         }
         let mut g = self.inner();
         if let Some(lease) = granted {
-            if g.leases.len() >= MAX_LEASES {
-                g.leases.clear();
-            }
-            g.leases.insert(lease, Instant::now());
+            remember(&mut g, lease);
         }
         self.push(&mut g, event);
     }
+
+    /// A TP group lookup (query control): one event for the group, stopped where
+    /// the common prefix ends, explained for the first shard that lacks the block.
+    fn lookup_tp(
+        &self,
+        shared: &Shared,
+        s: SessionId,
+        pid: i32,
+        nss: &[u32],
+        hashes: &[[u8; HASH_BYTES]],
+        reply: &Response,
+    ) {
+        let Some(fp) = nss
+            .first()
+            .and_then(|ns| self.namespace_if_traced(shared, Some(pid), NsId(*ns)))
+        else {
+            return;
+        };
+        let mut event = json!({
+            "event": "lookup_tp", "pid": pid, "session": s.0, "namespace": hex(&fp),
+            "shards": nss.len(), "asked": hashes.len(),
+        });
+        let Some(m) = event.as_object_mut() else {
+            return;
+        };
+        match reply {
+            Response::TpLeaseOk { hit_blocks, .. } => {
+                m.insert("hit".into(), (*hit_blocks).into());
+                let hit = *hit_blocks as usize;
+                if let Some(h) = hashes.get(hit) {
+                    let cache = shared.cache().read();
+                    let first_lacking = nss.iter().enumerate().find_map(|(shard, ns)| {
+                        match cache.explain_miss(NsId(*ns), h) {
+                            Ok(MissReason::VisibleNow) => None,
+                            Ok(r) => Some((shard, r.as_str().to_string())),
+                            Err(e) => Some((shard, format!("unknown ({e})"))),
+                        }
+                    });
+                    drop(cache);
+                    let mut st = json!({ "block": hit, "hash": hex(h) });
+                    if let (Some(o), Some((shard, why))) = (st.as_object_mut(), first_lacking) {
+                        o.insert("shard".into(), shard.into());
+                        o.insert("reason".into(), why.into());
+                    }
+                    m.insert("stop".into(), st);
+                }
+            }
+            Response::Error { message, .. } => {
+                m.insert("error".into(), message.clone().into());
+            }
+            _ => return,
+        }
+        self.push(&mut self.inner(), event);
+    }
+}
+
+/// Remember when `lease` was granted (for its lifetime at release).
+fn remember(g: &mut Inner, lease: u64) {
+    if lease == 0 {
+        return;
+    }
+    if g.leases.len() >= MAX_LEASES {
+        g.leases.clear();
+    }
+    g.leases.insert(lease, Instant::now());
 }

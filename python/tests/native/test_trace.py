@@ -235,3 +235,34 @@ def test_a_miss_filled_from_a_peer_is_recorded_before_its_lookup(tmp_path: Any) 
     finally:
         stop_process(b)
         stop_process(a)
+
+
+def test_a_tp_group_lookup_names_the_shard_that_lacks_the_block(manager_factory: Any) -> None:
+    from orbitkv.tracecmd import describe
+
+    m = manager_factory("--enable-query-control")
+    chain = hashes(b"tp", 4)
+    ranks = []
+    for shard, n in enumerate([4, 2]):
+        c = m.client()
+        ns = c.register_namespace(FP, BLOCK, shard=shard)
+        c.save(ns, chain[:n], os.urandom(n * BLOCK))
+        ranks.append((c, ns))
+    with m.client(map_arena=False) as sched, m.client(map_arena=False) as tracer:
+        cursor = int(tracer.trace(5000)["next"])
+        shards = [sched.register_namespace(FP, BLOCK, shard=r) for r in range(2)]
+        tp = sched.lookup_tp(shards, chain)
+        c, ns = ranks[0]
+        with c.redeem_tp(tp.token, ns) as lease:
+            c.acquire(lease)
+        sched.release_tp(tp)
+        got, _ = events(tracer, cursor)
+    for c, _ in ranks:
+        c.close()
+    kinds = [e["event"] for e in got]
+    assert kinds[:4] == ["lookup_tp", "redeem", "acquire", "release"], kinds
+    tpl, redeem = got[0], got[1]
+    assert tpl["shards"] == 2 and tpl["asked"] == 4 and tpl["hit"] == 2
+    assert tpl["stop"]["block"] == 2 and tpl["stop"]["shard"] == 1 and tpl["stop"]["reason"] == "absent"
+    assert redeem["hit"] == 2 and got[3]["lease"] == redeem["lease"]
+    assert "TP over 2 shards, 4 blocks: 2 in every shard; stopped at block 2: shard 1 absent" in describe(tpl)
