@@ -55,6 +55,20 @@ def describe(e: dict[str, Any]) -> str:
         return line
     if kind == "redeem":
         return f"{head} TP part of ns {str(e.get('namespace', ''))[:16]}: {e.get('hit')} blocks, lease {e.get('lease')}"
+    if kind == "save":
+        ns = str(e.get("namespace", ""))[:16]
+        if "error" in e:
+            return f"{head} ns {ns} {e.get('asked')} blocks: failed: {e['error']}"
+        refused = f", {e['refused']} refused (no room: the arena is full of pinned blocks)" if e.get("refused") else ""
+        return (
+            f"{head} ns {ns} save {e.get('save')}: {e.get('asked')} blocks: {e.get('allocated')} to write, "
+            f"{e.get('present')} present{refused}"
+        )
+    if kind in ("commit", "abort"):
+        what = f"failed: {e['error']}" if "error" in e else f"{e.get('committed', 0)} blocks visible"
+        if kind == "abort":
+            what = "aborted" if "error" not in e else what
+        return f"{head} save {e.get('save')}: {what}, {e.get('after_begin_us', 0) / 1000:.2f} ms after it began"
     if kind == "acquire":
         what = f"failed: {e['error']}" if "error" in e else f"{e.get('blocks')} blocks"
         return f"{head} lease {e.get('lease')}: {what}, {e.get('after_lookup_us', 0) / 1000:.2f} ms after the lookup"

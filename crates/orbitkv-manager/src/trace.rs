@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use orbitkv_core::{BlockKey, MissReason, NsId, SessionId};
-use orbitkv_proto::{HASH_BYTES, Request, Response};
+use orbitkv_proto::{HASH_BYTES, Request, Response, SaveItem};
 use serde_json::{Value, json};
 
 use crate::shared::Shared;
@@ -55,6 +55,8 @@ struct Inner {
     last_seq: u64,
     /// Lease id -> when its traced lookup granted it.
     leases: HashMap<u64, Instant>,
+    /// Save id -> when its traced `BeginSave` was answered.
+    saves: HashMap<u64, Instant>,
 }
 
 fn now_rfc3339() -> String {
@@ -142,6 +144,7 @@ impl Tracer {
         if arm_ms == 0 {
             self.armed_until.store(0, Ordering::Relaxed);
             g.leases.clear();
+            g.saves.clear();
             *self.left.lock().unwrap_or_else(|p| p.into_inner()) = Left::default();
         } else {
             g.fingerprint = (fingerprint != [0; HASH_BYTES]).then_some(fingerprint);
@@ -238,6 +241,62 @@ impl Tracer {
                 self.push(&mut g, event);
             }
             (Request::Release { lease }, _) => self.released(pid, s, &[*lease], false),
+            (Request::BeginSave { ns, hashes }, _) => {
+                let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
+                    return;
+                };
+                let mut event = json!({
+                    "event": "save", "pid": pid, "session": s.0, "namespace": hex(&fp),
+                    "asked": hashes.len(),
+                });
+                let Some(m) = event.as_object_mut() else {
+                    return;
+                };
+                let mut g = self.inner();
+                match reply {
+                    Response::SaveBegun { save, items } => {
+                        let count = |k: fn(&SaveItem) -> bool| items.iter().filter(|i| k(i)).count();
+                        m.insert("save".into(), (*save).into());
+                        m.insert(
+                            "allocated".into(),
+                            count(|i| matches!(i, SaveItem::Allocated { .. })).into(),
+                        );
+                        m.insert("present".into(), count(|i| matches!(i, SaveItem::Present)).into());
+                        m.insert("refused".into(), count(|i| matches!(i, SaveItem::Refused)).into());
+                        if g.saves.len() >= MAX_LEASES {
+                            g.saves.clear();
+                        }
+                        g.saves.insert(*save, Instant::now());
+                    }
+                    Response::Error { message, .. } => {
+                        m.insert("error".into(), message.clone().into());
+                    }
+                    _ => return,
+                }
+                self.push(&mut g, event);
+            }
+            (Request::CommitSave { save } | Request::AbortSave { save }, _) => {
+                let mut g = self.inner();
+                let Some(begun) = g.saves.remove(save) else {
+                    return;
+                };
+                let mut event = json!({
+                    "event": if matches!(req, Request::CommitSave { .. }) { "commit" } else { "abort" },
+                    "pid": pid, "session": s.0, "save": save, "after_begin_us": micros(begun),
+                });
+                if let Some(m) = event.as_object_mut() {
+                    match reply {
+                        Response::Committed { blocks } => {
+                            m.insert("committed".into(), (*blocks).into());
+                        }
+                        Response::Error { message, .. } => {
+                            m.insert("error".into(), message.clone().into());
+                        }
+                        _ => {}
+                    }
+                }
+                self.push(&mut g, event);
+            }
             (Request::ResetGeneration { ns }, Response::Generation { generation }) => {
                 let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
                     return;

@@ -27,9 +27,10 @@ def hashes(tag: bytes, n: int) -> list[bytes]:
     return [tag + bytes([i]) * (32 - len(tag)) for i in range(n)]
 
 
-def events(tracer: Any, cursor: int) -> tuple[list[dict[str, Any]], int]:
+def events(tracer: Any, cursor: int, *kinds: str) -> tuple[list[dict[str, Any]], int]:
+    """The events after `cursor` (only those of `kinds`, when given) and the next cursor."""
     r = tracer.trace(5000, cursor=cursor)
-    return r["events"], int(r["next"])
+    return [e for e in r["events"] if not kinds or e["event"] in kinds], int(r["next"])
 
 
 def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: Any) -> None:
@@ -62,7 +63,7 @@ def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: An
             pending = saver.begin_save(saver.register_namespace(FP, BLOCK), chain[4:5])
             with c.lookup(ns, chain):
                 pass
-            got, cursor = events(tracer, cursor)
+            got, cursor = events(tracer, cursor, "lookup")
             stop = got[0]["stop"]
             assert stop["reason"] == "being saved" and stop["saving_session"] == saver.session_id
             saver.abort_save(pending)
@@ -72,7 +73,7 @@ def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: An
         c.save(salted, chain[4:5], os.urandom(BLOCK))
         with c.lookup(ns, chain):
             pass
-        got, cursor = events(tracer, cursor)
+        got, cursor = events(tracer, cursor, "lookup")
         assert got[0]["stop"]["reason"] == "other salt" and got[0]["salted"] is False
 
         # 4. a full hit has no stop; a quiet release is recorded as one
@@ -81,7 +82,7 @@ def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: An
         c.release(lease, wait=False)
         with c.lookup(ns, chain[:1]):
             pass  # the quiet release is handled before this request
-        got, cursor = events(tracer, cursor)
+        got, cursor = events(tracer, cursor, "lookup", "release")
         full, quiet = got[0], got[1]
         assert full["hit"] == 6 and "stop" not in full
         assert quiet["event"] == "release" and quiet["quiet"] is True and quiet["lease"] == full["lease"]
@@ -266,3 +267,29 @@ def test_a_tp_group_lookup_names_the_shard_that_lacks_the_block(manager_factory:
     assert tpl["stop"]["block"] == 2 and tpl["stop"]["shard"] == 1 and tpl["stop"]["reason"] == "absent"
     assert redeem["hit"] == 2 and got[3]["lease"] == redeem["lease"]
     assert "TP over 2 shards, 4 blocks: 2 in every shard; stopped at block 2: shard 1 absent" in describe(tpl)
+
+
+def test_saves_are_traced_with_what_admission_refused(manager_factory: Any) -> None:
+    from orbitkv.tracecmd import describe
+
+    m = manager_factory("--dram-size", "1MiB")  # 256 blocks of 4 KiB
+    with m.client() as c, m.client(map_arena=False) as tracer:
+        ns = c.register_namespace(FP, BLOCK)
+        cursor = int(tracer.trace(5000)["next"])
+        full = hashes(b"s", 256)
+        c.save(ns, full, os.urandom(256 * BLOCK))
+        with c.lookup(ns, full):  # every block pinned: nothing can be evicted
+            r = c.save(ns, hashes(b"z", 1), os.urandom(BLOCK))
+            assert r.refused == 1
+            pending = c.begin_save(ns, full[:1])  # present already
+            c.abort_save(pending)
+        got, _ = events(tracer, cursor)
+    saves = [e for e in got if e["event"] in ("save", "commit", "abort")]
+    first, commit = saves[0], saves[1]
+    assert first["allocated"] == 256 and first["refused"] == 0 and commit["committed"] == 256
+    assert commit["save"] == first["save"] and commit["after_begin_us"] >= 0
+    refused = saves[2]
+    assert refused["event"] == "save" and refused["refused"] == 1 and refused["allocated"] == 0
+    assert "1 refused (no room: the arena is full of pinned blocks)" in describe(refused)
+    present, abort = [e for e in saves[3:] if e["event"] in ("save", "abort")][-2:]
+    assert present["present"] == 1 and abort["event"] == "abort" and abort["save"] == present["save"]
