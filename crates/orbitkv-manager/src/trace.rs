@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use orbitkv_core::{BlockKey, MissReason, NsId, SessionId};
+use orbitkv_core::{BlockKey, MissReason, NamespaceKey, NsId, SessionId};
 use orbitkv_proto::{HASH_BYTES, Request, Response, SaveItem};
 use serde_json::{Value, json};
 
@@ -346,9 +346,9 @@ impl Tracer {
         self.push(&mut self.inner(), event);
     }
 
-    /// The namespace's fingerprint when this process (None: not known here) and
+    /// The namespace's identity when this process (None: not known here) and
     /// namespace are traced.
-    fn namespace_if_traced(&self, shared: &Shared, pid: Option<i32>, ns: NsId) -> Option<[u8; HASH_BYTES]> {
+    fn traced_namespace(&self, shared: &Shared, pid: Option<i32>, ns: NsId) -> Option<NamespaceKey> {
         let (want_fp, want_pid) = {
             let g = self.inner();
             (g.fingerprint, g.pid)
@@ -359,8 +359,12 @@ impl Tracer {
             return None;
         }
         let key = shared.cache().read().namespace_key(ns).ok()?;
-        let fp = key.fingerprint.0;
-        want_fp.is_none_or(|w| w == fp).then_some(fp)
+        want_fp.is_none_or(|w| w == key.fingerprint.0).then_some(key)
+    }
+
+    /// [`Self::traced_namespace`]'s fingerprint.
+    fn namespace_if_traced(&self, shared: &Shared, pid: Option<i32>, ns: NsId) -> Option<[u8; HASH_BYTES]> {
+        self.traced_namespace(shared, pid, ns).map(|k| k.fingerprint.0)
     }
 
     fn lookup(
@@ -372,15 +376,13 @@ impl Tracer {
         hashes: &[[u8; HASH_BYTES]],
         reply: &Response,
     ) {
-        let Some(fp) = self.namespace_if_traced(shared, Some(pid), ns) else {
+        let Some(key) = self.traced_namespace(shared, Some(pid), ns) else {
             return;
         };
-        let (key, stop) = {
+        let fp = key.fingerprint.0;
+        let stop = {
             let cache = shared.cache().read();
-            let Ok(key) = cache.namespace_key(ns) else {
-                return;
-            };
-            let stop = match reply {
+            match reply {
                 Response::LookupOk {
                     hit_blocks,
                     generation,
@@ -397,8 +399,7 @@ impl Tracer {
                     })
                 }
                 _ => None,
-            };
-            (key, stop)
+            }
         };
         let mut event = json!({
             "event": "lookup", "pid": pid, "session": s.0, "namespace": hex(&fp),
@@ -419,9 +420,7 @@ impl Tracer {
                 m.insert("ssd_only".into(), ssd_blocks.len().into());
                 m.insert("generation".into(), (*generation).into());
                 m.insert("lease".into(), (*lease).into());
-                if *lease != 0 {
-                    granted = Some(*lease);
-                }
+                granted = Some(*lease); // `remember` skips 0 (nothing pinned)
             }
             Response::Error { message, .. } => {
                 m.insert("error".into(), message.clone().into());
