@@ -103,9 +103,17 @@ def backing_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def layer_pages(kv_caches: Mapping[str, Any], num_blocks: int) -> list[LayerPages]:
     """The pages of vLLM's released `[B, H, N, C]` per-layer views (any device), in the
-    address order that defines the cached block format (`orbitkv.vllm.layout`)."""
+    address order that defines the cached block format (`orbitkv.vllm.layout`), each over
+    the storage its layer views (one for all layers, or one per layer under vLLM 0.34's
+    extensible KV cache)."""
     from orbitkv.vllm.layout import block_geometry
 
     geometry = block_geometry(kv_caches, num_blocks)
-    backing = backing_bytes(kv_caches[geometry.pages[0].layer])
-    return [LayerPages.from_geometry(backing, p, num_blocks) for p in geometry.pages]
+    backings: dict[int, torch.Tensor] = {}  # one byte view per storage (one, or one per layer)
+    out = []
+    for p in geometry.pages:
+        storage = kv_caches[p.layer].untyped_storage().data_ptr()
+        if storage not in backings:
+            backings[storage] = backing_bytes(kv_caches[p.layer])
+        out.append(LayerPages.from_geometry(backings[storage], p, num_blocks))
+    return out

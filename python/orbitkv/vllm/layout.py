@@ -51,6 +51,7 @@ class BlockGeometry:
     num_blocks: int
     block_bytes: int
     block_span: bool  # each block is one contiguous span (fast path)
+    storages: int = 1  # backing allocations the layers view (one each under vLLM 0.34's extensible KV cache)
 
 
 def _flat_bytes(t: torch.Tensor) -> np.ndarray:
@@ -72,18 +73,26 @@ def describe(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> tuple[Bl
                 "pages - copy CUDA pages with orbitkv.kvcopy.CopyEngine (geometry: block_geometry())"
             )
     geometry = block_geometry(kv_caches, num_blocks)
+    if geometry.storages != 1:
+        raise LayoutError(
+            f"the KV views span {geometry.storages} allocations; the native host copy path needs every "
+            "layer in one backing allocation (copy such pages with orbitkv.kvcopy.CopyEngine)"
+        )
     return geometry, _flat_bytes(kv_caches[geometry.pages[0].layer])
 
 
 def block_geometry(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> BlockGeometry:
     """Derive the block geometry of the released per-layer views on any device (CPU or
-    CUDA); only byte offsets and strides are read, no tensor data."""
+    CUDA); only byte offsets and strides are read, no tensor data.
+
+    The layers may view one backing allocation (vLLM's default) or one storage each
+    (vLLM 0.34's extensible KV cache on CUDA: one virtual reservation, every layer's
+    committed segment its own storage at the offset it has in one allocation). Pages are
+    ordered by absolute address either way, so both give the same cached block format."""
     if not kv_caches:
         raise LayoutError("register_kv_caches received no KV views")
-    storages = {t.untyped_storage().data_ptr() for t in kv_caches.values()}
-    if len(storages) != 1:
-        raise LayoutError(f"expected every layer to view one backing allocation, found {len(storages)}")
-    pages: dict[int, PageGeometry] = {}
+    pages: dict[int, PageGeometry] = {}  # absolute address of block 0's page -> geometry
+    storages: dict[int, int] = {}  # storage address -> bytes
     for name, t in kv_caches.items():
         if t.dim() != 4:
             raise LayoutError(f"layer {name!r}: expected a [B, H, N, C] view, got shape {tuple(t.shape)}")
@@ -98,20 +107,36 @@ def block_geometry(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> Bl
         shape = (ratio, h, n, c * item)
         strides = (s_b, s_h, s_n, 1)
         base = int(t.storage_offset()) * item
-        if base in pages:
+        storage = t.untyped_storage()
+        address = int(storage.data_ptr()) + base
+        if address in pages:
             continue  # a KV-sharing layer aliasing another layer's pages
+        storages[int(storage.data_ptr())] = int(storage.nbytes())
         contiguous = dense_run(shape, strides)
-        pages[base] = PageGeometry(name, base, s_b * ratio, shape, strides, contiguous, ratio * h * n * c * item)
+        pages[address] = PageGeometry(name, base, s_b * ratio, shape, strides, contiguous, ratio * h * n * c * item)
+    _check_disjoint(storages)
     ordered = tuple(pages[k] for k in sorted(pages))
     block_stride = {p.block_stride for p in ordered}
     total = sum(p.page_bytes for p in ordered)
     span = (
-        all(p.contiguous for p in ordered)
+        len(storages) == 1
+        and all(p.contiguous for p in ordered)
         and len(block_stride) == 1
         and block_stride.pop() == total
         and all(ordered[i].base + ordered[i].page_bytes == ordered[i + 1].base for i in range(len(ordered) - 1))
     )
-    return BlockGeometry(ordered, num_blocks, total, span)
+    return BlockGeometry(ordered, num_blocks, total, span, len(storages))
+
+
+def _check_disjoint(storages: Mapping[int, int]) -> None:
+    """Distinct storages must not share bytes: a restore into one layer would write another."""
+    end = -1
+    for start in sorted(storages):
+        if start < end:
+            raise LayoutError(
+                f"the KV views' storages overlap (one at {start:#x} starts inside another that ends at {end:#x})"
+            )
+        end = start + storages[start]
 
 
 class CpuPages:

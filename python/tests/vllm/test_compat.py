@@ -1,7 +1,7 @@
 """What differs between the qualified vLLM pins (orbitkv.vllm.compat), on the released
 package that is installed: the release module selected, unknown versions rejected, and
 each pin's own behaviour - per-tier hit reporting and sleep mode from 0.33.0, sleep mode
-rejected on 0.31.0, the extensible KV cache rejected and saves ordered before the next
+rejected on 0.31.0, the extensible KV cache accepted and saves ordered before the next
 step on 0.34.0. run.sh runs this module once per pin; a test for the other pin is
 skipped with the pin named."""
 
@@ -103,13 +103,14 @@ def test_the_connector_rejects_an_unknown_installed_version(model_dir: Path, mon
 
 
 @only_034
-def test_the_extensible_kv_cache_is_rejected_on_0_34_naming_the_flag(model_dir: Path) -> None:
-    """On by default on CUDA (off on CPU): one storage per layer, which the copy engine's
-    page geometry does not take yet; rejected at connector construction in both roles."""
+def test_the_extensible_kv_cache_is_accepted_on_0_34(model_dir: Path) -> None:
+    """On by default on CUDA (off on CPU): each layer over a storage of its own, which the
+    page geometry takes (`test_layout.py`, `test_kvcopy_flow.py`); both roles build."""
     cfg = make_vllm_config(model_dir, socket_path=NO_MANAGER)
     assert cfg.cache_config.enable_extensible_kv_cache is False  # CPU resolves it off
     cfg.cache_config.enable_extensible_kv_cache = True
-    assert_rejected_in_both_roles(cfg, "--no-enable-extensible-kv-cache")
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        KVConnectorFactory.create_connector(cfg, role, make_kv_cache_config(64, "LBNHC")).shutdown()
 
 
 # ---- sleep mode -----------------------------------------------------------------------

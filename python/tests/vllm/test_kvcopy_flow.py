@@ -152,6 +152,43 @@ def test_cold_miss_save_then_full_hit_byte_exact(model_dir: Path, manager: Manag
         e.shutdown()
 
 
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+def test_layers_in_storages_of_their_own_share_blocks_with_one_allocation(
+    model_dir: Path, manager: ManagerProcess, layout: str
+) -> None:
+    """vLLM 0.34's extensible KV cache registers each layer over a storage of its own (its
+    committed segment of one reservation). Blocks saved from one allocation load into such
+    pages byte-exact, and blocks they save load into one allocation byte-exact."""
+    a = build(model_dir, manager, layout=layout)
+    r = make_request(PROMPT)
+    a.scheduler.add_request(r)
+    a.run_to_completion([r.request_id])
+    a.run_until_drained()
+
+    cfg = make_vllm_config(model_dir, socket_path=str(manager.socket_path), extra=TORCH, layout=layout)
+    b = Engine.build(cfg, per_layer_storages=True)
+    assert b.worker.kvcopy and len({t.untyped_storage().data_ptr() for t in b.kv_caches.values()}) > 1
+    r2 = b.submit(PROMPT)
+    b.run_until(prefill_done(b, r2.request_id, len(PROMPT)), what="prefill after load into per-layer storages")
+    b.check_pages(r2, len(PROMPT))
+    other = prompt_tokens(70, seed=12)
+    r3 = b.submit(other)
+    b.run_to_completion([r2.request_id, r3.request_id])
+    b.run_until_drained()
+    assert counters(b)["hit_blocks"] == FULL_BLOCKS and counters(b)["failed_saves"] == 0
+    assert_drained_no_leases_held(b, manager)
+
+    c = build(model_dir, manager, layout=layout)
+    r4 = c.submit(other)
+    c.run_until(prefill_done(c, r4.request_id, len(other)), what="prefill after load from per-layer storages")
+    c.check_pages(r4, len(other))
+    assert counters(c)["hit_blocks"] == len(other) // BLOCK
+    c.run_to_completion([r4.request_id])
+    c.run_until_drained()
+    for e in (a, b, c):
+        e.shutdown()
+
+
 def test_triton_kernel_on_cpu_pages_is_refused_at_registration_naming_the_setting(
     model_dir: Path, orbit_manager: ManagerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:

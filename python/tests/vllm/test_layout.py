@@ -19,9 +19,9 @@ import torch
 from host_copier import HostCopier
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker.utils import allocate_kv_cache
-from vllm_harness import LAYERS, make_kv_cache_config
+from vllm_harness import LAYERS, make_kv_cache_config, per_layer_storage_views
 
-from orbitkv.vllm.layout import describe
+from orbitkv.vllm.layout import LayoutError, block_geometry, describe
 
 pytestmark = pytest.mark.vllm
 
@@ -130,3 +130,36 @@ def test_native_page_copies_match_the_host_oracle(layout: str, orbit_manager) ->
             assert bytes(staged) == oracle.tobytes(), f"{layout}: cached block format differs from the oracle"
             assert c.restore_pages(lease, native_layout, flat, dst) == len(dst) * g.block_bytes
     _assert_moved(kv, layout, before, blocks, dst)
+
+
+# ---- layers in storages of their own (vLLM 0.34's extensible KV cache) ------------------
+
+LAYER_OUTERMOST = [layout.name for layout in KVCacheLayout if layout.name.startswith("L")]
+BLOCK_OUTERMOST = [layout.name for layout in KVCacheLayout if layout.name.startswith("B")]
+
+
+@pytest.mark.parametrize("layout", LAYER_OUTERMOST)
+def test_layers_in_their_own_storages_keep_the_one_allocation_format(layout: str) -> None:
+    """Each layer over a storage of its own, at the address it had: the pages, their order
+    and the block size are those of the one allocation, so the cached format is the same;
+    the native host path (one flat buffer) refuses them, naming the copy engine."""
+    kv, _ = _pages(layout)
+    one = block_geometry(kv, NUM_BLOCKS)
+    split = block_geometry(per_layer_storage_views(kv), NUM_BLOCKS)
+    assert (one.storages, split.storages) == (1, len(LAYERS))
+    assert [(p.layer, p.shape, p.strides, p.page_bytes) for p in split.pages] == [
+        (p.layer, p.shape, p.strides, p.page_bytes) for p in one.pages
+    ]
+    assert split.block_bytes == one.block_bytes and not split.block_span
+    assert all(p.base == 0 for p in split.pages)  # each page set starts its storage
+    with pytest.raises(LayoutError, match=rf"span {len(LAYERS)} allocations.*orbitkv.kvcopy.CopyEngine"):
+        describe(per_layer_storage_views(kv), NUM_BLOCKS)
+
+
+@pytest.mark.parametrize("layout", BLOCK_OUTERMOST)
+def test_storages_that_share_bytes_are_refused(layout: str) -> None:
+    """Under block-outermost layouts every layer's pages interleave with the others': one
+    storage per layer would overlap, and a restore into one layer would write another."""
+    kv, _ = _pages(layout)
+    with pytest.raises(LayoutError, match="storages overlap"):
+        block_geometry(per_layer_storage_views(kv), NUM_BLOCKS)

@@ -325,6 +325,24 @@ def stop_all_threads(pid: int) -> None:
         time.sleep(0.01)
 
 
+def per_layer_storage_views(kv_caches: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same views, each layer over a storage of its own holding only its pages, at the
+    addresses they had: what vLLM 0.34's extensible KV cache registers on CUDA (one virtual
+    reservation; each layer's committed segment a separate storage, `committed_views`).
+    Under block-outermost layouts the layers' regions interleave, so these storages overlap
+    (which `block_geometry` refuses)."""
+    flat = next(iter(kv_caches.values())).untyped_storage()
+    buffer = torch.empty(0, dtype=torch.uint8).set_(flat, 0, (flat.nbytes(),), (1,)).numpy()
+    out = {}
+    for name, t in kv_caches.items():
+        item = t.element_size()
+        start = t.storage_offset() * item
+        reach = item + sum((d - 1) * s * item for d, s in zip(t.shape, t.stride(), strict=True))
+        segment = torch.from_numpy(buffer[start : start + reach]).view(t.dtype)  # its own storage
+        out[name] = segment.as_strided(t.shape, t.stride(), 0)
+    return out
+
+
 @dataclass
 class StepResult:
     scheduler_output: SchedulerOutput
@@ -343,7 +361,7 @@ class Engine:
     failed: set[str] = field(default_factory=set)
 
     @classmethod
-    def build(cls, vllm_config: VllmConfig, num_blocks: int = 128) -> Engine:
+    def build(cls, vllm_config: VllmConfig, num_blocks: int = 128, *, per_layer_storages: bool = False) -> Engine:
         layout = vllm_config.cache_config.kv_cache_layout
         assert layout is not None
         kv_cache_config = make_kv_cache_config(num_blocks, layout)
@@ -353,6 +371,8 @@ class Engine:
             return cls(vllm_config, kv_cache_config, scheduler, None, {})
         worker = KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
         kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), KVCacheLayout[layout])
+        if per_layer_storages:
+            kv_caches = per_layer_storage_views(kv_caches)
         worker.register_kv_caches(kv_caches)
         return cls(vllm_config, kv_cache_config, scheduler, worker, kv_caches)
 

@@ -17,9 +17,14 @@ Model Runner V1 is gone (`VllmConfig.use_v2_model_runner` removed, and
 the current stream, so a block a preempted request freed could be rewritten while a save
 still reads it: on this release every step's saves are ordered before the next step's
 device work (`SAVES_BEFORE_NEXT_STEP`).
-The extensible KV cache (on by default on CUDA) hands the worker connector one storage per
-layer under the layer-outermost layouts, which OrbitKV's page geometry does not take yet:
-`check_profile` rejects it, naming `--no-enable-extensible-kv-cache`.
+The extensible KV cache (on by default on CUDA) reserves the KV cache as virtual memory
+and commits pages as it grows; the connector is built after the final commit and, under
+block-compact layer-outermost layouts, is handed each layer over a storage of its own (that
+layer's committed segment, at the offset it has in one allocation). The page geometry takes
+one storage per layer (`orbitkv.vllm.layout.block_geometry`: pages in address order, the
+same cached block format as one allocation), and the copy engine addresses each layer's
+pages from its own storage, so it is accepted. Sleep mode releases the physical pages only
+after `unregister_kv_caches` has drained every copy.
 The default block size on CUDA is 64 tokens (was 16; CPU keeps its own); a block size is
 part of the namespace, so blocks saved with 16-token blocks are a clear miss.
 `Request.skip_reading_prefix_cache` became `skip_reading_external_kv` (the adapter reads
@@ -34,7 +39,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orbitkv.vllm.compat import v0_33_0
-from orbitkv.vllm.errors import UnsupportedProfileError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -55,10 +59,5 @@ class ConnectorHooks(v0_33_0.ConnectorHooks):
 
 
 def check_profile(vllm_config: VllmConfig) -> None:
-    if getattr(vllm_config.cache_config, "enable_extensible_kv_cache", False):
-        raise UnsupportedProfileError(
-            "OrbitKVConnector does not take vLLM 0.34's extensible KV cache yet (on by default on "
-            "CUDA): it hands the connector one storage per layer, while OrbitKV's copy engine "
-            "addresses the KV pages of all layers as one allocation; start vLLM with "
-            "--no-enable-extensible-kv-cache (LLM(..., enable_extensible_kv_cache=False))"
-        )
+    """Nothing of 0.34.0's own to reject: its extensible KV cache is taken (see above)."""
+    del vllm_config
