@@ -14,10 +14,12 @@
 # 0.31.0 its torch 2.13.0 stack (torch, triton 3.7.1, NCCL 2.29.7, torchvision 0.28.0)
 # and 86 small packages; for 0.33.0 torch 2.14.0, triton 3.8.0, NCCL 2.30.7, torchvision 0.29.0
 # and 87 (made from the releases' metadata; installed and run on the H200 on 2026-12-03: flashinfer
-# and cuDNN 9.24 are left out as for 0.31.0); 0.34.0 resolves to exactly 0.33.0's lists (its CPU
-# venv differs from 0.33.0's only in vllm, transformers - the host's 5.17 satisfies both - and
-# flashinfer, left out; 2026-12-03). A host with network can `pip install vllm==PIN` (0.34.0:
-# not as declared, see scripts/vllm-venv.sh).
+# and cuDNN 9.24 are left out as for 0.31.0); 0.34.0's are 0.33.0's plus the CuTe DSL
+# (nvidia-cutlass-dsl 4.8.0 with its cu13 libraries, which 0.34's kernel warm-up imports on
+# CUDA) and quack-kernels (installed and run on the H200 on 2026-12-04, flashinfer left out).
+# The CuTe DSL adds its own packages to sys.path from a .pth file, which a --target install
+# does not read: `install` prints the PYTHONPATH that includes them. A host with network can
+# `pip install vllm==PIN` (0.34.0: not as declared, see scripts/vllm-venv.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}
@@ -51,7 +53,10 @@ install)
     cat "$dir"/engine.part* | tar -C "$tmp" -xf -
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$tmp"/wheels/*.whl
     touch "$site/.done"
-    PYTHONPATH="$site" python3 -c 'import torch, vllm; print("gpu-engine.sh: vllm", vllm.__version__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'
+    path="$site"
+    [ -d "$site/nvidia_cutlass_dsl/dsl_packages" ] && path="$site:$site/nvidia_cutlass_dsl/dsl_packages"
+    echo "gpu-engine.sh: export PYTHONPATH=$path (plus the orbitkv wheel's site)"
+    PYTHONPATH="$path" python3 -c 'import torch, vllm; print("gpu-engine.sh: vllm", vllm.__version__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'
     ;;
 *)
     sed -n '2,16p' "$0" >&2; exit 2 ;;

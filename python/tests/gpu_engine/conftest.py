@@ -1,4 +1,4 @@
-"""The GPU engine suite needs a CUDA device, the released vLLM (0.31.0 or 0.33.0) importable and
+"""The GPU engine suite needs a CUDA device, the released vLLM (0.31.0, 0.33.0 or 0.34.0) importable and
 the orbitkv wheel; without one of them every test is skipped with the reason."""
 
 from __future__ import annotations

@@ -165,6 +165,17 @@ class Driver:
         self.startup_s = time.perf_counter() - t0
         self.SamplingParams = SamplingParams
 
+    def engine_config(self) -> dict[str, Any]:
+        """What the engine resolved: the vLLM version, block size and KV cache allocation."""
+        import vllm
+
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        return {
+            "vllm": vllm.__version__,
+            "block_size": cache.block_size,
+            "extensible_kv_cache": getattr(cache, "enable_extensible_kv_cache", None),
+        }
+
     def params(self, phase: dict[str, Any]) -> Any:
         return self.SamplingParams(
             max_tokens=int(phase.get("max_tokens", 8)),
@@ -340,7 +351,7 @@ class Driver:
         return "clean" if done.wait(timeout) else f"timed out after {timeout:.0f} s"
 
     def run(self) -> dict[str, Any]:
-        result: dict[str, Any] = {"startup_s": self.startup_s, "phases": []}
+        result: dict[str, Any] = {"startup_s": self.startup_s, "engine": self.engine_config(), "phases": []}
         for phase in self.plan["phases"]:
             op = phase["op"]
             t = time.perf_counter()

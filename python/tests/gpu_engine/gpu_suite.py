@@ -28,7 +28,19 @@ from runner_env import set_runner_env
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "engine_driver.py"
-BLOCK = 16  # vLLM 0.31.0's default block size on CUDA (0.34.0's is 64: its plans are not made yet)
+
+
+def _default_block_size() -> int:
+    """vLLM's default block size on CUDA for the installed release: 64 from 0.34.0, else 16."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return 64 if version("vllm") == "0.34.0" else 16
+    except PackageNotFoundError:
+        return 16
+
+
+BLOCK = _default_block_size()  # the engines run with vLLM's default; each result names it
 
 # Prompts as [seed, length] segments (engine_driver.prompt_tokens).
 FULL = [[[100 + i, 1000]] for i in range(3)]  # full hits in a fresh process
@@ -37,9 +49,15 @@ PARTIAL = [[[110 + i, 1000], [210 + i, 240]] for i in range(3)]
 LONG = [[[300 + i, 3000]] for i in range(2)]  # abort / Manager killed mid-load
 FILLER = [[[400 + i, 1000]] for i in range(8)]  # evicts a small HBM cache
 CONCURRENT = [[[500, 512], [600 + j, 64]] for j in range(32)]  # 32 requests, one shared prefix
-PREEMPT = [[[700 + i, 900]] for i in range(8)]  # 8 long decodes in 300 blocks
-
-SMALL_HBM_BLOCKS = 300  # `num_gpu_blocks_override` of the readers that must evict
+# 8 decodes of PREEMPT_DECODE tokens in SMALL_HBM_BLOCKS: vLLM admits 5, and their decodes
+# need blocks the cache lacks, so it preempts. 16-token blocks (0.31.0, 0.33.0; run on the
+# H200): 900-token prompts take 57 blocks and grow to 60 in 300 blocks. 64-token blocks
+# (0.34.0): a 900-token prompt's 48 decodes stay in its 15th block and nothing is preempted
+# (seen on the H200), so 1,000-token prompts (16 blocks, growing to 17) in 83 blocks
+# (5 x 16 + the null block + 2: not yet run on a GPU).
+PREEMPT_LEN, SMALL_HBM_BLOCKS = (900, 300) if BLOCK == 16 else (1000, 83)
+PREEMPT_DECODE = 48
+PREEMPT = [[[700 + i, PREEMPT_LEN]] for i in range(8)]
 
 
 def hit_tokens(segments: list[list[int]], cached_prefix_tokens: int | None = None) -> int:
@@ -241,7 +259,7 @@ def roles_for(mode: str) -> list[Role]:
                 [
                     gen("concurrent_cold", CONCURRENT, together=True),
                     gen("concurrent_hit", CONCURRENT, together=True),
-                    *[gen(f"preempt_{i}", [p, p], max_tokens=48) for i, p in enumerate(PREEMPT)],
+                    *[gen(f"preempt_{i}", [p, p], max_tokens=PREEMPT_DECODE) for i, p in enumerate(PREEMPT)],
                 ],
                 connector=False,
             ),
@@ -252,7 +270,7 @@ def roles_for(mode: str) -> list[Role]:
             # that block after its own hit, so its later logprobs may differ in the last
             # bits with exact KV (seen on 0.33.0 with both phases in 300 blocks).
             Role("reader", [gen("concurrent", CONCURRENT, together=True)]),
-            Role("reader_small", [gen("preempt", PREEMPT, together=True, max_tokens=48)], llm=small_hbm),
+            Role("reader_small", [gen("preempt", PREEMPT, together=True, max_tokens=PREEMPT_DECODE)], llm=small_hbm),
         ]
     eager = mode == "eager"
     long_ref = [gen("long_cold", LONG), gen("long_hit", LONG)] if eager else []

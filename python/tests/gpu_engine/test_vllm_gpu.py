@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from engine_driver import prompt_tokens
 from gpu_suite import (
+    BLOCK,
     CONCURRENT,
     FULL,
     LONG,
@@ -53,9 +54,15 @@ def check_ref_hits(run: SuiteRun, tag: str, prompts: list[Any], prefix: int | No
 @pytest.mark.parametrize("mode", ["eager", "compile"])
 def test_full_hit_in_a_fresh_process_is_bit_identical_to_vllms_prefix_hit(suite: Suite, mode: str) -> None:
     run = suite(mode)
+    for role in ("ref", "saver", "reader"):
+        engine = run.roles[role]["engine"] if role in run.roles else {}
+        assert engine.get("block_size") == BLOCK, f"{role}: {engine}"
+        # vLLM 0.34.0's default on CUDA: the KV cache reserved as virtual memory, each
+        # layer's committed segment a storage of its own (taken by the copy engine)
+        assert engine.get("extensible_kv_cache") is (True if engine.get("vllm") == "0.34.0" else None), engine
     check_ref_hits(run, "full_hit", FULL)
     saver = run.roles["manager_after_saver"]["stats"]
-    assert saver["blocks_committed_total"] >= sum(hit_tokens(p) // 16 for p in FULL)
+    assert saver["blocks_committed_total"] >= sum(hit_tokens(p) // BLOCK for p in FULL)
     for i, (got, want, p) in enumerate(
         zip(run.outputs("reader", "full"), run.outputs("ref", "full_hit"), FULL, strict=True)
     ):
@@ -77,7 +84,7 @@ def test_partial_hit_is_bit_identical_to_vllms_partial_prefix_hit(suite: Suite, 
 
 
 def test_torch_kernel_and_restore_after_vllm_evicted_the_prefix_from_hbm(suite: Suite) -> None:
-    """A reader with a 300-block HBM cache and the `torch` copy kernel: full hits, then
+    """A reader with a 4,800-token HBM cache and the `torch` copy kernel: full hits, then
     filler prompts evict them from HBM, then the same prompts hit the Manager again."""
     run = suite("eager")
     ref = run.outputs("ref", "full_hit")
@@ -115,8 +122,21 @@ def test_manager_sigkilled_mid_load_the_request_completes_correctly(suite: Suite
     assert len(LONG) == 2
 
 
+def first_step(out: dict[str, Any]) -> dict[str, Any]:
+    """The first generated token and its logprob: the prefill over the whole prompt, which
+    reads every restored KV byte."""
+    return {"tokens": out["tokens"][:1], "logprobs": out["logprobs"][:1]}
+
+
 def test_32_concurrent_requests_sharing_a_prefix(suite: Suite) -> None:
+    """32 requests at once, one shared prefix, in a reader with vLLM's full HBM cache.
+    On 0.31.0 and 0.33.0 every token and logprob equals the reference. On 0.34.0 (V2 model
+    runner) decode steps depend on how requests were batched even with
+    VLLM_BATCH_INVARIANT=1 - vLLM's own cold and hit runs of one request differ there from
+    the second decode step (H200, 2026-12-04) - so the comparison is the first token and
+    its logprob, the prefill that reads every restored KV byte."""
     run = suite("batch_invariant")
+    whole = run.roles["reader"]["engine"].get("vllm") != "0.34.0"
     want = run.outputs("ref", "concurrent_hit")
     got = run.outputs("reader", "concurrent")
     assert len(got) == len(CONCURRENT) == 32
@@ -124,12 +144,15 @@ def test_32_concurrent_requests_sharing_a_prefix(suite: Suite) -> None:
     assert preempted == 0, f"vLLM preempted {preempted} requests: the case compares unpreempted hits"
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g["num_cached_tokens"] == w["num_cached_tokens"] == hit_tokens(CONCURRENT[i])
-        same(g, w, f"concurrent[{i}]")
+        if whole:
+            same(g, w, f"concurrent[{i}]")
+        else:
+            same(first_step(g), first_step(w), f"concurrent[{i}], first step")
     assert run.phase("reader", "concurrent")["vllm_metrics"].get("vllm:external_prefix_cache_hits", 0) > 0
 
 
 def test_preempted_requests_resume_exactly(suite: Suite) -> None:
-    """8 decodes of 48 tokens in a 300-block HBM cache: vLLM preempts and resumes them
+    """8 decodes of 48 tokens in a 4,800-token HBM cache: vLLM preempts and resumes them
     (their prompts hit the Manager again); each result equals the request run alone."""
     run = suite("batch_invariant")
     ph = run.phase("reader_small", "preempt")
@@ -157,7 +180,7 @@ def test_vllm_serve_with_the_connector_json_second_server_hits(suite: Suite, eng
                 if i == 0:
                     settle_commits(m)
             if i == 0:
-                assert m.stats()["blocks_committed_total"] >= hit_tokens(FULL[0]) // 16
+                assert m.stats()["blocks_committed_total"] >= hit_tokens(FULL[0]) // BLOCK
         hits_before = m.stats()["hit_blocks_total"]
     finally:
         m.stop()
