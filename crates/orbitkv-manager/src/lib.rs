@@ -7,6 +7,7 @@
 
 pub mod checksum;
 pub mod config;
+mod events;
 mod framing;
 pub mod limits;
 #[macro_use]
@@ -54,6 +55,8 @@ pub enum ManagerError {
     PeerBind { addr: SocketAddr, err: std::io::Error },
     #[error(transparent)]
     Remote(#[from] orbitkv_remote::store::RemoteError),
+    #[error(transparent)]
+    Events(#[from] events::EventsError),
     #[error("starting a thread: {0}")]
     Thread(std::io::Error),
 }
@@ -124,8 +127,16 @@ impl Manager {
             }
         };
         let tracer = std::sync::Arc::new(trace::Tracer::default());
+        let (events, event_sink, event_counters) = match &config.events {
+            Some(e) => {
+                let (p, sink, counters) = events::Publisher::bind(e)?;
+                (Some(p), Some(sink), Some(counters))
+            }
+            None => (None, None, None),
+        };
         cache.set_presence_sink(Box::new(visibility::Visibility {
             presence: publisher,
+            events: event_sink,
             tracer: tracer.clone(),
         }));
         let peers = match &config.peers {
@@ -146,6 +157,7 @@ impl Manager {
         shared.presence = presence;
         shared.peers = peers;
         shared.remote = remote;
+        shared.events = event_counters;
         shared.set_metrics_addr(metrics.as_ref().and_then(|m| m.local_addr().ok()));
         let shared = Arc::new(shared);
         let mut threads = Vec::new();
@@ -182,6 +194,13 @@ impl Manager {
                 })
             }),
         )?);
+        if let Some(p) = events {
+            let sh = shared.clone();
+            threads.push(spawn(
+                "orbitkv-events",
+                Box::new(move || p.run(sh.cache(), sh.shutdown())),
+            )?);
+        }
         let sh = shared.clone();
         threads.push(spawn(
             "orbitkv-policy",

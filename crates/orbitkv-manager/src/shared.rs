@@ -40,6 +40,8 @@ pub struct Shared {
     pub peers: Option<crate::peer::PeerTier>,
     /// The remote tier (committed blocks written behind; read on a miss after peers), when configured.
     pub remote: Option<crate::remote::RemoteTier>,
+    /// The KV-event stream's counters (its publisher thread owns the rest), when `--kv-events` is set.
+    pub events: Option<std::sync::Arc<crate::events::EventCounters>>,
     quarantine: Quarantine,
     faults: Faults,
     pub counters: ServerCounters,
@@ -70,6 +72,7 @@ impl Shared {
             presence: None,
             peers: None,
             remote: None,
+            events: None,
             quarantine: Quarantine::default(),
             faults: Faults::default(),
             counters: ServerCounters::default(),
@@ -154,6 +157,7 @@ impl Shared {
             presence: self.presence.as_ref(),
             peers: self.peers.as_ref(),
             remote: self.remote.as_ref(),
+            events: self.events.as_deref(),
             segments: &self.segments,
             config: &self.config,
             clock: self.clock,

@@ -228,6 +228,22 @@ pub struct Args {
     /// committed block [default: 0]
     #[arg(long)]
     pub remote_admit_hits: Option<u32>,
+    /// Publish KV events (blocks stored in / removed from this Manager) in vLLM's KV-event
+    /// wire format on this ZeroMQ PUB endpoint: tcp://127.0.0.1:PORT (loopback only: the
+    /// stream has no authentication) or ipc:///absolute/path [default: off]
+    #[arg(long, env = "ORBITKV_KV_EVENTS")]
+    pub kv_events: Option<String>,
+    /// ZeroMQ ROUTER endpoint where a late or reconnecting subscriber asks for the batches
+    /// it missed (vLLM's replay protocol), same rules as --kv-events [default: none]
+    #[arg(long)]
+    pub kv_events_replay: Option<String>,
+    /// Batches kept for replay (also bounded to 64 MiB) [default: 10000]
+    #[arg(long)]
+    pub kv_events_buffer: Option<usize>,
+    /// Publish block hashes as their low 64 bits, big-endian, as an int (vLLM's
+    /// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), not as bytes
+    #[arg(long)]
+    pub kv_events_int_hashes: bool,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     #[serde(skip)]

@@ -11,6 +11,7 @@
 //! - `token.rs`: the shared-token file.
 
 mod args;
+mod events;
 mod peer;
 mod remote;
 mod sizes;
@@ -23,6 +24,7 @@ use std::path::PathBuf;
 use clap::Parser;
 
 pub use args::Args;
+pub use events::EventsSettings;
 use peer::peer_settings;
 pub use peer::{EtcdSettings, EtcdTlsFiles, PeerSettings, PeerTlsFiles, is_literal_loopback};
 pub use remote::RemoteSettings;
@@ -84,6 +86,8 @@ pub struct ManagerConfig {
     pub peers: Option<PeerSettings>,
     /// The remote tier (a Redis Cluster); `None` without `--remote-nodes`.
     pub remote: Option<RemoteSettings>,
+    /// KV events published for routers; `None` without `--kv-events`.
+    pub events: Option<EventsSettings>,
 }
 
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
@@ -109,6 +113,7 @@ impl ManagerConfig {
         };
         let peers = peer_settings(&mut a, &mut file)?;
         let remote = remote::remote_settings(&mut a, &mut file)?;
+        let events = events::events_settings(&mut a, &mut file)?;
         let uid = orbitkv_shm::peer::my_uid();
         let socket = a
             .socket
@@ -281,6 +286,7 @@ impl ManagerConfig {
             presence_slots,
             peers,
             remote,
+            events,
             ssd,
             cache_policy,
             cache_policy_seed,

@@ -24,7 +24,7 @@ use crate::shared::parts::{Cache, Clock, Connections, Quarantine, ServerCounters
 use crate::tier::Tier;
 use cache::{dram, lookups, saves, sessions, state, tp};
 use server::connections;
-use tiers::{presence_table, remote_tier, ssd_tier};
+use tiers::{kv_events, presence_table, remote_tier, ssd_tier};
 
 /// (name, help, kind, value). `kind` is "counter" or "gauge".
 type Metric = (&'static str, &'static str, &'static str, u64);
@@ -40,6 +40,7 @@ pub struct View<'a> {
     pub presence: Option<&'a Presence>,
     pub peers: Option<&'a PeerTier>,
     pub remote: Option<&'a crate::remote::RemoteTier>,
+    pub events: Option<&'a crate::events::EventCounters>,
     pub segments: &'a [Segment],
     pub config: &'a ManagerConfig,
     pub clock: Clock,
@@ -67,6 +68,7 @@ pub fn snapshot(v: &View<'_>) -> Vec<Metric> {
         ssd_tier(&c, &g, &ssd),
         presence_table(presence),
         remote_tier(v.remote.map(|r| r.stats())),
+        kv_events(v.events),
     ]
     .concat()
 }

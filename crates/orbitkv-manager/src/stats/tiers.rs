@@ -176,6 +176,39 @@ pub(super) fn presence_table(presence: Option<PresenceStats>) -> Vec<Metric> {
     ]
 }
 
+/// The KV-event stream (zero without `--kv-events`).
+pub(super) fn kv_events(e: Option<&crate::events::EventCounters>) -> Vec<Metric> {
+    let v = |f: fn(&crate::events::EventCounters) -> &std::sync::atomic::AtomicU64| {
+        e.map_or(0, |e| super::ld(f(e)))
+    };
+    vec![
+        (
+            "kv_events_published_total",
+            "Block changes (stored, removed) published on the KV-event stream",
+            "counter",
+            v(|e| &e.published),
+        ),
+        (
+            "kv_events_dropped_total",
+            "Block changes not published: the publisher fell behind and its queue was full",
+            "counter",
+            v(|e| &e.dropped),
+        ),
+        (
+            "kv_events_batches_total",
+            "KV-event batches sent (one sequence number each)",
+            "counter",
+            v(|e| &e.batches),
+        ),
+        (
+            "kv_events_replays_total",
+            "Replay requests served on the KV-event replay socket",
+            "counter",
+            v(|e| &e.replays),
+        ),
+    ]
+}
+
 /// The remote tier (zero without `--remote-nodes`).
 pub(super) fn remote_tier(r: Option<crate::remote::RemoteStats>) -> Vec<Metric> {
     let r = r.unwrap_or_default();

@@ -1,0 +1,146 @@
+//! KV-event settings (`--kv-events*`): where the Manager publishes blocks stored and
+//! removed, in vLLM's wire format, checked at start-up (loopback or a local socket only).
+
+use std::net::SocketAddr;
+
+use super::ConfigError;
+use super::args::Args;
+
+/// Default number of batches kept for replay.
+pub const DEFAULT_BUFFER: usize = 10_000;
+
+/// Validated KV-event settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsSettings {
+    /// ZeroMQ PUB endpoint (bound).
+    pub endpoint: String,
+    /// ZeroMQ ROUTER endpoint for replay requests (bound), if any.
+    pub replay: Option<String>,
+    /// Batches kept for replay.
+    pub buffer: usize,
+    /// Hashes as the low 64 bits (an int) instead of bytes.
+    pub int_hashes: bool,
+}
+
+/// The KV-event settings, or `None` without `--kv-events`. Another `kv_events_*` setting
+/// without it is an error (it would silently do nothing).
+pub(super) fn events_settings(a: &mut Args, file: &mut Args) -> Result<Option<EventsSettings>, ConfigError> {
+    let endpoint = a.kv_events.take().or(file.kv_events.take());
+    let replay = a.kv_events_replay.take().or(file.kv_events_replay.take());
+    let buffer = a.kv_events_buffer.take().or(file.kv_events_buffer.take());
+    let int_hashes = a.kv_events_int_hashes || file.kv_events_int_hashes;
+    let Some(endpoint) = endpoint.filter(|e| !e.eq_ignore_ascii_case("off")) else {
+        let others = [
+            ("kv_events_replay", replay.is_some()),
+            ("kv_events_buffer", buffer.is_some()),
+            ("kv_events_int_hashes", int_hashes),
+        ];
+        if let Some((name, _)) = others.iter().find(|(_, set)| *set) {
+            return Err(ConfigError::Invalid(format!(
+                "{name} is set but kv_events is not: no KV events are published"
+            )));
+        }
+        return Ok(None);
+    };
+    check_endpoint("kv_events", &endpoint)?;
+    if let Some(r) = &replay {
+        check_endpoint("kv_events_replay", r)?;
+        if *r == endpoint {
+            return Err(ConfigError::Invalid(format!(
+                "kv_events_replay {r:?} is the kv_events endpoint; give the replay socket its own"
+            )));
+        }
+    }
+    let buffer = buffer.unwrap_or(DEFAULT_BUFFER);
+    if buffer == 0 || buffer > 1_000_000 {
+        return Err(ConfigError::Invalid(format!(
+            "kv_events_buffer {buffer} must be 1 to 1000000 batches"
+        )));
+    }
+    Ok(Some(EventsSettings {
+        endpoint,
+        replay,
+        buffer,
+        int_hashes,
+    }))
+}
+
+/// `tcp://` with a literal loopback address and a port, or `ipc://` with an absolute path.
+fn check_endpoint(name: &str, e: &str) -> Result<(), ConfigError> {
+    if let Some(addr) = e.strip_prefix("tcp://") {
+        let parsed: SocketAddr = addr.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "{name} {e:?}: expected tcp://127.0.0.1:PORT or tcp://[::1]:PORT (a literal address and a port)"
+            ))
+        })?;
+        if !parsed.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "{name} {e:?} is not loopback; the KV-event stream has no authentication, so only \
+                 127.0.0.0/8, [::1] or an ipc:// socket is allowed"
+            )));
+        }
+        return Ok(());
+    }
+    if let Some(path) = e.strip_prefix("ipc://") {
+        if !path.starts_with('/') || path.len() < 2 {
+            return Err(ConfigError::Invalid(format!(
+                "{name} {e:?}: an ipc:// endpoint needs an absolute path"
+            )));
+        }
+        return Ok(());
+    }
+    Err(ConfigError::Invalid(format!(
+        "{name} {e:?}: use tcp://127.0.0.1:PORT or ipc:///absolute/path"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ManagerConfig;
+
+    fn err(argv: &[&str]) -> String {
+        let mut full = vec!["x"];
+        full.extend_from_slice(argv);
+        ManagerConfig::from_argv(full).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn off_by_default_and_lone_settings_are_refused() {
+        assert_eq!(ManagerConfig::from_argv(["x"]).expect("ok").events, None);
+        assert!(err(&["--kv-events-replay", "tcp://127.0.0.1:5558"]).contains("kv_events is not"));
+        assert!(err(&["--kv-events-int-hashes"]).contains("kv_events_int_hashes is set"));
+    }
+
+    #[test]
+    fn only_loopback_or_ipc_endpoints() {
+        assert!(err(&["--kv-events", "tcp://0.0.0.0:5557"]).contains("not loopback"));
+        assert!(err(&["--kv-events", "tcp://*:5557"]).contains("literal address"));
+        assert!(err(&["--kv-events", "tcp://localhost:5557"]).contains("literal address"));
+        assert!(err(&["--kv-events", "ipc://rel/path"]).contains("absolute path"));
+        assert!(err(&["--kv-events", "udp://127.0.0.1:1"]).contains("use tcp://"));
+        let same = [
+            "--kv-events",
+            "tcp://127.0.0.1:5557",
+            "--kv-events-replay",
+            "tcp://127.0.0.1:5557",
+        ];
+        assert!(err(&same).contains("its own"));
+        assert!(
+            err(&["--kv-events", "tcp://127.0.0.1:5557", "--kv-events-buffer", "0"]).contains("1 to 1000000")
+        );
+        let c = ManagerConfig::from_argv([
+            "x",
+            "--kv-events",
+            "tcp://[::1]:5557",
+            "--kv-events-replay",
+            "ipc:///tmp/r.sock",
+            "--kv-events-int-hashes",
+        ])
+        .expect("ok");
+        let e = c.events.expect("on");
+        assert_eq!(
+            (e.replay.as_deref(), e.buffer, e.int_hashes),
+            (Some("ipc:///tmp/r.sock"), 10_000, true)
+        );
+    }
+}

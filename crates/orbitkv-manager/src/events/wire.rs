@@ -1,0 +1,161 @@
+//! vLLM's KV-event wire format (`vllm/distributed/kv_events.py`, the same in 0.31.0,
+//! 0.33.0 and 0.34.0): a ZeroMQ message of three frames, (topic, sequence number as 8
+//! bytes big-endian, payload); the payload is msgspec's MessagePack of `KVEventBatch`,
+//! an array `[ts, events, data_parallel_rank]`, each event a map tagged by `"type"`.
+//! Written with `rmp`'s primitives so every byte is chosen here; the tests check it
+//! against vLLM's own decoder (`python/tests/vllm/test_kv_events.py`).
+
+use orbitkv_core::BlockHash;
+
+/// The medium every OrbitKV block is published under: vLLM's `MEDIUM_CPU` (host memory,
+/// the Manager's DRAM, or its SSD behind it).
+pub const MEDIUM: &str = "CPU";
+
+/// One change, in the order the cache made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Stored(BlockHash),
+    Removed(BlockHash),
+}
+
+/// The payload of one batch: `changes` of one namespace at time `ts` (seconds since
+/// the epoch). A run of removals is one `BlockRemoved`; each store is its own
+/// `BlockStored` (its hashes would otherwise claim to be one chain), in vLLM's placeholder
+/// form: no parent, no token ids, block size 0 (the Manager does not hold tokens).
+pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
+    let mut events: Vec<(bool, Vec<BlockHash>)> = Vec::new();
+    for c in changes {
+        match *c {
+            Change::Stored(h) => events.push((true, vec![h])),
+            Change::Removed(h) => match events.last_mut() {
+                Some((false, hs)) => hs.push(h),
+                _ => events.push((false, vec![h])),
+            },
+        }
+    }
+    let mut out = Vec::with_capacity(32 + changes.len() * 140);
+    // Writing into a Vec cannot fail: the `Result`s below carry only the Vec's errors.
+    let w = &mut out;
+    let _ = rmp::encode::write_array_len(w, 3);
+    let _ = rmp::encode::write_f64(w, ts);
+    let _ = rmp::encode::write_array_len(w, events.len() as u32);
+    for (stored, hashes) in &events {
+        if *stored {
+            let _ = rmp::encode::write_map_len(w, 8);
+            str_(w, "type");
+            str_(w, "BlockStored");
+            str_(w, "block_hashes");
+            hash_list(w, hashes, int_hashes);
+            str_(w, "parent_block_hash");
+            let _ = rmp::encode::write_nil(w);
+            str_(w, "token_ids");
+            let _ = rmp::encode::write_array_len(w, 0);
+            str_(w, "block_size");
+            let _ = rmp::encode::write_uint(w, 0);
+            str_(w, "lora_id");
+            let _ = rmp::encode::write_nil(w);
+            str_(w, "medium");
+            str_(w, MEDIUM);
+            str_(w, "lora_name");
+            let _ = rmp::encode::write_nil(w);
+        } else {
+            let _ = rmp::encode::write_map_len(w, 3);
+            str_(w, "type");
+            str_(w, "BlockRemoved");
+            str_(w, "block_hashes");
+            hash_list(w, hashes, int_hashes);
+            str_(w, "medium");
+            str_(w, MEDIUM);
+        }
+    }
+    let _ = rmp::encode::write_nil(w); // data_parallel_rank: not a DP rank
+    out
+}
+
+fn str_(w: &mut Vec<u8>, s: &str) {
+    let _ = rmp::encode::write_str(w, s);
+}
+
+fn hash_list(w: &mut Vec<u8>, hashes: &[BlockHash], int_hashes: bool) {
+    let _ = rmp::encode::write_array_len(w, hashes.len() as u32);
+    for h in hashes {
+        if int_hashes {
+            let _ = rmp::encode::write_uint(w, low64(h));
+        } else {
+            let _ = rmp::encode::write_bin(w, h);
+        }
+    }
+}
+
+/// vLLM's `maybe_convert_block_hash` with int hashes: the hash read big-endian, low 64 bits.
+pub fn low64(h: &BlockHash) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[h.len() - 8..]);
+    u64::from_be_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_the_bytes_msgspec_writes() {
+        // msgspec.msgpack.encode(KVEventBatch(ts=1.5, events=[BlockStored(block_hashes=[b"\x01"*32],
+        // parent_block_hash=None, token_ids=[], block_size=0, lora_id=None, medium="CPU",
+        // lora_name=None), BlockRemoved(block_hashes=[b"\x02"*32, b"\x03"*32], medium="CPU")]))
+        let h = |b: u8| [b; 32];
+        let got = encode_batch(
+            1.5,
+            &[Change::Stored(h(1)), Change::Removed(h(2)), Change::Removed(h(3))],
+            false,
+        );
+        let mut want = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x92, 0x88];
+        want.extend(fixstr("type"));
+        want.extend(fixstr("BlockStored"));
+        want.extend(fixstr("block_hashes"));
+        want.extend([0x91, 0xc4, 32]);
+        want.extend(h(1));
+        want.extend(fixstr("parent_block_hash"));
+        want.push(0xc0);
+        want.extend(fixstr("token_ids"));
+        want.push(0x90);
+        want.extend(fixstr("block_size"));
+        want.push(0x00);
+        want.extend(fixstr("lora_id"));
+        want.push(0xc0);
+        want.extend(fixstr("medium"));
+        want.extend(fixstr("CPU"));
+        want.extend(fixstr("lora_name"));
+        want.push(0xc0);
+        want.push(0x83);
+        want.extend(fixstr("type"));
+        want.extend(fixstr("BlockRemoved"));
+        want.extend(fixstr("block_hashes"));
+        want.extend([0x92, 0xc4, 32]);
+        want.extend(h(2));
+        want.extend([0xc4, 32]);
+        want.extend(h(3));
+        want.extend(fixstr("medium"));
+        want.extend(fixstr("CPU"));
+        want.push(0xc0);
+        assert_eq!(got, want);
+    }
+
+    fn fixstr(s: &str) -> Vec<u8> {
+        assert!(s.len() < 32);
+        let mut v = vec![0xa0 | s.len() as u8];
+        v.extend(s.as_bytes());
+        v
+    }
+
+    #[test]
+    fn int_hashes_are_the_low_64_bits_big_endian() {
+        let mut h = [0u8; 32];
+        h[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        h[0] = 0xff;
+        assert_eq!(low64(&h), 0x0102_0304_0506_0708);
+        let got = encode_batch(0.0, &[Change::Removed(h)], true);
+        let tail = [0x91, 0xcf, 1, 2, 3, 4, 5, 6, 7, 8];
+        assert!(got.windows(tail.len()).any(|w| w == tail), "{got:02x?}");
+    }
+}

@@ -1,0 +1,192 @@
+"""KV events from the Manager (`--kv-events`), read the way vLLM's own consumers read
+vLLM's `--kv-events-config` stream: a ZeroMQ SUB socket, frames (topic, sequence number,
+payload), the payload decoded by msgspec into the installed release's `KVEventBatch`
+(`vllm.distributed.kv_events`), and vLLM's replay protocol on the ROUTER socket. Real
+Manager processes; the vLLM case saves a request through the released Scheduler and finds
+the request's own block hashes (what a KV-aware router computes) in the stream."""
+
+# ruff: noqa: E402 - each module skips (with its reason) before it imports vLLM
+from __future__ import annotations
+
+from vllm_env import skip_module_if_unavailable
+
+skip_module_if_unavailable()
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from engine_manager import ManagerProcess, manager_in_short_dir
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens
+
+pytestmark = [pytest.mark.vllm, pytest.mark.native]
+
+BLOCK_BYTES = 1 << 20
+DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stream:
+    """A SUB socket on the Manager's KV-event endpoint: every batch received, decoded."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint)
+        time.sleep(0.3)  # a SUB socket misses what is published before it joined
+        self.batches: list[tuple[bytes, int, KVEventBatch, bytes]] = []
+
+    def until(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"the stream did not deliver in {timeout} s: {self.batches[-3:]}"
+            if self.sub.poll(100):
+                topic, seq, payload = self.sub.recv_multipart()
+                self.batches.append((topic, int.from_bytes(seq, "big"), DECODER.decode(payload), payload))
+
+    def events(self) -> Iterator[tuple[bytes, Any]]:
+        for topic, _, batch, _ in self.batches:
+            for e in batch.events:
+                yield topic, e
+
+    def stored(self) -> list[Any]:
+        return [h for _, e in self.events() if isinstance(e, BlockStored) for h in e.block_hashes]
+
+    def removed(self) -> list[Any]:
+        return [h for _, e in self.events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
+
+    def close(self) -> None:
+        self.sub.close(0)
+        self.ctx.term()
+
+
+def replay(endpoint: str, start: int) -> tuple[list[tuple[bytes, int, bytes]], bool]:
+    """vLLM's replay request (a DEALER sends an empty frame and the start sequence number):
+    the batches from `start` on, and whether the end marker (-1) came."""
+    ctx = zmq.Context()
+    d = ctx.socket(zmq.DEALER)
+    d.connect(endpoint)
+    d.send_multipart([b"", start.to_bytes(8, "big")])
+    out: list[tuple[bytes, int, bytes]] = []
+    ended = False
+    while d.poll(5000):
+        _, topic, seq, payload = d.recv_multipart()
+        if int.from_bytes(seq, "big", signed=True) == -1:
+            ended = True
+            break
+        out.append((topic, int.from_bytes(seq, "big"), payload))
+    d.close(0)
+    ctx.term()
+    return out, ended
+
+
+@pytest.fixture
+def events_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagerProcess, str, str]]:
+    pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    tmp = Path(tmp_path_factory.mktemp("mgr", numbered=True))
+    args = ("--kv-events", pub, "--kv-events-replay", rep)
+    with manager_in_short_dir(tmp, "okve", extra_args=args) as m:
+        yield m, pub, rep
+
+
+def test_stored_and_removed_blocks_decode_with_vllms_classes_and_replay(events_manager) -> None:  # type: ignore[no-untyped-def]
+    m, pub, rep = events_manager
+    stream = Stream(pub)
+    fp = bytes(range(32))
+    first = [bytes([1, i]) * 16 for i in range(10)]
+    more = [bytes([2, i]) * 16 for i in range(70)]
+    try:
+        with m.client() as c:
+            ns = c.register_namespace(fp, BLOCK_BYTES)
+            assert c.save(ns, first, bytearray(len(first) * BLOCK_BYTES)).stored == len(first)
+            stream.until(lambda: len(stream.stored()) >= len(first))
+            assert stream.stored() == first, "each committed block, once, as bytes"
+            # the 64 MiB arena holds 64 blocks: saving 70 more (16 at a time) evicts
+            for i in range(0, len(more), 16):
+                part = more[i : i + 16]
+                assert c.save(ns, part, bytearray(len(part) * BLOCK_BYTES)).stored == len(part)
+            stream.until(lambda: len(stream.stored()) >= len(first) + len(more) and bool(stream.removed()))
+            time.sleep(0.3)
+            stream.until(lambda: True)
+            # what the stream says is visible is what the Manager serves
+            visible = [h for h in first + more if h in set(stream.stored()) - set(stream.removed())]
+            for h in first + more:
+                with c.lookup(ns, [h]) as lease:
+                    assert lease.hit_blocks == (1 if h in visible else 0), h
+            c.reset_generation(ns)
+            stream.until(lambda: set(stream.removed()) >= set(visible))
+        topics = {t for t, _ in stream.events()}
+        assert topics == {fp.hex().encode() + b".0"}, topics
+        for _, e in stream.events():
+            assert e.medium == "CPU" and not isinstance(e, AllBlocksCleared)
+            if isinstance(e, BlockStored):
+                assert (e.parent_block_hash, e.token_ids, e.block_size, e.lora_id) == (None, [], 0, None)
+        seqs = [s for _, s, _, _ in stream.batches]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "one sequence number per batch, no gap"
+        stats = m.stats()
+        assert stats["kv_events_published_total"] == len(stream.stored()) + len(stream.removed())
+        assert stats["kv_events_dropped_total"] == 0
+
+        live = [(t, s, p) for t, s, _, p in stream.batches]
+        got, ended = replay(rep, seqs[2])
+        assert ended and got == [b for b in live if b[1] >= seqs[2]], "replay: the same frames from that sequence on"
+        assert m.stats()["kv_events_replays_total"] == 1
+    finally:
+        stream.close()
+
+
+def test_int_hashes_on_an_ipc_socket_in_a_private_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """vLLM's 64-bit form of the hashes; an ipc socket only in a directory no one else can enter."""
+    tmp = Path(tmp_path_factory.mktemp("mgr", numbered=True))
+    shared = tmp / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with pytest.raises(RuntimeError, match="no access for group or others"):
+        with manager_in_short_dir(tmp / "a", "okva", extra_args=("--kv-events", f"ipc://{shared}/e.sock")):
+            pass
+    private = tmp / "private"
+    private.mkdir(mode=0o700)
+    pub = f"ipc://{private}/e.sock"
+    with manager_in_short_dir(tmp / "b", "okvi", extra_args=("--kv-events", pub, "--kv-events-int-hashes")) as m:
+        stream = Stream(pub)
+        hashes = [bytes([3, i]) * 16 for i in range(4)]
+        try:
+            with m.client() as c:
+                ns = c.register_namespace(b"\x05" * 32, BLOCK_BYTES)
+                c.save(ns, hashes, bytearray(len(hashes) * BLOCK_BYTES))
+            stream.until(lambda: len(stream.stored()) >= len(hashes))
+            # vLLM's maybe_convert_block_hash with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1
+            assert stream.stored() == [int.from_bytes(h, "big") & ((1 << 64) - 1) for h in hashes]
+        finally:
+            stream.close()
+
+
+def test_a_vllm_requests_own_block_hashes_are_published(model_dir: Path, events_manager) -> None:  # type: ignore[no-untyped-def]
+    """What a KV-aware router computes for a request (vLLM's block hashes) is what the
+    Manager publishes once the released Scheduler's engine saved it."""
+    m, pub, _ = events_manager
+    stream = Stream(pub)
+    prompt = prompt_tokens(100, seed=41)
+    try:
+        e = Engine.build(make_vllm_config(model_dir, socket_path=str(m.socket_path)))
+        r = e.submit(prompt)
+        e.run_to_completion([r.request_id])
+        e.run_until_drained()
+        want = list(make_request(prompt).block_hashes)[: len(prompt) // BLOCK]
+        stream.until(lambda: len(stream.stored()) >= len(want))
+        assert stream.stored()[: len(want)] == want
+        e.shutdown()
+    finally:
+        stream.close()
