@@ -40,12 +40,19 @@ pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
     let _ = rmp::encode::write_f64(w, ts);
     let _ = rmp::encode::write_array_len(w, events.len() as u32);
     for (stored, hashes) in &events {
+        // Each event: a map of its fields, "type" (msgspec's tag) and the hashes first,
+        // the medium last.
+        let (ty, fields) = if *stored {
+            ("BlockStored", 8)
+        } else {
+            ("BlockRemoved", 3)
+        };
+        let _ = rmp::encode::write_map_len(w, fields);
+        str_(w, "type");
+        str_(w, ty);
+        str_(w, "block_hashes");
+        hash_list(w, hashes, int_hashes);
         if *stored {
-            let _ = rmp::encode::write_map_len(w, 8);
-            str_(w, "type");
-            str_(w, "BlockStored");
-            str_(w, "block_hashes");
-            hash_list(w, hashes, int_hashes);
             str_(w, "parent_block_hash");
             let _ = rmp::encode::write_nil(w);
             str_(w, "token_ids");
@@ -54,18 +61,12 @@ pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
             let _ = rmp::encode::write_uint(w, 0);
             str_(w, "lora_id");
             let _ = rmp::encode::write_nil(w);
-            str_(w, "medium");
-            str_(w, MEDIUM);
+        }
+        str_(w, "medium");
+        str_(w, MEDIUM);
+        if *stored {
             str_(w, "lora_name");
             let _ = rmp::encode::write_nil(w);
-        } else {
-            let _ = rmp::encode::write_map_len(w, 3);
-            str_(w, "type");
-            str_(w, "BlockRemoved");
-            str_(w, "block_hashes");
-            hash_list(w, hashes, int_hashes);
-            str_(w, "medium");
-            str_(w, MEDIUM);
         }
     }
     let _ = rmp::encode::write_nil(w); // data_parallel_rank: not a DP rank
