@@ -19,6 +19,8 @@ use crate::shared::parts::{Cache, Shutdown};
 
 /// Changes in one batch at most.
 const BATCH: usize = 1024;
+/// How often the queue is drained: the most a change waits before it is published.
+const TICK: Duration = Duration::from_millis(2);
 /// Bytes of payload the replay ring keeps at most.
 const RING_BYTES: usize = 64 << 20;
 /// vLLM's end-of-replay marker: -1 as 8 bytes big-endian.
@@ -136,33 +138,31 @@ impl Publisher {
 }
 
 impl State {
+    /// Every [`TICK`] (or at once for a replay request): drain the queue into batches. The
+    /// queue is only polled, never awaited, so a change costs the cache no wake-up.
     async fn serve(&mut self, cache: &Cache, shutdown: &Shutdown) {
         let mut pending: Vec<(NsId, Change)> = Vec::with_capacity(BATCH);
         loop {
-            let tick = tokio::time::sleep(Duration::from_millis(20));
             tokio::select! {
-                got = self.rx.recv() => match got {
-                    Some(c) => pending.push(c),
-                    None => break,
-                },
                 req = next_request(&mut self.replay) => {
                     self.answer_replay(req).await;
                     continue;
                 }
-                () = tick => {
-                    if shutdown.requested() && self.rx.is_empty() {
-                        break;
-                    }
-                    continue;
+                () = tokio::time::sleep(TICK) => {}
+            }
+            let stopping = shutdown.requested();
+            while let Ok(c) = self.rx.try_recv() {
+                pending.push(c);
+                if pending.len() == BATCH {
+                    self.publish(cache, &mut pending).await;
                 }
             }
-            while pending.len() < BATCH {
-                match self.rx.try_recv() {
-                    Ok(c) => pending.push(c),
-                    Err(_) => break,
-                }
+            if !pending.is_empty() {
+                self.publish(cache, &mut pending).await;
             }
-            self.publish(cache, &mut pending).await;
+            if stopping {
+                break;
+            }
         }
     }
 
