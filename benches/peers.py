@@ -493,12 +493,14 @@ class Mooncake(System):
         return point(size, n, p, g.timing, g.wrong)
 
     def stop(self) -> None:
-        if hasattr(self, "store"):
-            self.store.close()
-        for p in reversed(getattr(self, "procs", [])):
-            stop(p)
-        if hasattr(self, "d"):
-            shutil.rmtree(self.d, ignore_errors=True)
+        try:
+            if hasattr(self, "store"):
+                self.store.close()
+        finally:
+            for p in reversed(getattr(self, "procs", [])):
+                stop(p)
+            if hasattr(self, "d"):
+                shutil.rmtree(self.d, ignore_errors=True)
 
 
 class MooncakeLocal(Mooncake):
@@ -595,11 +597,13 @@ class OrbitKV(System):
         )
 
     def stop(self) -> None:
-        if hasattr(self, "c"):
-            self.c.close()
-        stop(getattr(self, "proc", None))
-        if hasattr(self, "d"):
-            shutil.rmtree(self.d, ignore_errors=True)
+        try:
+            if hasattr(self, "c"):
+                self.c.close()
+        finally:
+            stop(getattr(self, "proc", None))
+            if hasattr(self, "d"):
+                shutil.rmtree(self.d, ignore_errors=True)
 
 
 class OrbitKVMapped(OrbitKV):
@@ -891,9 +895,15 @@ def main() -> int:
                         flush=True,
                     )
     finally:
-        for sysobj in live.values():
-            sysobj.stop()
-        stop(REDIS.proc)
+        # Every system and Redis are stopped even when one stop fails; the first failure is raised.
+        failures: list[BaseException] = []
+        for stopper in [sysobj.stop for sysobj in live.values()] + [lambda: stop(REDIS.proc)]:
+            try:
+                stopper()
+            except BaseException as e:  # re-raised below, once the rest are stopped
+                failures.append(e)
+        if failures:
+            raise failures[0]
     for name in live:
         doc["systems"][name]["points"] = {str(z): summarise(raw[name][z], z) for z in sizes}
         if LATENCY_SIZE in sizes and "put_lat_us" in raw[name][LATENCY_SIZE][0]:
