@@ -125,6 +125,19 @@ pub fn json(v: &View<'_>) -> String {
         },
     );
     m.insert(
+        "kv_events".into(),
+        match &v.config.events {
+            Some(e) => serde_json::json!({
+                "enabled": true,
+                "endpoint": e.endpoint,
+                "replay": e.replay,
+                "buffer": e.buffer,
+                "int_hashes": e.int_hashes,
+            }),
+            None => serde_json::json!({ "enabled": false }),
+        },
+    );
+    m.insert(
         "latency_us".into(),
         v.counters
             .latency
