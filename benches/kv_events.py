@@ -7,8 +7,10 @@ Each point: a fresh Manager with a 64 MiB arena (so every save past the first 16
 evicts: a `BlockStored` and a `BlockRemoved` per block), N client processes saving 4 new
 4 KiB blocks per operation in a closed loop (`benches/manager_scaling.py`'s `save`). With
 the stream on, a subscriber process reads the stream for the whole point and reports the
-changes it decoded; the Manager's `kv_events_published_total` and `_dropped_total` are read
-after it. Needs pyzmq and msgspec (the vLLM venv has both).
+changes it decoded (`on`); `on_unread` publishes to no subscriber (the Manager's side of the
+cost alone: on a small machine the subscriber competes for the same cores). The Manager's
+`kv_events_published_total` and `_dropped_total` are read after each point. Needs pyzmq
+and msgspec (the vLLM venv has both).
 
     python benches/kv_events.py --out kv_events.json [--clients 1,2] [--seconds 3] [--rounds 3]
 """
@@ -70,7 +72,7 @@ def subscriber(endpoint: str, ready: Any, stop: Any, out: Any) -> None:
     ctx.term()
 
 
-def point(clients: int, seconds: float, events: bool) -> dict[str, Any]:
+def point(clients: int, seconds: float, events: bool, subscribe: bool) -> dict[str, Any]:
     d = tempfile.mkdtemp(prefix="okv-ev-")
     sock = os.path.join(d, "m.sock")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -80,7 +82,7 @@ def point(clients: int, seconds: float, events: bool) -> dict[str, Any]:
     ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
     sub = None
     try:
-        if events:
+        if events and subscribe:
             sub = ctx.Process(target=subscriber, args=(endpoint, ready, stop, out))
             sub.start()
             ready.wait(30)
@@ -112,14 +114,15 @@ def main() -> int:
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
     for n in (int(x) for x in a.clients.split(",")):
-        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": [], "on_unread": []}
         for r in range(a.rounds):
-            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                runs[mode].append(point(n, a.seconds, mode == "on"))
+            for mode in list(runs) if r % 2 == 0 else list(reversed(runs)):
+                runs[mode].append(point(n, a.seconds, mode != "off", mode == "on"))
                 rate = runs[mode][-1]["ops_per_s"]
                 print(f"kv_events: {n} client(s), round {r}, {mode}: {rate:.0f} saves/s", flush=True)
         med = {m: statistics.median(x["ops_per_s"] for x in runs[m]) for m in runs}
-        rows.append({"clients": n, "saves_per_s_median": med, "on_over_off": med["on"] / med["off"], "runs": runs})
+        ratios = {"on_over_off": med["on"] / med["off"], "on_unread_over_off": med["on_unread"] / med["off"]}
+        rows.append({"clients": n, "saves_per_s_median": med, **ratios, "runs": runs})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "runs"}), flush=True)
     doc = {
         "bench": "kv_events",
