@@ -251,11 +251,12 @@ pub fn writer(remote: &RemoteTier, arena: Arena<'_>, below: Option<&dyn Tier>, s
             continue;
         };
         // A batch is a chain's order, but a block may have left: write the leading
-        // run this lookup pins, then go on after the block that is gone.
+        // run this pins (not a lookup: copying a block out is not a hit), then go on
+        // after the block that is gone.
         let mut rest: &[BlockHash] = &hashes;
         while !rest.is_empty() {
             let session = InternalSession::open(arena);
-            let found = match arena.cache.write().lookup(session.id, ns, rest) {
+            let found = match arena.cache.write().pin_for_copy(session.id, ns, rest) {
                 Ok(r) => r,
                 Err(_) => break,
             };

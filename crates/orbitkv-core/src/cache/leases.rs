@@ -170,6 +170,12 @@ impl CacheState {
         if !self.touches.push(s, touch) {
             HotCounters::add(&self.hot.policy_touches_dropped, 1);
         }
+        self.insert_lease(id, s, ns, keys, tp);
+        id
+    }
+
+    /// Record lease `id` of session `s` over `keys` (pinned by the caller).
+    fn insert_lease(&self, id: LeaseId, s: SessionId, ns: NsId, keys: Vec<BlockKey>, tp: Option<TpToken>) {
         self.leases.insert(
             id,
             LeaseRecord {
@@ -184,7 +190,54 @@ impl CacheState {
             info.leases.add(id);
         }
         HotCounters::add(&self.hot.leases_granted, 1);
-        id
+    }
+
+    /// Pin the leading run of `hashes` visible in `ns` under a lease of session `s`, to
+    /// copy the blocks out for the Manager itself (the remote tier's write-behind). Reading
+    /// a block to copy it is not a reuse: no lookup or hit is counted, the policy is not
+    /// touched, and no SSD spill or remote admission is made due.
+    pub fn pin_for_copy(
+        &mut self,
+        s: SessionId,
+        ns: NsId,
+        hashes: &[BlockHash],
+    ) -> Result<LookupResult, CacheError> {
+        self.apply_touches();
+        self.session(s)?;
+        let generation = self.generation_of(ns)?;
+        let mut keys = Vec::new();
+        for h in hashes {
+            let key = BlockKey {
+                ns,
+                generation,
+                hash: *h,
+            };
+            match self.index.get(&key) {
+                Some(e) if !e.doomed => {
+                    e.pin();
+                    keys.push(key);
+                }
+                _ => break,
+            }
+        }
+        let hit_blocks = keys.len() as u32;
+        if keys.is_empty() {
+            return Ok(LookupResult {
+                lease: None,
+                hit_blocks: 0,
+                ssd_blocks: Vec::new(),
+                generation,
+            });
+        }
+        let ssd_blocks = self.ssd_only(&keys);
+        let id = LeaseId(self.next());
+        self.insert_lease(id, s, ns, keys, None);
+        Ok(LookupResult {
+            lease: Some(id),
+            hit_blocks,
+            ssd_blocks,
+            generation,
+        })
     }
 
     /// Replay the touches of leases granted under the shared lock, in grant

@@ -104,6 +104,22 @@ mod tests {
     }
 
     #[test]
+    fn pinning_a_block_to_copy_it_out_is_not_a_hit() {
+        // The remote writer's read: no lookup or hit counted, nothing made due.
+        let (mut c, s, ns) = cache(1);
+        let before = c.counters();
+        let hs: Vec<[u8; 32]> = (0..4).map(|i| [i; 32]).collect();
+        let r = c.pin_for_copy(s, ns, &hs).expect("pin");
+        assert_eq!(r.hit_blocks, 3, "the leading run of visible blocks");
+        c.release(s, r.lease.expect("lease")).expect("release");
+        let after = c.counters();
+        assert_eq!((after.lookups, after.hit_blocks), (before.lookups, before.hit_blocks));
+        assert!(c.take_remote_due().is_empty(), "a copy made no block due");
+        hit(&mut c, s, ns, 3);
+        assert_eq!(hashes(&c.take_remote_due()), vec![0, 1, 2], "a lookup's hit does");
+    }
+
+    #[test]
     fn a_block_is_due_once_at_its_nth_hit() {
         let (mut c, s, ns) = cache(2);
         assert!(c.take_remote_due().is_empty(), "committed, never hit: not due");
