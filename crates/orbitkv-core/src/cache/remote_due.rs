@@ -113,7 +113,10 @@ mod tests {
         assert_eq!(r.hit_blocks, 3, "the leading run of visible blocks");
         c.release(s, r.lease.expect("lease")).expect("release");
         let after = c.counters();
-        assert_eq!((after.lookups, after.hit_blocks), (before.lookups, before.hit_blocks));
+        assert_eq!(
+            (after.lookups, after.hit_blocks),
+            (before.lookups, before.hit_blocks)
+        );
         assert!(c.take_remote_due().is_empty(), "a copy made no block due");
         hit(&mut c, s, ns, 3);
         assert_eq!(hashes(&c.take_remote_due()), vec![0, 1, 2], "a lookup's hit does");
