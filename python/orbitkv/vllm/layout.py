@@ -2,8 +2,10 @@
 
 vLLM hands `register_kv_caches` one strided view per layer, `[B, H, N, C]` of the
 KV dtype, over a single int8 backing allocation ordered by `KVCacheLayout`
-(vllm/v1/kv_cache_interface.py: create_kv_cache_views). B counts *kernel* blocks,
-which may split a manager block into `ratio` pieces.
+(vllm/v1/kv_cache_interface.py: create_kv_cache_views) - or, under vLLM 0.34's extensible
+KV cache on CUDA, each layer over a storage of its own at the offset it has in that one
+allocation (`block_geometry` takes both; the host copy path needs one allocation). B
+counts *kernel* blocks, which may split a manager block into `ratio` pieces.
 
 The cached block format is `orbitkv.engine.blocks`'s; for vLLM the layers are taken in
 address order of their pages, each page `[ratio, H, N, C]` of one manager block (its
