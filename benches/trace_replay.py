@@ -15,6 +15,15 @@ default; `--pace X` issues each no earlier than its trace timestamp ÷ X after t
 (X = 1: the trace's own rate), so a disk that keeps up with the trace's rate but not
 with back-to-back replay shows the policy rather than the disk.
 
+`--hints none,turns:T,return-time` (with `--pace`) also sends retention hints an
+application could send, after each request, for its whole chain (`Client.retain`; the
+sources as in `benches/hint_sim.rs`): `turns:T` keeps each request that continues a
+conversation for T trace seconds; `return-time` keeps each request until its
+conversation's next turn arrives (+1 trace second, +0.5 s of replay lateness) and marks
+the last turn done — it **uses the trace's future** (an application that knows when it
+returns). Durations are trace seconds ÷ PACE on the Manager's clock. One run per
+(policy, hint source); the row's policy key is `POLICY+hints:SOURCE`.
+
 `--policy-seed S` starts every Manager with `--cache-policy-seed S` (`duel`'s sample, `tinylfu`'s sketch;
 unset, each Manager draws its own); `--repeat N` replays every point N times, the
 policies alternating, and reports every run (seed S + run index when a seed is given).
@@ -179,6 +188,41 @@ def block_bytes_of(h: bytes, size: int) -> bytes:
     return h * (size // len(h)) + h[: size % len(h)]
 
 
+def conversation_turns(trace: list[list[int]]) -> tuple[list[int | None], list[int | None]]:
+    """Per request, the earlier request it continues (its blocks start with all of that
+    request's blocks but the last; at least 2 full blocks) and the later one continuing it."""
+    open_: dict[tuple[int, ...], int] = {}
+    prev: list[int | None] = [None] * len(trace)
+    nxt: list[int | None] = [None] * len(trace)
+    for i, ids in enumerate(trace):
+        for n in range(len(ids), 1, -1):
+            p = open_.get(tuple(ids[:n]))
+            if p is not None:
+                prev[i] = p
+                if nxt[p] is None:
+                    nxt[p] = i
+                break
+        if len(ids) >= 3:
+            open_[tuple(ids[:-1])] = i
+    return prev, nxt
+
+
+def hint_plan(source: str, trace: list[list[int]], times: list[float], pace: float) -> list[Any]:
+    """Per request, the `Client.retain` keyword arguments of `source` (None: no hint)."""
+    if source == "none":
+        return [None] * len(trace)
+    prev, nxt = conversation_turns(trace)
+    if source.startswith("turns:"):
+        keep = float(source.split(":", 1)[1]) / pace
+        return [{"keep_for_s": keep} if p is not None else None for p in prev]
+    if source == "return-time":
+        return [
+            {"keep_for_s": min(86_400.0, (times[n] - times[i] + 1.0) / pace + 0.5)} if n is not None else {"done": True}
+            for i, n in enumerate(nxt)
+        ]
+    raise SystemExit(f"trace_replay: --hints {source!r}: expected none, turns:SECONDS or return-time")
+
+
 def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start: float) -> None:
     from orbitkv import _native
     from orbitkv.hashing import fingerprint
@@ -191,6 +235,7 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start:
         "requests": 0,
         "restore_failed": 0,
         "max_late_s": 0.0,
+        "hints": 0,
         "errors": [],
     }
     try:
@@ -198,7 +243,7 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start:
         ns = c.register_namespace(fingerprint(bench="trace_replay", block_bytes=block), block)
         buf = bytearray(max_blocks * block)
         while (task := tasks.get()) is not None:
-            due, req = task
+            due, req, hint = task
             if due is not None:  # --pace: not before its time (wall clock shared by the processes)
                 wait = start + due - time.time()
                 if wait > 0:
@@ -229,6 +274,9 @@ def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start:
             if hit < len(req):
                 r = c.save(ns, hashes[hit:], b"".join(block_bytes_of(h, block) for h in hashes[hit:]))
                 st["refused"] += r.refused
+            if hint is not None:
+                c.retain(ns, hashes, **hint)
+                st["hints"] += 1
             st["requests"] += 1
             if st["requests"] % 200 == 0:
                 q.put(("tick", 200))
@@ -270,9 +318,11 @@ def replay(
     extra: list[str],
     seed: int | None = None,
     due: list[float] | None = None,
+    hints: list[Any] | None = None,
 ) -> dict[str, Any]:
     """One fresh Manager, the trace replayed once. `due`: per request, seconds after
-    the start before which it is not issued (`--pace`); None: back to back."""
+    the start before which it is not issued (`--pace`); None: back to back. `hints`: per
+    request, the retention hint sent after it (None: none)."""
     from orbitkv import _native
 
     tmp = tempfile.mkdtemp(prefix="replay-", dir=workdir)
@@ -281,7 +331,7 @@ def replay(
         ctx = mp.get_context("spawn")
         q, tasks = ctx.Queue(), ctx.Queue()
         for i, req in enumerate(trace):  # taken in trace order by whichever client is free
-            tasks.put((due[i] if due is not None else None, req))
+            tasks.put((due[i] if due is not None else None, req, hints[i] if hints is not None else None))
         for _ in range(clients):
             tasks.put(None)
         tasks.cancel_join_thread()  # a run that fails early must not wait for its backlog to drain
@@ -335,6 +385,10 @@ def replay(
         "blocks_refused": sum(r["refused"] for r in results),
         "restores_failed": sum(r["restore_failed"] for r in results),
         "evictions": stats.get("evictions_total"),
+        "hints_sent": sum(r["hints"] for r in results),
+        "hint_kept_blocks_total": stats.get("hint_kept_blocks_total"),
+        "hint_refused_blocks_total": stats.get("hint_refused_blocks_total"),
+        "hint_expired_blocks_total": stats.get("hint_expired_blocks_total"),
         "ssd_bytes_written": stats.get("ssd_bytes_written_total"),
         "ssd_spilled_blocks": stats.get("ssd_spilled_blocks_total"),
         "ssd_evicted_unspilled_blocks": stats.get("ssd_evicted_unspilled_blocks_total"),
@@ -399,6 +453,11 @@ def main() -> int:
         default=0.0,
         help="issue each request at its trace timestamp / PACE (1: the trace's rate; 0: back to back)",
     )
+    ap.add_argument(
+        "--hints",
+        default="none",
+        help="retention hint sources, comma-separated: none, turns:SECONDS, return-time (needs --pace)",
+    )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
     traces: list[tuple[str, list[list[int]], list[float] | None]] = [(Path(p).stem, *load_trace(p)) for p in a.trace]
@@ -410,6 +469,9 @@ def main() -> int:
         ap.error("--pace needs a `timestamp` on every request of every trace (generated traces have none)")
     if not traces:
         ap.error("give --trace FILE (the FAST25 JSONL format) and/or --generate N")
+    sources = [h for h in a.hints.split(",") if h]
+    if any(h != "none" for h in sources) and not a.pace:
+        ap.error("--hints other than none needs --pace (hint durations are trace seconds / PACE)")
     if a.clients < 1 or a.block_bytes < 4 * KiB or a.block_bytes % (4 * KiB):
         ap.error("--clients must be >= 1 and --block-bytes a positive multiple of 4096")
     caps = [int(c) for c in a.capacity.split(",")]
@@ -420,6 +482,7 @@ def main() -> int:
         if a.limit:
             trace = trace[: a.limit]
         due = [(t - times[0]) / a.pace for t in times[: len(trace)]] if a.pace and times else None
+        plans = {h: hint_plan(h, trace, times or [], a.pace) for h in sources}
         for cap in caps:
             t0 = time.perf_counter()
             lru = hit_rate_lru(trace, cap + a.ssd_blocks)
@@ -438,13 +501,14 @@ def main() -> int:
                 "pace": a.pace,
                 "policies": {},
             }
-            runs: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
+            runs: dict[str, list[dict[str, Any]]] = {}
             for i in range(a.repeat):
                 seed = None if a.policy_seed is None else a.policy_seed + i
                 line = f"{name:>24} dram {cap:>6} ssd {a.ssd_blocks:>6}  lru {lru:.3f}  optimum {opt:.3f}"
                 if a.repeat > 1:
                     line += f"  run {i + 1}/{a.repeat}"
-                for pol in policies:
+                for pol, source in [(p, h) for p in policies for h in sources]:
+                    key = pol if source == "none" else f"{pol}+hints:{source}"
                     r = replay(
                         trace,
                         cap,
@@ -457,12 +521,14 @@ def main() -> int:
                         a.manager_args.split(),
                         seed,
                         due,
+                        plans[source],
                     )
+                    r["hints"] = source
                     r["vs_optimum"] = r["hit_rate"] / opt if opt else None
                     r["vs_lru"] = r["hit_rate"] / lru if lru else None
-                    runs[pol].append(r)
+                    runs.setdefault(key, []).append(r)
                     line += (
-                        f"  {pol} {r['hit_rate']:.3f} (dram {r['hit_rate_dram']:.3f}"
+                        f"  {key} {r['hit_rate']:.3f} (dram {r['hit_rate_dram']:.3f}"
                         f" ssd {r['hit_rate_ssd']:.3f}; {r['mismatched_blocks']} wrong"
                     )
                     if a.ssd_blocks:

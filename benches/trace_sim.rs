@@ -25,46 +25,9 @@ use orbitkv_core::{
 
 const BLOCK: u64 = 64 << 10;
 
-fn parse_trace(path: &str) -> Result<Vec<Vec<u64>>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("{path}:{}: {e}", n + 1))?;
-        let ids = v
-            .get("hash_ids")
-            .and_then(|h| h.as_array())
-            .ok_or_else(|| format!("{path}:{}: no `hash_ids` array", n + 1))?;
-        let ids: Option<Vec<u64>> = ids.iter().map(|x| x.as_u64()).collect();
-        out.push(ids.ok_or_else(|| format!("{path}:{}: `hash_ids` must be non-negative integers", n + 1))?);
-    }
-    if out.is_empty() {
-        return Err(format!("{path}: no requests"));
-    }
-    Ok(out)
-}
-
-fn hash_of(id: u64) -> [u8; 32] {
-    let mut h = [0u8; 32];
-    h[..8].copy_from_slice(&id.to_le_bytes());
-    h[8] = 1;
-    h
-}
-
-#[derive(Default, Clone, Copy, Debug)]
-struct Tally {
-    requested: u64,
-    served: u64,
-}
-
-impl Tally {
-    fn rate(&self) -> f64 {
-        self.served as f64 / self.requested.max(1) as f64
-    }
-}
+#[path = "common/trace.rs"]
+mod trace;
+use trace::{Tally, hash_of, parse_trace, run_opt, run_opt_with};
 
 /// The replay's one session and namespace.
 fn open_replay(cache: &mut CacheState) -> Result<(SessionId, NsId), String> {
@@ -314,56 +277,6 @@ fn run_lru(trace: &[Vec<u64>], capacity: u64) -> Tally {
 /// Belady with bypass: evict the block whose next request lies farthest ahead
 /// (never again = infinity); a missing block whose next use is farther than every
 /// resident's is not admitted.
-fn run_opt(trace: &[Vec<u64>], capacity: u64) -> Tally {
-    run_opt_with(trace, capacity, |_, _| {})
-}
-
-/// [`run_opt`], calling `on_hit(request, position)` for every served block.
-fn run_opt_with(trace: &[Vec<u64>], capacity: u64, mut on_hit: impl FnMut(usize, usize)) -> Tally {
-    // next[r][i]: index of the next request after r that names trace[r][i].
-    let mut next: Vec<Vec<u64>> = trace.iter().map(|r| vec![u64::MAX; r.len()]).collect();
-    let mut seen: HashMap<u64, u64> = HashMap::new();
-    for (r, req) in trace.iter().enumerate().rev() {
-        for (i, id) in req.iter().enumerate() {
-            next[r][i] = seen.get(id).copied().unwrap_or(u64::MAX);
-        }
-        for id in req {
-            seen.insert(*id, r as u64);
-        }
-    }
-    let mut due: HashMap<u64, u64> = HashMap::new();
-    let mut by_due: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut t = Tally::default();
-    for (r, req) in trace.iter().enumerate() {
-        let hit = req.iter().take_while(|id| due.contains_key(id)).count();
-        t.requested += req.len() as u64;
-        t.served += hit as u64;
-        (0..hit).for_each(|i| on_hit(r, i));
-        for (i, id) in req.iter().enumerate() {
-            let nu = next[r][i];
-            if let Some(old) = due.get(id).copied() {
-                by_due.remove(&(old, *id));
-                due.insert(*id, nu);
-                by_due.insert((nu, *id));
-                continue;
-            }
-            if due.len() as u64 >= capacity {
-                let Some(&(far, victim)) = by_due.last() else {
-                    continue;
-                };
-                if far <= nu {
-                    continue; // bypass: the newcomer is needed later than every resident
-                }
-                by_due.pop_last();
-                due.remove(&victim);
-            }
-            due.insert(*id, nu);
-            by_due.insert((nu, *id));
-        }
-    }
-    t
-}
-
 /// The generators' seeded random numbers (a 64-bit LCG) and fresh block ids.
 struct Gen {
     x: u64,

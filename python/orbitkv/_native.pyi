@@ -236,6 +236,22 @@ class Client:
     def commit_save(self, pending: PendingSave) -> int: ...
     def abort_save(self, pending: PendingSave) -> None: ...
     def reset_generation(self, ns: Namespace) -> int: ...
+    def retain(
+        self,
+        ns: Namespace,
+        hashes: Sequence[bytes],
+        *,
+        keep_for_s: float | None = None,
+        done: bool = False,
+        clear: bool = False,
+    ) -> tuple[int, int, int]:
+        """A retention hint on a chain of blocks (prefix first): exactly one of
+        `keep_for_s` (expected back within that many seconds, 0.001 to 86400), `done`
+        (not expected back: they leave first) or `clear` (forget earlier hints).
+        Returns (applied, pending, refused): blocks it applied to, blocks not committed
+        yet (they take it when they commit), blocks the Manager's cap refused. Raises
+        ValueError for a bad argument, and when the Manager runs with
+        `--retain-share 0` (hints off)."""
     def inject_faults(self, *, restore_failures: int = 0, commit_failures: int = 0) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def trace(

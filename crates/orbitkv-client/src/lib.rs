@@ -14,6 +14,7 @@ mod guard;
 mod lookup;
 mod namespace;
 mod release_queue;
+mod retain;
 mod save;
 mod transfer;
 
@@ -28,9 +29,11 @@ pub use error::ClientError;
 pub use guard::{Lease, SaveGuard};
 pub use lookup::{LookupHit, TpHit};
 pub use namespace::{Namespace, namespace_salt};
+pub use orbitkv_proto::RetainHold;
 use orbitkv_proto::{ErrorCode, HASH_BYTES, Request, Response};
 use orbitkv_shm::Mapping;
 pub use release_queue::RELEASE_DELAY_ENV;
+pub use retain::Retained;
 pub use save::{PendingSave, SlotStatus};
 pub use transfer::{SaveResult, copy_threads};
 

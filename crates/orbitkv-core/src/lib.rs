@@ -14,9 +14,10 @@ mod table;
 
 pub use arena::{ALIGN, ArenaAllocator, aligned_len};
 pub use cache::{
-    AcquireStep, BlockRef, CacheError, CacheState, Counters, Gauges, HeapBytes, LeaseState, LeasedSlot,
-    LookupResult, MAX_BLOCK_BYTES, MAX_TP_SHARDS, MissReason, PresenceSink, SaveSlot, SaveStatus, SessionEnd,
-    SpillJob, SpillPolicy, StageJob, TpLookupResult, TpPart, TpRedeemed, TpToken,
+    AcquireStep, BlockRef, CacheError, CacheState, Counters, Gauges, HeapBytes, HintStats, LeaseState,
+    LeasedSlot, LookupResult, MAX_BLOCK_BYTES, MAX_PENDING_HINTS, MAX_RETAIN_TTL_MS, MAX_TP_SHARDS,
+    MissReason, PresenceSink, Retain, RetainOutcome, SaveSlot, SaveStatus, SessionEnd, SpillJob, SpillPolicy,
+    StageJob, TpLookupResult, TpPart, TpRedeemed, TpToken,
 };
 pub use keys::{
     BlockHash, BlockKey, Fingerprint, HASH_BYTES, LeaseId, NamespaceKey, NsId, SaveId, SessionId, Slot,

@@ -1,6 +1,7 @@
 //! Property test of the SSD-tier bookkeeping: random saves, lookups with
 //! staging (reads that succeed or fail), write-behind spills (that succeed or
-//! fail), SSD-full drops and generation resets, with the tiers apart or decided
+//! fail), SSD-full drops, generation resets and retention hints (keep, done,
+//! clear, deadlines passing), with the tiers apart or decided
 //! as one capacity (`enable_ssd_tiers`: the SSD never holds more than its size,
 //! counted exactly). After every step the ownership
 //! invariants hold, a block whose staging failed is never visible again, and
@@ -15,11 +16,32 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Save { start: u8, len: usize },
-    Restore { start: u8, len: usize, fail_mask: u8 },
-    Spill { n: usize, fail_mask: u8 },
-    SsdFull { n: u8 },
+    Save {
+        start: u8,
+        len: usize,
+    },
+    Restore {
+        start: u8,
+        len: usize,
+        fail_mask: u8,
+    },
+    Spill {
+        n: usize,
+        fail_mask: u8,
+    },
+    SsdFull {
+        n: u8,
+    },
     Bump,
+    Hint {
+        start: u8,
+        len: usize,
+        what: u8,
+        ttl_ms: u64,
+    },
+    Tick {
+        ms: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -29,6 +51,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (1..6usize, any::<u8>()).prop_map(|(n, fail_mask)| Op::Spill { n, fail_mask }),
         1 => (1..8u8).prop_map(|n| Op::SsdFull { n }),
         1 => Just(Op::Bump),
+        2 => (0..12u8, 1..5usize, 0..3u8, 1..50u64).prop_map(|(start, len, what, ttl_ms)| Op::Hint { start, len, what, ttl_ms }),
+        1 => (1..40u64).prop_map(|ms| Op::Tick { ms }),
     ]
 }
 
@@ -39,7 +63,7 @@ fn hashes(start: u8, len: usize) -> Vec<BlockHash> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
-    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2, eager in any::<bool>(), kind in 0..orbitkv_core::policy::PolicyKind::ALL.len(), ssd_blocks in prop_oneof![Just(0u64), 1..10u64]) {
+    fn ssd_tier_bookkeeping_holds(ops in proptest::collection::vec(op(), 1..150), min_hits in 0u32..2, eager in any::<bool>(), kind in 0..orbitkv_core::policy::PolicyKind::ALL.len(), ssd_blocks in prop_oneof![Just(0u64), 1..10u64], keep_blocks in 1..7u64) {
         let mut c = CacheState::with_policy(&[6 * 4096], orbitkv_core::policy::PolicyKind::ALL[kind]);
         let policy = if eager { orbitkv_core::SpillPolicy::Eager } else { orbitkv_core::SpillPolicy::Evict };
         // 0: the tiers apart (the store's drops only); else DRAM and an SSD of
@@ -49,6 +73,8 @@ proptest! {
         } else {
             c.enable_ssd_tiers(min_hits, policy, ssd_blocks * 4096);
         }
+        c.set_retention_cap(keep_blocks * 4096);
+        let mut now = 0u64;
         let presence = common::Recorder::install(&mut c);
         let key = NamespaceKey { fingerprint: Fingerprint([3; 32]), shard: 0, salt: [0; 32] };
         let (ns, _) = c.register_namespace(key, 4096).expect("ns");
@@ -109,6 +135,24 @@ proptest! {
                 Op::Bump => {
                     c.bump_generation(ns).expect("no leases are held between steps");
                     lost.clear();
+                }
+                Op::Hint { start, len, what, ttl_ms } => {
+                    let what = match what {
+                        0 => orbitkv_core::Retain::Keep { ttl_ms },
+                        1 => orbitkv_core::Retain::Done,
+                        _ => orbitkv_core::Retain::Clear,
+                    };
+                    let out = c.retain(s, ns, &hashes(start, len), what, now).expect("retain");
+                    prop_assert!(out.applied + out.pending + out.refused <= len as u32);
+                    let st = c.hint_stats().retention;
+                    prop_assert!(st.kept_bytes <= st.cap_bytes, "kept {} above the cap {}", st.kept_bytes, st.cap_bytes);
+                }
+                Op::Tick { ms } => {
+                    now += ms;
+                    if c.hint_expiry_due(now) {
+                        prop_assert!(c.expire_hints(now) > 0);
+                    }
+                    prop_assert!(!c.hint_expiry_due(now));
                 }
             }
             for h in &lost {

@@ -115,6 +115,8 @@ impl Manager {
         let sizes: Vec<u64> = segments.iter().map(|s| s.size()).collect();
         let mut cache =
             orbitkv_core::CacheState::with_policy_seed(&sizes, config.cache_policy, config.cache_policy_seed);
+        let dram_bytes: u64 = sizes.iter().sum();
+        cache.set_retention_cap((dram_bytes as f64 * config.retain_share) as u64);
         let below: Option<Box<dyn tier::Tier>> = match &config.ssd {
             Some(settings) => Some(Box::new(tier::open(settings, &mut cache)?)),
             None => None,

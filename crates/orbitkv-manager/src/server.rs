@@ -185,7 +185,7 @@ pub struct Reaper<'a> {
 }
 
 /// Release quarantined holds once their process is proven gone; end TP leases
-/// past their deadline.
+/// and retention hints past their deadline.
 pub fn reaper(r: Reaper<'_>) {
     while !r.shutdown.requested() {
         std::thread::sleep(Duration::from_millis(50));
@@ -193,7 +193,13 @@ pub fn reaper(r: Reaper<'_>) {
             let _ = r.cache.write().process_gone(s);
             log!(Info, "session {} released from quarantine: pid {pid} exited", s.0);
         }
-        crate::tp::expire(r.cache, r.peers, r.clock.now_ms());
+        let now = r.clock.now_ms();
+        crate::tp::expire(r.cache, r.peers, now);
+        // Kept blocks past their deadline return to the policy; the exclusive
+        // lock only when one is due.
+        if r.cache.read().hint_expiry_due(now) {
+            r.cache.write().expire_hints(now);
+        }
     }
 }
 

@@ -33,7 +33,9 @@ pub use frame::{
     FIRST_BODY_CHUNK, FrameError, FrameGuard, HEADER_LEN, Header, MAGIC, MAX_BODY, read_frame,
     read_frame_guarded, write_frame,
 };
-pub use msg::{ErrorCode, Kind, Request, Response, SaveItem, SegmentInfo, decode_request, decode_response};
+pub use msg::{
+    ErrorCode, Kind, Request, Response, RetainHold, SaveItem, SegmentInfo, decode_request, decode_response,
+};
 
 /// Protocol version spoken by this build. 2: `LookupOk` names the SSD-only hit blocks;
 /// `LookupTp` / `RedeemTp` / `ReleaseTp` / `TpLeaseOk`. 3: the presence table
@@ -56,6 +58,9 @@ pub const PRESENCE_KEY_BYTES: usize = 16;
 pub const HASH_BYTES: usize = 32;
 /// Most hashes one request may carry.
 pub const MAX_HASHES: usize = 65_536;
+/// The longest keep a retention hint may ask for (24 hours; the Manager's core
+/// checks the same bound).
+pub const MAX_RETAIN_TTL_MS: u32 = 24 * 3600 * 1000;
 /// Most leases one `ReleaseQuiet` request may name.
 pub const MAX_QUIET_RELEASES: usize = 4096;
 /// `Hello` flag: a control-only session. The Manager passes it no arena fds

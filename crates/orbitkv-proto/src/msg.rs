@@ -27,6 +27,7 @@ pub enum Kind {
     ReleaseTp = 0x0f,
     ReleaseQuiet = 0x10,
     Trace = 0x11,
+    Retain = 0x12,
     HelloOk = 0x81,
     Namespace = 0x82,
     LookupOk = 0x83,
@@ -39,6 +40,7 @@ pub enum Kind {
     TpLeaseOk = 0x8a,
     ArenaFds = 0x8b,
     TraceOk = 0x8c,
+    Retained = 0x8d,
     Error = 0xff,
 }
 
@@ -163,6 +165,25 @@ pub enum Request {
         pid: u32,
         cursor: u64,
     },
+    /// A retention hint from an application on a chain of blocks of `ns`
+    /// (prefix first): kept until `ttl_ms` from now, done, or cleared. Blocks
+    /// not visible yet take the hint when they commit. Answered `Retained`.
+    Retain {
+        ns: u32,
+        hold: RetainHold,
+        hashes: Vec<[u8; HASH_BYTES]>,
+    },
+}
+
+/// What a `Retain` says about its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetainHold {
+    /// Expected back within `ttl_ms`.
+    Keep { ttl_ms: u32 },
+    /// Not expected back: they leave before anything else.
+    Done,
+    /// Drop earlier hints on them.
+    Clear,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +222,13 @@ pub enum Response {
     /// The reply to `Trace`: a JSON document of the events after its cursor.
     TraceOk {
         json: String,
+    },
+    /// The reply to `Retain`: blocks it applied to, blocks it waits for
+    /// (not committed yet), blocks it could not keep (the cap).
+    Retained {
+        applied: u32,
+        pending: u32,
+        refused: u32,
     },
     Namespace {
         ns: u32,
@@ -268,6 +296,7 @@ impl Request {
             Request::ReleaseTp { .. } => Kind::ReleaseTp,
             Request::ReleaseQuiet { .. } => Kind::ReleaseQuiet,
             Request::Trace { .. } => Kind::Trace,
+            Request::Retain { .. } => Kind::Retain,
         }
     }
 
@@ -330,6 +359,14 @@ impl Request {
                 cursor,
             } => {
                 w.u32(*arm_ms).raw(fingerprint).u32(*pid).u64(*cursor);
+            }
+            Request::Retain { ns, hold, hashes: hs } => {
+                let (tag, ttl_ms) = match hold {
+                    RetainHold::Keep { ttl_ms } => (1, *ttl_ms),
+                    RetainHold::Done => (2, 0),
+                    RetainHold::Clear => (3, 0),
+                };
+                w.u32(*ns).u8(tag).u32(ttl_ms).hashes(hs);
             }
         }
         w.buf
@@ -420,6 +457,34 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
             pid: r.u32("pid")?,
             cursor: r.u64("cursor")?,
         },
+        0x12 => {
+            let ns = r.u32("ns")?;
+            let tag = r.u8("hold")?;
+            let ttl_ms = r.u32("ttl_ms")?;
+            let hold = match (tag, ttl_ms) {
+                (1, _) => RetainHold::Keep { ttl_ms },
+                // One encoding per message: no deadline but on a keep.
+                (2, 0) => RetainHold::Done,
+                (3, 0) => RetainHold::Clear,
+                (2 | 3, t) => {
+                    return Err(DecodeError::Invalid {
+                        field: "ttl_ms (zero unless the hold is keep)",
+                        value: u64::from(t),
+                    });
+                }
+                (v, _) => {
+                    return Err(DecodeError::Invalid {
+                        field: "hold",
+                        value: u64::from(v),
+                    });
+                }
+            };
+            Request::Retain {
+                ns,
+                hold,
+                hashes: r.hashes()?,
+            }
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -441,6 +506,7 @@ impl Response {
             Response::TpLeaseOk { .. } => Kind::TpLeaseOk,
             Response::ArenaFds { .. } => Kind::ArenaFds,
             Response::TraceOk { .. } => Kind::TraceOk,
+            Response::Retained { .. } => Kind::Retained,
             Response::Error { .. } => Kind::Error,
         }
     }
@@ -512,6 +578,13 @@ impl Response {
             }
             Response::StatsOk { json } | Response::TraceOk { json } => {
                 w.bytes(json.as_bytes());
+            }
+            Response::Retained {
+                applied,
+                pending,
+                refused,
+            } => {
+                w.u32(*applied).u32(*pending).u32(*refused);
             }
             Response::TpLeaseOk {
                 token,
@@ -666,6 +739,11 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
         }
         0x8c => Response::TraceOk {
             json: r.text("trace", MAX_TEXT)?,
+        },
+        0x8d => Response::Retained {
+            applied: r.u32("applied")?,
+            pending: r.u32("pending")?,
+            refused: r.u32("refused")?,
         },
         0xff => Response::Error {
             code: r.u16("code")?,

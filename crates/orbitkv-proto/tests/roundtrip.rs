@@ -75,6 +75,21 @@ fn every_request_round_trips() {
             pid: 0,
             cursor: 0,
         },
+        Request::Retain {
+            ns: 3,
+            hold: orbitkv_proto::RetainHold::Keep { ttl_ms: 120_000 },
+            hashes: vec![[1; 32], [2; 32]],
+        },
+        Request::Retain {
+            ns: 0,
+            hold: orbitkv_proto::RetainHold::Done,
+            hashes: vec![[9; 32]],
+        },
+        Request::Retain {
+            ns: u32::MAX,
+            hold: orbitkv_proto::RetainHold::Clear,
+            hashes: vec![],
+        },
     ];
     for r in reqs {
         assert_eq!(r.expects_reply(), !matches!(r, Request::ReleaseQuiet { .. }));
@@ -136,6 +151,11 @@ fn every_response_round_trips() {
         Response::StatsOk { json: "{}".into() },
         Response::TraceOk {
             json: r#"{"events":[]}"#.into(),
+        },
+        Response::Retained {
+            applied: 4,
+            pending: 2,
+            refused: u32::MAX,
         },
         Response::error(ErrorCode::Busy, "busy"),
         Response::TpLeaseOk {
@@ -512,5 +532,23 @@ proptest! {
     #[test]
     fn garbage_headers_never_panic(raw in proptest::array::uniform16(any::<u8>())) {
         let _ = Header::decode(&raw);
+    }
+}
+
+#[test]
+fn a_retain_hint_has_one_encoding() {
+    use orbitkv_proto::{DecodeError, decode_request};
+    let body = |tag: u8, ttl: u32| {
+        let mut b = 7u32.to_le_bytes().to_vec();
+        b.push(tag);
+        b.extend_from_slice(&ttl.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes()); // no hashes
+        b
+    };
+    assert!(decode_request(0x12, &body(1, 0)).is_ok());
+    assert!(decode_request(0x12, &body(2, 0)).is_ok());
+    for (tag, ttl) in [(2, 5), (3, 1), (0, 0), (4, 0)] {
+        let e = decode_request(0x12, &body(tag, ttl)).expect_err("refused");
+        assert!(matches!(e, DecodeError::Invalid { .. }), "{tag} {ttl}: {e:?}");
     }
 }

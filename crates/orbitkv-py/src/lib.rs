@@ -537,6 +537,43 @@ impl Client {
         Ok((m.as_ptr() as usize, m.len()))
     }
 
+    /// A retention hint on a chain of blocks (prefix first) of `ns`: exactly
+    /// one of `keep_for_s` (expected back within that many seconds, up to
+    /// 24 hours), `done` (not expected back) or `clear` (forget earlier
+    /// hints). Returns `(applied, pending, refused)`: blocks it applied to,
+    /// blocks it waits for (not committed yet), blocks the cap refused.
+    #[pyo3(signature = (ns, hashes, *, keep_for_s=None, done=false, clear=false))]
+    fn retain(
+        &self,
+        py: Python<'_>,
+        ns: &Namespace,
+        hashes: Hashes,
+        keep_for_s: Option<f64>,
+        done: bool,
+        clear: bool,
+    ) -> PyResult<(u32, u32, u32)> {
+        let hold = match (keep_for_s, done, clear) {
+            (Some(s), false, false) => {
+                let ms = s * 1000.0;
+                if !(1.0..=f64::from(orbitkv_proto::MAX_RETAIN_TTL_MS)).contains(&ms) {
+                    return Err(PyValueError::new_err(format!(
+                        "keep_for_s must be from 0.001 to 86400 (24 hours), got {s}"
+                    )));
+                }
+                orbitkv_client::RetainHold::Keep { ttl_ms: ms as u32 }
+            }
+            (None, true, false) => orbitkv_client::RetainHold::Done,
+            (None, false, true) => orbitkv_client::RetainHold::Clear,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "retain takes exactly one of keep_for_s=SECONDS, done=True or clear=True",
+                ));
+            }
+        };
+        let r = self.detached(py, |c| c.retain(&ns.inner, hold, &hashes.0))?;
+        Ok((r.applied, r.pending, r.refused))
+    }
+
     fn reset_generation(&self, py: Python<'_>, ns: &Namespace) -> PyResult<u64> {
         self.detached(py, |c| c.reset_generation(&ns.inner))
     }

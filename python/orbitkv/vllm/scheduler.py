@@ -21,7 +21,10 @@ Per request:
     forward (L4: best effort). With asynchronous saves (`orbitkv.kvcopy`: CUDA pages,
     or `orbitkv.copy_engine = "torch"`) a finished request that had saves planned
     since its last preemption keeps its blocks (`request_finished` returns True) until
-    every worker reports it in `finished_sending`, i.e. until those copies completed.
+    every worker reports it in `finished_sending`, i.e. until those copies completed;
+  * a retention hint in `kv_transfer_params["orbitkv_retention"]` (`orbitkv.engine.hints`)
+    is sent to the Manager when the request finishes, for its whole block chain; a
+    malformed one is logged, counted (`hints_rejected`) and ignored.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orbitkv.engine.hints import HintError, RetentionHint, parse_hint
 from orbitkv.engine.session import connection_lost, is_error
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
@@ -74,6 +78,7 @@ class _ReqState:
     # Saves were planned from this request's current blocks (since its last preemption)
     # and complete asynchronously: its finish must wait for finished_sending.
     saving: bool = False
+    hint: RetentionHint | None = None  # the application's retention hint, sent at finish
 
 
 def bypass_reason(request: Request, settings: OrbitKVSettings) -> str | None:
@@ -133,6 +138,7 @@ class OrbitKVScheduler:
         self.counters.update(
             {"presence_misses": 0, "async_lookups": 0, "lookups_answered_in_step": 0, "stale_lookups": 0}
         )
+        self.counters.update({"hints_sent": 0, "hint_blocks": 0, "hints_rejected": 0})
         # Seconds of successful lookups (vLLM connector stats): inline, the round trip;
         # in the background, from its start until the scheduler took its answer.
         self.lookup_seconds = 0.0
@@ -158,8 +164,44 @@ class OrbitKVScheduler:
                 self.counters["bypassed_requests"] += 1
                 logger.warning("orbitkv: not caching request %s: %s", request.request_id, reason)
             st = _ReqState(request=request, salt=salt, bypass=reason)
+            if reason is None:
+                st.hint = self._parse_hint(request)
             self._reqs[request.request_id] = st
         return st
+
+    def _parse_hint(self, request: Request) -> RetentionHint | None:
+        try:
+            return parse_hint(request.kv_transfer_params)
+        except HintError as exc:
+            self.counters["hints_rejected"] += 1
+            logger.error("orbitkv: request %s: %s; it runs without a retention hint", request.request_id, exc)
+            return None
+
+    def _send_hint(self, st: _ReqState) -> None:
+        """Tell the Manager the finished request's retention hint, for its block chain
+        (blocks not committed yet take it when their save commits)."""
+        hint, st.hint = st.hint, None
+        request = st.request
+        n = min(len(request.block_hashes), max(st.saved_upto, request.num_computed_tokens // self.block_size))
+        if hint is None or n <= 0:
+            return
+        hashes = list(request.block_hashes[:n])
+        try:
+            client = self.session.client()
+            if self.settings.query_control:
+                nss = self.session.shard_namespaces(st.salt)
+            else:
+                nss = [self.session.namespace(st.salt)]
+            for ns in nss:
+                applied, pending, _ = client.retain(ns, hashes, **hint.as_kwargs())
+                self.counters["hint_blocks"] += applied + pending
+        except Exception as exc:
+            self.counters["manager_errors"] += 1
+            logger.warning("orbitkv: retention hint of request %s failed: %s", request.request_id, exc)
+            if connection_lost(exc):
+                self.session.drop_client()
+            return
+        self.counters["hints_sent"] += 1
 
     def _release(self, st: _ReqState) -> None:
         lease, st.lease = st.lease, None
@@ -501,6 +543,8 @@ class OrbitKVScheduler:
         if st is None:
             return False, None
         self._orphan(st)
+        if st.hint is not None:
+            self._send_hint(st)
         if st.loading:
             # Aborted mid-load: vLLM keeps the destination blocks until the worker
             # reports this id in finished_recving; the lease stays pinned until then.

@@ -42,6 +42,8 @@ SCHEDULER_KEYS: dict[str, str] = {
     "failed_saves": "Saves lost to an error (the entry is lost, never the request)",
     "manager_errors": "Manager calls of the scheduler that failed (treated as misses)",
     "bypassed_requests": "Requests OrbitKV did not serve (bypass rules)",
+    "hints_sent": "Retention hints sent to the Manager (kv_transfer_params orbitkv_retention)",
+    "hints_rejected": "Malformed retention hints (logged; the request ran without one)",
 }
 WORKER_KEYS: dict[str, str] = {
     "loads": "Loads started by workers",

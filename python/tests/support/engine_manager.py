@@ -107,7 +107,11 @@ class ManagerProcess:
 
 @contextmanager
 def manager_in_short_dir(
-    log_dir: Path, prefix: str, fault_injection: bool = True, extra_args: tuple[str, ...] = ()
+    log_dir: Path,
+    prefix: str,
+    fault_injection: bool = True,
+    extra_args: tuple[str, ...] = (),
+    dram_size: str = "64MiB",
 ) -> Iterator[ManagerProcess]:
     """A Manager whose socket lives in a short private directory under /tmp (Unix socket
     paths are limited to ~107 bytes; the Manager refuses a socket directory others may
@@ -116,7 +120,11 @@ def manager_in_short_dir(
     short.mkdir(mode=0o700, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     mgr = ManagerProcess(
-        short / "m.sock", log_dir / "manager.log", fault_injection=fault_injection, extra_args=extra_args
+        short / "m.sock",
+        log_dir / "manager.log",
+        fault_injection=fault_injection,
+        dram_size=dram_size,
+        extra_args=extra_args,
     )
     try:
         yield mgr

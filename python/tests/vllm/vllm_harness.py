@@ -258,9 +258,13 @@ def make_request(
     lora_request: LoRARequest | None = None,
     req_id: str | None = None,
     hash_fn: Any = sha256_cbor,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> Request:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     params.update_from_generation_config({}, EOS)
+    if kv_transfer_params is not None:
+        # Where vLLM's API servers put a request's `kv_transfer_params`.
+        params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": kv_transfer_params}
     return Request(
         request_id=req_id or f"req-{next(_req_counter)}",
         prompt_token_ids=list(prompt),

@@ -43,6 +43,7 @@ mod adopt;
 mod concurrent;
 mod entries;
 mod explain;
+mod hints;
 mod jobs;
 mod leases;
 mod registry;
@@ -66,6 +67,7 @@ use concurrent::{HotCounters, PolicyCell, TouchLog};
 pub use entries::PresenceSink;
 use entries::{Busy, Entry, Slots};
 pub use explain::MissReason;
+pub use hints::{HintStats, MAX_PENDING_HINTS, MAX_RETAIN_TTL_MS, Retain, RetainOutcome};
 pub use leases::{LeaseState, LookupResult, TpPart, TpToken};
 use leases::{LeaseTable, TpLeaseRecord};
 use registry::{NsInfo, SessionInfo};
@@ -113,6 +115,10 @@ pub enum CacheError {
     TpGroup(String),
     #[error("unknown TP lease token (never granted, ended or expired)")]
     UnknownTpLease,
+    #[error("retention hints are off on this Manager (started with --retain-share 0)")]
+    RetentionOff,
+    #[error("bad retention hint: {0}")]
+    BadHint(String),
 }
 
 /// How a session ended.
@@ -246,6 +252,8 @@ pub struct CacheState {
     tier: TierState,
     /// Blocks due for a remote tier by reuse (`remote_due.rs`).
     remote: remote_due::RemoteAdmission,
+    /// Hints on blocks not visible yet (`hints.rs`).
+    hints: hints::PendingHints,
     presence: Option<Box<dyn PresenceSink>>,
 }
 
@@ -289,6 +297,7 @@ impl CacheState {
             touches: TouchLog::default(),
             tier: TierState::default(),
             remote: remote_due::RemoteAdmission::default(),
+            hints: hints::PendingHints::default(),
             presence: None,
         }
     }

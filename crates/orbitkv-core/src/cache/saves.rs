@@ -171,6 +171,7 @@ impl CacheState {
             keys.push(key);
         }
         let readmitted = self.policy.get().insert_chain(&visible);
+        self.apply_pending_hints(&keys, &visible);
         for (key, again) in keys.into_iter().zip(readmitted) {
             self.note_committed(key, again);
             committed += 1;

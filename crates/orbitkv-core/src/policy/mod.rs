@@ -10,6 +10,7 @@
 mod duel;
 mod ghost;
 mod lru;
+mod retention;
 mod s3fifo;
 mod slab;
 mod tinylfu;
@@ -20,6 +21,8 @@ use std::str::FromStr;
 
 pub use duel::Duel;
 pub use lru::Lru;
+use retention::{Held, Retention};
+pub use retention::{Hold, RetentionStats};
 pub use s3fifo::S3Fifo;
 pub use tinylfu::TinyLfu;
 
@@ -382,6 +385,8 @@ pub struct Policy<K> {
     /// The seed of the block index's hash (see [`Self::block_seed`]).
     block_seed: u64,
     tiers: Option<Tiers<K>>,
+    /// Blocks held by retention hints, out of both inner policies.
+    retention: Retention<K>,
 }
 
 #[derive(Debug, Clone)]
@@ -402,6 +407,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
                 std::collections::hash_map::RandomState::new().hash_one(0x0b17_u64)
             }),
             tiers: None,
+            retention: Retention::new(),
         }
     }
 
@@ -481,6 +487,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             h.ghost += th.ghost;
             h.shadows += th.shadows;
         }
+        h.tracked += self.retention.heap_bytes();
         h
     }
 
@@ -492,7 +499,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
 
     /// DRAM-resident blocks tracked.
     pub fn len(&self) -> usize {
-        self.dram.len()
+        self.dram.len() + self.retention.dram_len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -501,7 +508,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
 
     /// Is `key` tracked as DRAM-resident?
     pub fn contains(&self, key: &K) -> bool {
-        self.dram.contains(key)
+        self.dram.contains(key) || self.retention.get(key).is_some_and(|h| h.in_dram)
     }
 
     /// Newly visible blocks of one save, `(key, weight)` in chain order (prefix
@@ -514,6 +521,9 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         for j in 0..n {
             let i = if self.deepest_first { n - 1 - j } else { j };
             let (k, w) = blocks[i];
+            if self.retention.set_in_dram(&k, true) {
+                continue;
+            }
             readmitted[i] = self.dram.insert(k, w);
             if let Some(t) = self.tiers.as_mut() {
                 t.p.insert(k, w);
@@ -526,6 +536,9 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     /// One block made DRAM-resident outside a save (a block staged back from
     /// SSD): the tiers' policy already knows it (the lookup's hit told it).
     pub fn insert(&mut self, key: K, weight: u64) -> bool {
+        if self.retention.set_in_dram(&key, true) {
+            return false;
+        }
         if let Some(t) = self.tiers.as_mut()
             && !t.p.contains(&key)
         {
@@ -536,6 +549,18 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
 
     /// A lookup's hit blocks (DRAM-resident or not), in chain order.
     pub fn touch_chain(&mut self, keys: &[K]) {
+        // A hit on a done block: another request still uses it. A hit on a
+        // kept one is remembered for its release.
+        for k in keys {
+            match self.retention.get(k).map(|h| h.hold) {
+                Some(Hold::Done) => {
+                    self.release(k);
+                    self.retention.count().done_revived_total += 1;
+                }
+                Some(Hold::Keep { .. }) => self.retention.hit(k),
+                None => {}
+            }
+        }
         self.begin_chain();
         let (dram, tiers) = (&mut self.dram, &mut self.tiers);
         let mut touch = |k: &K| {
@@ -573,11 +598,14 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
 
     /// Stop tracking a block in DRAM (explicit removal, not eviction).
     pub fn remove(&mut self, key: &K) {
-        self.dram.remove(key);
+        if !self.retention.set_in_dram(key, false) {
+            self.dram.remove(key);
+        }
     }
 
     /// The block is no longer visible at all: forget it in both policies.
     pub fn forget(&mut self, key: &K) {
+        self.retention.take(key);
         self.dram.remove(key);
         if let Some(t) = self.tiers.as_mut() {
             t.p.remove(key);
@@ -585,8 +613,20 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     }
 
     /// Choose and forget one DRAM victim that `pinned` does not protect.
-    pub fn evict_one(&mut self, pinned: impl FnMut(&K) -> bool) -> Option<K> {
-        self.dram.evict_one(pinned)
+    /// Done blocks leave first, kept blocks last (expected back last first).
+    pub fn evict_one(&mut self, mut pinned: impl FnMut(&K) -> bool) -> Option<K> {
+        if let Some(k) = self.retention.done_victim_dram(&mut pinned) {
+            self.retention.set_in_dram(&k, false);
+            self.retention.count().done_evicted_total += 1;
+            return Some(k);
+        }
+        if let Some(k) = self.dram.evict_one(&mut pinned) {
+            return Some(k);
+        }
+        let k = self.retention.kept_victim(|h| h.in_dram, &mut pinned)?;
+        self.retention.set_in_dram(&k, false);
+        self.retention.count().kept_evicted_total += 1;
+        Some(k)
     }
 
     /// The coldest DRAM blocks for which `wanted` holds, up to `limit_bytes` of
@@ -619,12 +659,17 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     /// Do the two tiers together still keep `key` (so DRAM should demote it to
     /// SSD rather than drop it)? Always true without tiers.
     pub fn tiers_keep(&self, key: &K) -> bool {
-        self.tiers.as_ref().is_none_or(|t| t.p.contains(key))
+        match self.retention.get(key) {
+            // A held block the tiers tracked stays ranked (done ones go first).
+            Some(h) => self.tiers.is_none() || h.in_tiers,
+            None => self.tiers.as_ref().is_none_or(|t| t.p.contains(key)),
+        }
     }
 
     /// Track a visible block that is not DRAM-resident (adopted from SSD at start).
     pub fn tiers_insert(&mut self, key: K, weight: u64) {
         if let Some(t) = self.tiers.as_mut()
+            && self.retention.get(&key).is_none()
             && !t.p.contains(&key)
         {
             t.p.insert(key, weight);
@@ -633,20 +678,223 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
 
     /// Weight the tiers' policy tracks above its capacity (0 without tiers).
     pub fn tiers_excess(&self) -> u64 {
-        self.tiers
-            .as_ref()
-            .map_or(0, |t| t.p.bytes().saturating_sub(t.capacity))
+        self.tiers.as_ref().map_or(0, |t| {
+            (t.p.bytes() + self.retention.tiers_bytes()).saturating_sub(t.capacity)
+        })
     }
 
     /// Choose and forget one block the two tiers together no longer keep
     /// (`None` without tiers or when every tracked block is pinned).
-    pub fn tiers_evict_one(&mut self, pinned: impl FnMut(&K) -> bool) -> Option<K> {
-        self.tiers.as_mut()?.p.evict_one(pinned)
+    /// Done blocks go first, kept blocks last (expected back last first).
+    pub fn tiers_evict_one(&mut self, mut pinned: impl FnMut(&K) -> bool) -> Option<K> {
+        let t = self.tiers.as_mut()?;
+        if let Some(k) = self.retention.done_victim_tiers(&mut pinned) {
+            self.retention.clear_in_tiers(&k);
+            return Some(k);
+        }
+        if let Some(k) = t.p.evict_one(&mut pinned) {
+            return Some(k);
+        }
+        let k = self.retention.kept_victim(|h| h.in_tiers, &mut pinned)?;
+        self.retention.clear_in_tiers(&k);
+        Some(k)
     }
 
     /// Blocks the tiers' policy tracks (0 without tiers).
     pub fn tiers_len(&self) -> usize {
         self.tiers.as_ref().map_or(0, |t| t.p.len())
+    }
+
+    // ---- retention hints (see `retention.rs`) ------------------------------
+
+    /// Cap the bytes kept by hints (0: hints are off and every keep is refused).
+    pub fn set_retention_cap(&mut self, bytes: u64) {
+        self.retention.set_cap(bytes);
+    }
+
+    pub fn retention_stats(&self) -> RetentionStats {
+        self.retention.stats()
+    }
+
+    /// How `key` is held by a hint, if it is.
+    pub fn hold_of(&self, key: &K) -> Option<Hold> {
+        self.retention.get(key).map(|h| h.hold)
+    }
+
+    /// The earliest deadline of a kept block.
+    pub fn next_hint_deadline(&self) -> Option<u64> {
+        self.retention.next_deadline()
+    }
+
+    /// Keep the tracked blocks of `chain` (prefix first) until `until_ms`
+    /// for `owner`; blocks already kept keep the later deadline. Returns how
+    /// many blocks it applied to and how many it refused (the cap reached
+    /// with nothing of `owner`'s expected back later); untracked blocks count
+    /// as neither.
+    pub fn hint_keep(&mut self, chain: &[K], owner: u32, until_ms: u64) -> (u32, u32) {
+        let (mut applied, mut refused) = (0u32, 0u32);
+        let keep = Hold::Keep { until_ms, owner };
+        for k in chain {
+            let weight = match self.retention.get(k) {
+                Some(h) => match h.hold {
+                    Hold::Keep {
+                        until_ms: t,
+                        owner: o,
+                    } if o == owner => {
+                        if t < until_ms {
+                            self.retention.rehold(*k, keep);
+                        }
+                        applied += 1;
+                        continue;
+                    }
+                    // Another owner's keys never meet this owner's chain (keys
+                    // carry their namespace); refuse rather than take it over.
+                    Hold::Keep { .. } => {
+                        refused += 1;
+                        continue;
+                    }
+                    Hold::Done => h.weight,
+                },
+                None => match self.tracked_weight(k) {
+                    Some(w) => w,
+                    None => continue,
+                },
+            };
+            if !self.make_keep_room(owner, until_ms, weight) {
+                refused += 1;
+                continue;
+            }
+            if self.retention.get(k).is_some() {
+                self.retention.rehold(*k, keep);
+            } else {
+                let in_dram = self.dram.contains(k);
+                let in_tiers = self.tiers.as_ref().is_some_and(|t| t.p.contains(k));
+                self.dram.remove(k);
+                if let Some(t) = self.tiers.as_mut() {
+                    t.p.remove(k);
+                }
+                self.retention.hold(
+                    *k,
+                    Held {
+                        hold: keep,
+                        weight,
+                        in_dram,
+                        in_tiers,
+                        hits: 0,
+                    },
+                );
+            }
+            applied += 1;
+        }
+        let c = self.retention.count();
+        c.kept_total += u64::from(applied);
+        c.refused_total += u64::from(refused);
+        (applied, refused)
+    }
+
+    /// The tracked blocks of `chain` (prefix first) are not expected back:
+    /// they leave before anything else, deepest first. Returns how many.
+    pub fn hint_done(&mut self, chain: &[K]) -> u32 {
+        let mut applied = 0u32;
+        for k in chain.iter().rev() {
+            match self.retention.get(k).map(|h| h.hold) {
+                Some(Hold::Done) => {}
+                Some(Hold::Keep { .. }) => self.retention.rehold(*k, Hold::Done),
+                None => {
+                    let Some(weight) = self.tracked_weight(k) else {
+                        continue;
+                    };
+                    let in_dram = self.dram.contains(k);
+                    let in_tiers = self.tiers.as_ref().is_some_and(|t| t.p.contains(k));
+                    self.dram.remove(k);
+                    if let Some(t) = self.tiers.as_mut() {
+                        t.p.remove(k);
+                    }
+                    self.retention.hold(
+                        *k,
+                        Held {
+                            hold: Hold::Done,
+                            weight,
+                            in_dram,
+                            in_tiers,
+                            hits: 0,
+                        },
+                    );
+                }
+            }
+            applied += 1;
+        }
+        self.retention.count().done_total += u64::from(applied);
+        applied
+    }
+
+    /// Drop the hints on `chain`'s blocks: they return to the inner policies.
+    pub fn hint_clear(&mut self, chain: &[K]) -> u32 {
+        chain.iter().filter(|k| self.release(k)).count() as u32
+    }
+
+    /// Release kept blocks whose deadline is at or before `now_ms`.
+    pub fn expire_hints(&mut self, now_ms: u64) -> usize {
+        let due = self.retention.due(now_ms);
+        for k in &due {
+            self.release(k);
+        }
+        self.retention.count().expired_total += due.len() as u64;
+        due.len()
+    }
+
+    /// The weight of a block either inner policy tracks.
+    fn tracked_weight(&self, k: &K) -> Option<u64> {
+        self.dram
+            .weight(k)
+            .or_else(|| self.tiers.as_ref().and_then(|t| t.p.weight(k)))
+    }
+
+    /// Room under the cap for `weight` more bytes kept by `owner` until
+    /// `until_ms`, displacing only `owner`'s blocks expected back later.
+    fn make_keep_room(&mut self, owner: u32, until_ms: u64, weight: u64) -> bool {
+        let cap = self.retention.cap();
+        while self.retention.kept_bytes() + weight > cap {
+            if self.retention.kept_of(owner) == 0 {
+                return false;
+            }
+            let Some(v) = self.retention.displaceable(owner, until_ms) else {
+                return false;
+            };
+            self.release(&v);
+            self.retention.count().displaced_total += 1;
+        }
+        true
+    }
+
+    /// Stop holding `key` and give it back to the inner policies it was taken
+    /// from as a block referenced again: a kept block is inserted and touched
+    /// once for the hint and once per hit while held (at most 3 in all); a
+    /// done block that was hit again is inserted and touched once. Returns
+    /// whether it was held.
+    fn release(&mut self, key: &K) -> bool {
+        let Some(h) = self.retention.take(key) else {
+            return false;
+        };
+        let touches = match h.hold {
+            Hold::Keep { .. } => 1 + u32::from(h.hits).min(2),
+            Hold::Done => 1,
+        };
+        if h.in_dram {
+            self.dram.insert(*key, h.weight);
+            (0..touches).for_each(|_| {
+                self.dram.touch(key);
+            });
+        }
+        if h.in_tiers
+            && let Some(t) = self.tiers.as_mut()
+        {
+            t.p.insert(*key, h.weight);
+            (0..touches).for_each(|_| {
+                t.p.touch(key);
+            });
+        }
+        true
     }
 }
 

@@ -117,6 +117,11 @@ pub struct Args {
     /// aim keys at the sample or the index [default: random]
     #[arg(long, env = "ORBITKV_CACHE_POLICY_SEED")]
     pub cache_policy_seed: Option<u64>,
+    /// Share of DRAM that applications' retention hints may keep (0 to 0.95; 0 turns hints
+    /// off and refuses them). A keep over it displaces only the same namespace's kept blocks
+    /// expected back last [default: 0.8]
+    #[arg(long, env = "ORBITKV_RETAIN_SHARE")]
+    pub retain_share: Option<f64>,
     /// Slots of the presence table clients read to answer "certainly absent" without a
     /// message: a power of two (1024..=268435456), `auto` (twice the 4 KiB extents of DRAM
     /// and SSD: it cannot fill up) or `off` [default: auto]

@@ -80,6 +80,8 @@ pub struct ManagerConfig {
     pub cache_policy: orbitkv_core::policy::PolicyKind,
     /// Seed of `duel`'s key sample and `tinylfu`'s sketch (`None`: random per process).
     pub cache_policy_seed: Option<u64>,
+    /// Share of DRAM retention hints may keep (0: hints are refused).
+    pub retain_share: f64,
     /// Slots of the presence table (0: none is published).
     pub presence_slots: u64,
     /// Peer Managers (contract D3); `None` when this Manager neither serves nor asks peers.
@@ -91,6 +93,9 @@ pub struct ManagerConfig {
 }
 
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
+/// Share of DRAM retention hints may keep unless configured.
+pub const DEFAULT_RETAIN_SHARE: f64 = 0.8;
+pub const MAX_RETAIN_SHARE: f64 = 0.95;
 
 impl ManagerConfig {
     pub fn from_argv<I, T>(argv: I) -> Result<ManagerConfig, ConfigError>
@@ -242,6 +247,16 @@ impl ManagerConfig {
             None => orbitkv_core::policy::PolicyKind::default(),
         };
         let cache_policy_seed = a.cache_policy_seed.or(file.cache_policy_seed);
+        let retain_share = a
+            .retain_share
+            .or(file.retain_share)
+            .unwrap_or(DEFAULT_RETAIN_SHARE);
+        if !(0.0..=MAX_RETAIN_SHARE).contains(&retain_share) {
+            return Err(ConfigError::Invalid(format!(
+                "retain_share {retain_share} must be from 0 (hints off) to {MAX_RETAIN_SHARE}: \
+                 hints may never keep all of DRAM from unhinted requests"
+            )));
+        }
         // A Manager that asks peers on a local miss cannot let a local table answer
         // "certainly absent": the block may be one peer fill away (session/handlers.rs `lookup`).
         // The same holds for the remote tier (read on a local miss).
@@ -290,6 +305,7 @@ impl ManagerConfig {
             ssd,
             cache_policy,
             cache_policy_seed,
+            retain_share,
             socket,
             dram_size,
             segment_size,
@@ -394,6 +410,15 @@ mod tests {
         let c = ManagerConfig::from_argv(["x", "--cache-policy-seed", "42"]).expect("seed");
         assert_eq!(c.cache_policy_seed, Some(42));
         ManagerConfig::from_argv(["x", "--cache-policy-seed", "-1"]).expect_err("not a u64");
+        let c = ManagerConfig::from_argv(["x"]).expect("default");
+        assert_eq!(c.retain_share, DEFAULT_RETAIN_SHARE);
+        let c = ManagerConfig::from_argv(["x", "--retain-share", "0"]).expect("off");
+        assert_eq!(c.retain_share, 0.0);
+        for bad in ["0.96", "-0.1", "NaN"] {
+            let flag = format!("--retain-share={bad}");
+            let e = ManagerConfig::from_argv(["x", flag.as_str()]).expect_err(bad);
+            assert!(e.to_string().contains("retain_share"), "{bad}: {e}");
+        }
         let e = ManagerConfig::from_argv(["x", "--cache-policy", "mru"]).expect_err("unknown");
         assert!(
             e.to_string().contains("\"mru\"")

@@ -3,9 +3,9 @@
 //! releases, generations, stats and fault injection.
 
 use orbitkv_core::{
-    AcquireStep, CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, SaveId, SaveStatus, SessionId,
+    AcquireStep, CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, Retain, SaveId, SaveStatus, SessionId,
 };
-use orbitkv_proto::{ErrorCode, Request, Response, SaveItem};
+use orbitkv_proto::{ErrorCode, Request, Response, RetainHold, SaveItem};
 
 use crate::shared::Shared;
 use crate::shared::parts::ServerCounters;
@@ -50,6 +50,7 @@ fn cache_code(e: &CacheError) -> ErrorCode {
         CacheError::NoStagingSpace { .. } => ErrorCode::RestoreFailed,
         CacheError::TpGroup(_) => ErrorCode::InvalidArgument,
         CacheError::UnknownTpLease => ErrorCode::NotFound,
+        CacheError::RetentionOff | CacheError::BadHint(_) => ErrorCode::InvalidArgument,
     }
 }
 
@@ -212,6 +213,25 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                 json: shared.tracer().request(now, arm_ms, fingerprint, pid, cursor),
             }
         }
+        Request::Retain { ns, hold, hashes } => {
+            let what = match hold {
+                RetainHold::Keep { ttl_ms } => Retain::Keep {
+                    ttl_ms: u64::from(ttl_ms),
+                },
+                RetainHold::Done => Retain::Done,
+                RetainHold::Clear => Retain::Clear,
+            };
+            let now = shared.clock().now_ms();
+            map(shared
+                .cache()
+                .write()
+                .retain(s, NsId(ns), &hashes, what, now)
+                .map(|o| Response::Retained {
+                    applied: o.applied,
+                    pending: o.pending,
+                    refused: o.refused,
+                }))
+        }
         Request::Stats => Response::StatsOk {
             json: stats::json(&shared.stats()),
         },
@@ -347,5 +367,16 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
             }
             Err(e) => return map(Err(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_wire_and_the_core_bound_a_keep_alike() {
+        assert_eq!(
+            u64::from(orbitkv_proto::MAX_RETAIN_TTL_MS),
+            orbitkv_core::MAX_RETAIN_TTL_MS
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! server's counters of the same events: lookups, saves, sessions, DRAM, TP
 //! leases and the cache's state.
 
-use orbitkv_core::{Counters, Gauges};
+use orbitkv_core::{Counters, Gauges, HintStats};
 
 use super::{Metric, View, ld};
 use crate::shared::parts::ServerCounters;
@@ -52,6 +52,109 @@ pub(super) fn lookups(c: &Counters, sc: &ServerCounters) -> Vec<Metric> {
             "Hits the eviction policy never saw: lookups outpaced its replay and found the touch log full",
             "counter",
             c.policy_touches_dropped,
+        ),
+    ]
+}
+
+/// Retention hints from applications (`Retain` requests).
+pub(super) fn hints(h: &HintStats) -> Vec<Metric> {
+    let r = &h.retention;
+    vec![
+        (
+            "hint_requests_total",
+            "Retention hints received",
+            "counter",
+            h.requests_total,
+        ),
+        (
+            "hint_kept_blocks_total",
+            "Blocks a keep hint applied to",
+            "counter",
+            r.kept_total,
+        ),
+        (
+            "hint_done_blocks_total",
+            "Blocks a done hint applied to",
+            "counter",
+            r.done_total,
+        ),
+        (
+            "hint_refused_blocks_total",
+            "Blocks a keep hint could not keep: the cap (--retain-share) was full with nothing of the same namespace expected back later",
+            "counter",
+            r.refused_total,
+        ),
+        (
+            "hint_expired_blocks_total",
+            "Kept blocks released by their deadline",
+            "counter",
+            r.expired_total,
+        ),
+        (
+            "hint_displaced_blocks_total",
+            "Kept blocks released for an earlier-due keep of the same namespace",
+            "counter",
+            r.displaced_total,
+        ),
+        (
+            "hint_kept_evicted_total",
+            "Kept blocks evicted from DRAM because nothing else was evictable",
+            "counter",
+            r.kept_evicted_total,
+        ),
+        (
+            "hint_done_evicted_total",
+            "Done blocks evicted from DRAM before anything else",
+            "counter",
+            r.done_evicted_total,
+        ),
+        (
+            "hint_done_revived_total",
+            "Done blocks hit again (returned to the policy)",
+            "counter",
+            r.done_revived_total,
+        ),
+        (
+            "hint_pending_applied_total",
+            "Hints applied when their block committed after the hint",
+            "counter",
+            h.pending_applied_total,
+        ),
+        (
+            "hint_pending_dropped_total",
+            "Hints on blocks that never committed before their deadline (or the oldest beyond 65,536 waiting)",
+            "counter",
+            h.pending_dropped_total,
+        ),
+        (
+            "hint_kept_blocks",
+            "Blocks kept by hints now",
+            "gauge",
+            r.kept_blocks,
+        ),
+        (
+            "hint_kept_bytes",
+            "Bytes kept by hints now",
+            "gauge",
+            r.kept_bytes,
+        ),
+        (
+            "hint_cap_bytes",
+            "Bytes hints may keep (--retain-share of DRAM)",
+            "gauge",
+            r.cap_bytes,
+        ),
+        (
+            "hint_done_blocks",
+            "Blocks marked done now",
+            "gauge",
+            r.done_blocks,
+        ),
+        (
+            "hint_pending_blocks",
+            "Hints waiting for their block to commit",
+            "gauge",
+            h.pending_blocks,
         ),
     ]
 }

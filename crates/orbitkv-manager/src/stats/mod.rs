@@ -22,7 +22,7 @@ use crate::peer::PeerTier;
 use crate::presence::Presence;
 use crate::shared::parts::{Cache, Clock, Connections, Quarantine, ServerCounters};
 use crate::tier::Tier;
-use cache::{dram, lookups, saves, sessions, state, tp};
+use cache::{dram, hints, lookups, saves, sessions, state, tp};
 use server::connections;
 use tiers::{kv_events, presence_table, remote_tier, ssd_tier};
 
@@ -49,9 +49,9 @@ pub struct View<'a> {
 
 pub fn snapshot(v: &View<'_>) -> Vec<Metric> {
     // Each source read once, under its own lock, before any section is built.
-    let (c, g) = {
+    let (c, g, h) = {
         let cache = v.cache.write();
-        (cache.counters().clone(), cache.gauges())
+        (cache.counters().clone(), cache.gauges(), cache.hint_stats())
     };
     let unprovable = v.quarantine.unprovable();
     let sc = v.counters;
@@ -64,6 +64,7 @@ pub fn snapshot(v: &View<'_>) -> Vec<Metric> {
         connections(v.connections, sc),
         dram(&g),
         tp(&c, &g),
+        hints(&h),
         state(v, &g, unprovable),
         ssd_tier(&c, &g, &ssd),
         presence_table(presence),
