@@ -767,22 +767,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
             if self.retention.get(k).is_some() {
                 self.retention.rehold(*k, keep);
             } else {
-                let in_dram = self.dram.contains(k);
-                let in_tiers = self.tiers.as_ref().is_some_and(|t| t.p.contains(k));
-                self.dram.remove(k);
-                if let Some(t) = self.tiers.as_mut() {
-                    t.p.remove(k);
-                }
-                self.retention.hold(
-                    *k,
-                    Held {
-                        hold: keep,
-                        weight,
-                        in_dram,
-                        in_tiers,
-                        hits: 0,
-                    },
-                );
+                self.hold(*k, keep, weight);
             }
             applied += 1;
         }
@@ -804,22 +789,7 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
                     let Some(weight) = self.tracked_weight(k) else {
                         continue;
                     };
-                    let in_dram = self.dram.contains(k);
-                    let in_tiers = self.tiers.as_ref().is_some_and(|t| t.p.contains(k));
-                    self.dram.remove(k);
-                    if let Some(t) = self.tiers.as_mut() {
-                        t.p.remove(k);
-                    }
-                    self.retention.hold(
-                        *k,
-                        Held {
-                            hold: Hold::Done,
-                            weight,
-                            in_dram,
-                            in_tiers,
-                            hits: 0,
-                        },
-                    );
+                    self.hold(*k, Hold::Done, weight);
                 }
             }
             applied += 1;
@@ -841,6 +811,24 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
         }
         self.retention.count().expired_total += due.len() as u64;
         due.len()
+    }
+
+    /// Take a tracked block out of both inner policies into the retention table.
+    fn hold(&mut self, k: K, hold: Hold, weight: u64) {
+        let in_dram = self.dram.contains(&k);
+        let in_tiers = self.tiers.as_ref().is_some_and(|t| t.p.contains(&k));
+        self.dram.remove(&k);
+        if let Some(t) = self.tiers.as_mut() {
+            t.p.remove(&k);
+        }
+        let h = Held {
+            hold,
+            weight,
+            in_dram,
+            in_tiers,
+            hits: 0,
+        };
+        self.retention.hold(k, h);
     }
 
     /// The weight of a block either inner policy tracks.
