@@ -44,6 +44,13 @@ pub struct BlockKey {
     pub hash: BlockHash,
 }
 
+impl BlockKey {
+    /// The keys of `hashes` (a chain, in order) in namespace `ns` at `generation`.
+    pub fn chain(ns: NsId, generation: u64, hashes: &[BlockHash]) -> impl Iterator<Item = BlockKey> + '_ {
+        hashes.iter().map(move |&hash| BlockKey { ns, generation, hash })
+    }
+}
+
 /// A block's identity outside this process (on disk): the namespace identity
 /// instead of the Manager-local [`NsId`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

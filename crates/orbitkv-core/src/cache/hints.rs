@@ -146,12 +146,7 @@ impl CacheState {
         self.hints.requests += 1;
         let mut refs: Vec<BlockRef> = Vec::with_capacity(hashes.len());
         let mut absent = Vec::new();
-        for h in hashes {
-            let key = BlockKey {
-                ns,
-                generation,
-                hash: *h,
-            };
+        for key in BlockKey::chain(ns, generation, hashes) {
             match self.index.get_ref(&key) {
                 Some((r, e)) if !e.doomed => refs.push(r),
                 _ => absent.push(key),

@@ -67,12 +67,7 @@ impl CacheState {
         let mut refs = Vec::new();
         let mut ssd_blocks = Vec::new();
         let mut spill = Vec::new();
-        for h in hashes {
-            let key = BlockKey {
-                ns,
-                generation,
-                hash: *h,
-            };
+        for key in BlockKey::chain(ns, generation, hashes) {
             match self.index.get_ref(&key) {
                 Some((r, e)) if !e.doomed => {
                     if e.dram_slot().is_none() {
@@ -206,12 +201,7 @@ impl CacheState {
         self.session(s)?;
         let generation = self.generation_of(ns)?;
         let mut keys = Vec::new();
-        for h in hashes {
-            let key = BlockKey {
-                ns,
-                generation,
-                hash: *h,
-            };
+        for key in BlockKey::chain(ns, generation, hashes) {
             match self.index.get(&key) {
                 Some(e) if !e.doomed => {
                     e.pin();

@@ -69,18 +69,13 @@ impl CacheState {
         let block_bytes = self.block_bytes(ns)?;
         let mut seen = HashSet::new();
         let mut items = Vec::with_capacity(hashes.len());
-        for h in hashes {
-            let key = BlockKey {
-                ns,
-                generation,
-                hash: *h,
-            };
+        for key in BlockKey::chain(ns, generation, hashes) {
             let existing = self.index.get(&key).map(|e| e.doomed);
             let status = if existing == Some(true) {
                 // A corrupt or purged copy is still being torn down: not storable yet.
                 self.counters.blocks_refused += 1;
                 SaveStatus::Refused
-            } else if !seen.insert(*h) || existing.is_some() {
+            } else if !seen.insert(key.hash) || existing.is_some() {
                 self.counters.blocks_present += 1;
                 SaveStatus::Present
             } else {
@@ -92,7 +87,7 @@ impl CacheState {
                     }
                 }
             };
-            items.push((*h, status));
+            items.push((key.hash, status));
         }
         let id = SaveId(self.next());
         let statuses = items.iter().map(|(_, st)| *st).collect();
