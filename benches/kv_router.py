@@ -64,14 +64,16 @@ def block_hash(block_id: int) -> bytes:
 
 
 class View:
-    """One host's blocks as its event stream says: a SUB socket read on a thread."""
+    """One host's blocks as its event stream says, keyed by hash and medium (a block moves
+    between `CPU`, the Manager's DRAM, and `STORAGE`, its SSD): a SUB socket read on a
+    thread. A block is on the host while it is in any medium."""
 
     def __init__(self, endpoint: str) -> None:
         import msgspec
         import zmq
         from vllm.distributed.kv_events import KVEventBatch
 
-        self.blocks: set[bytes] = set()
+        self.blocks: dict[bytes, set[str]] = {}
         self.lock = threading.Lock()
         self.batches = 0
         self.events = 0
@@ -103,9 +105,15 @@ class View:
                 for e in batch.events:
                     self.events += 1
                     if isinstance(e, BlockStored):
-                        self.blocks.update(e.block_hashes)
+                        for h in e.block_hashes:
+                            self.blocks.setdefault(h, set()).add(e.medium)
                     elif isinstance(e, BlockRemoved):
-                        self.blocks.difference_update(e.block_hashes)
+                        for h in e.block_hashes:
+                            media = self.blocks.get(h)
+                            if media is not None:
+                                media.discard(e.medium)
+                                if not media:
+                                    del self.blocks[h]
                     elif isinstance(e, AllBlocksCleared):
                         self.blocks.clear()
 

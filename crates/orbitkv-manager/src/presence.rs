@@ -48,7 +48,7 @@ impl std::fmt::Debug for Presence {
 }
 
 impl PresenceSink for Publisher {
-    fn changed(&mut self, key: &BlockKey, visible: bool) {
+    fn changed(&mut self, key: &BlockKey, visible: bool, _in_dram: bool) {
         let secret = &self.secret;
         let k = self
             .keys

@@ -26,15 +26,21 @@ impl std::fmt::Debug for Visibility {
 }
 
 impl PresenceSink for Visibility {
-    fn changed(&mut self, key: &BlockKey, visible: bool) {
+    fn changed(&mut self, key: &BlockKey, visible: bool, in_dram: bool) {
         if let Some(p) = self.presence.as_mut() {
-            p.changed(key, visible);
+            p.changed(key, visible, in_dram);
         }
         if let Some(e) = self.events.as_ref() {
-            e.changed(key, visible);
+            e.changed(key, visible, in_dram);
         }
         if !visible {
             self.tracer.left(key);
+        }
+    }
+
+    fn moved(&mut self, key: &BlockKey, in_dram: bool) {
+        if let Some(e) = self.events.as_ref() {
+            e.moved(key, in_dram);
         }
     }
 }

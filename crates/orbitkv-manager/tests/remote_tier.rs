@@ -24,13 +24,20 @@ mod cluster;
 use cluster::Cluster;
 
 /// A Manager using `c` as its remote tier (over mutual TLS when `c` speaks only TLS).
+/// A Manager of the cluster with a 2 s deadline per cluster request: ample on a loaded
+/// 2-core CI machine, where a 300 ms deadline made fills miss (they are bounded by
+/// design); the cluster-down test sets its own.
 fn manager(c: &Cluster) -> ManagerProc {
     manager_with(c, &[])
 }
 
 /// [`manager`] with more flags.
 fn manager_with(c: &Cluster, extra: &[&str]) -> ManagerProc {
-    let flags = c.manager_flags(300);
+    manager_deadline(c, 2000, extra)
+}
+
+fn manager_deadline(c: &Cluster, deadline_ms: u32, extra: &[&str]) -> ManagerProc {
+    let flags = c.manager_flags(deadline_ms);
     let mut refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     refs.extend_from_slice(extra);
     ManagerProc::start(&refs)
@@ -110,7 +117,10 @@ fn evicted_locally_served_from_the_cluster(m: &ManagerProc, flood: u8, what: &st
     c.close().expect("close");
     let filled = stat(m, "remote_filled_blocks_total");
     let (hit, got) = restore_blocks(m, FP, BB, &hashes(1, 12));
-    assert!(hit == 12 && got == data, "{what}: chain 1 served byte-exact");
+    assert!(
+        hit == 12 && got == data,
+        "{what}: chain 1 served byte-exact (hit {hit} of 12)"
+    );
     assert_eq!(
         stat(m, "remote_filled_blocks_total") - filled,
         12,
@@ -220,8 +230,8 @@ fn a_cluster_gone_costs_bounded_misses_local_service_goes_on_and_it_is_used_agai
     let Some(cluster) = Cluster::start(21280) else {
         return;
     };
-    let a = manager(&cluster);
-    let b = manager(&cluster);
+    let a = manager_deadline(&cluster, 300, &[]);
+    let b = manager_deadline(&cluster, 300, &[]);
     cluster.down();
     // Misses, each bounded by the deadline until the breaker opens, then free.
     let t0 = Instant::now();

@@ -149,6 +149,86 @@ def test_stored_and_removed_blocks_decode_with_vllms_classes_and_replay(events_m
         stream.close()
 
 
+def test_a_block_moved_to_ssd_is_in_storage_and_back_in_cpu_once_staged(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Per-tier media: a block the Manager demotes from DRAM to its SSD is stored under
+    `STORAGE` and removed from `CPU` (in that order); staged back by a restore, it is
+    stored under `CPU` and removed from `STORAGE`. A view keyed by (hash, medium) never
+    loses it."""
+    pub = f"tcp://127.0.0.1:{free_port()}"
+    tmp = Path(tmp_path_factory.mktemp("mgr", numbered=True))
+    ssd = tmp / "ssd"
+    ssd.mkdir(mode=0o700)
+    args = ("--kv-events", pub, "--ssd-dir", str(ssd), "--ssd-capacity", "512MiB", "--ssd-mode", "kernel")
+    args += ("--ssd-write-policy", "eager")
+    with manager_in_short_dir(tmp / "m", "okvs", extra_args=args) as m:
+        stream = Stream(pub)
+        first = [bytes([7, i]) * 16 for i in range(8)]
+        more = [bytes([8, i]) * 16 for i in range(96)]
+        try:
+            with m.client() as c:
+                ns = c.register_namespace(b"\x06" * 32, BLOCK_BYTES)
+                data = bytes(range(256)) * (len(first) * BLOCK_BYTES // 256)
+                c.save(ns, first, data)
+                deadline = time.monotonic() + 20
+                while m.stats()["ssd_spilled_blocks_total"] < len(first):  # written behind to SSD
+                    assert time.monotonic() < deadline, m.stats()
+                    time.sleep(0.05)
+                for i in range(0, len(more), 16):  # 104 blocks through a 64-block arena
+                    c.save(ns, more[i : i + 16], bytearray(16 * BLOCK_BYTES))
+                stream.until(
+                    lambda: (
+                        set(first)
+                        <= {
+                            h
+                            for _, e in stream.events()
+                            if isinstance(e, BlockStored) and e.medium == "STORAGE"
+                            for h in e.block_hashes
+                        }
+                    )
+                )
+                out = bytearray(len(first) * BLOCK_BYTES)
+                with c.lookup(ns, first) as lease:
+                    assert lease.hit_blocks == len(first) and len(lease.ssd_blocks) == len(first)
+                    c.restore(lease, out)
+                assert bytes(out) == data
+                stream.until(
+                    lambda: (
+                        set(first)
+                        <= {
+                            h
+                            for _, e in stream.events()
+                            if isinstance(e, BlockRemoved) and e.medium == "STORAGE"
+                            for h in e.block_hashes
+                        }
+                    )
+                )
+            media: dict[bytes, set[str]] = {}
+            seen: dict[bytes, list[tuple[str, str]]] = {}
+            for _, e in stream.events():
+                for h in e.block_hashes:
+                    kind = "stored" if isinstance(e, BlockStored) else "removed"
+                    seen.setdefault(h, []).append((kind, e.medium))
+                    if kind == "stored":
+                        media.setdefault(h, set()).add(e.medium)
+                    else:
+                        media.get(h, set()).discard(e.medium)
+                    if h in first:
+                        assert media.get(h), f"{h.hex()[:8]} absent from the view after {seen[h]}"
+            for h in first:
+                assert seen[h] == [
+                    ("stored", "CPU"),
+                    ("stored", "STORAGE"),
+                    ("removed", "CPU"),
+                    ("stored", "CPU"),
+                    ("removed", "STORAGE"),
+                ], seen[h]
+            assert m.stats()["kv_events_dropped_total"] == 0
+        finally:
+            stream.close()
+
+
 def test_int_hashes_on_an_ipc_socket_in_a_private_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
     """vLLM's 64-bit form of the hashes; an ipc socket only in a directory no one else can enter."""
     tmp = Path(tmp_path_factory.mktemp("mgr", numbered=True))

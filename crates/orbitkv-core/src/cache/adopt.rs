@@ -44,7 +44,7 @@ impl CacheState {
             };
             if generation == current && len == info.block_bytes && !self.index.contains_key(&key) {
                 let (r, _) = self.index.insert_ref(key, Entry::on_ssd_only(len));
-                self.note_visibility(key, true);
+                self.note_visibility(key, true, false);
                 self.policy.get().tiers_insert(r, len);
                 self.tier.ssd_used += len;
                 self.counters.ssd_adopted_blocks += 1;

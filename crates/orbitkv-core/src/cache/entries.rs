@@ -14,11 +14,15 @@ use crate::keys::{BlockKey, Slot};
 
 /// Told every change of a block's visibility to lookups, in order: `true` when
 /// it becomes visible (a commit, an SSD block adopted), `false` when it stops
-/// (evicted without an SSD copy, dropped from SSD, doomed). The Manager's
-/// presence table is one; see [`CacheState::set_presence_sink`]. Called under
-/// the cache lock, so it must be quick and must not call back into the cache.
+/// (evicted without an SSD copy, dropped from SSD, doomed), with where it is
+/// (was) served from: `in_dram`, else SSD only. [`Self::moved`]: a visible
+/// block's residency changed (demoted to SSD only, staged back into DRAM). The
+/// Manager's presence table is one; see [`CacheState::set_presence_sink`].
+/// Called under the cache lock, so it must be quick and must not call back
+/// into the cache.
 pub trait PresenceSink: Send + Sync + std::fmt::Debug {
-    fn changed(&mut self, key: &BlockKey, visible: bool);
+    fn changed(&mut self, key: &BlockKey, visible: bool, in_dram: bool);
+    fn moved(&mut self, _key: &BlockKey, _in_dram: bool) {}
 }
 
 /// One visible (or doomed) block. Residency: DRAM (`dram_slot`), SSD
@@ -204,12 +208,20 @@ impl CacheState {
     /// The one hook into visibility changes (see [`PresenceSink`]). A block
     /// that stops being visible is forgotten by the policy here, so it must
     /// still be indexed (the policy knows it by its index reference).
-    pub(super) fn note_visibility(&mut self, key: BlockKey, visible: bool) {
+    pub(super) fn note_visibility(&mut self, key: BlockKey, visible: bool, in_dram: bool) {
         if !visible && let Some(r) = self.index.ref_of(&key) {
             self.policy.get().forget(&r);
         }
         if let Some(sink) = self.presence.as_mut() {
-            sink.changed(&key, visible);
+            sink.changed(&key, visible, in_dram);
+        }
+    }
+
+    /// A visible block's residency changed: demoted to SSD only (`false`) or
+    /// staged back into DRAM (`true`).
+    pub(super) fn note_moved(&mut self, key: BlockKey, in_dram: bool) {
+        if let Some(sink) = self.presence.as_mut() {
+            sink.moved(&key, in_dram);
         }
     }
 
@@ -253,12 +265,16 @@ impl CacheState {
             return true;
         };
         if e.on_ssd {
+            let visible = !e.doomed;
             self.free_slot(slot, SlotFree::Demoted);
+            if visible {
+                self.note_moved(key, false);
+            }
         } else {
             if lost_spill {
                 self.counters.evicted_unspilled += 1;
             }
-            self.note_visibility(key, false);
+            self.note_visibility(key, false, true);
             self.index.remove(&key);
             self.free_slot(slot, SlotFree::Evicted);
         }

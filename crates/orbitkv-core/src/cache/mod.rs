@@ -305,8 +305,8 @@ impl CacheState {
     /// Install the sink told every visibility change from now on, after being
     /// told every block visible now (so it starts in step with the index).
     pub fn set_presence_sink(&mut self, mut sink: Box<dyn PresenceSink>) {
-        for k in self.visible_blocks() {
-            sink.changed(&k, true);
+        for (k, e) in self.index.iter().filter(|(_, e)| !e.doomed) {
+            sink.changed(k, true, e.dram_slot().is_some());
         }
         self.presence = Some(sink);
     }

@@ -161,7 +161,7 @@ impl CacheState {
             }
             let block_bytes = ns_bytes.unwrap_or(slot.len);
             let (r, _) = self.index.insert_ref(key, Entry::in_dram(*slot, block_bytes));
-            self.note_visibility(key, true);
+            self.note_visibility(key, true, true);
             visible.push((r, slot.len));
             keys.push(key);
         }

@@ -112,7 +112,7 @@ impl CacheState {
         if e.dram_slot().is_none() {
             let was_visible = !e.doomed;
             if was_visible {
-                self.note_visibility(key, false);
+                self.note_visibility(key, false, false);
             }
             self.index.remove(&key);
         }
@@ -150,7 +150,7 @@ impl CacheState {
             if e.dram_slot().is_none() {
                 let was_visible = !e.doomed;
                 if was_visible {
-                    self.note_visibility(key, false);
+                    self.note_visibility(key, false, false);
                 }
                 self.index.remove(&key);
             }

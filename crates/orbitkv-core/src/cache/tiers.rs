@@ -251,6 +251,7 @@ impl CacheState {
             }
             self.policy.get().insert(r, job.slot.len);
             self.counters.staged_blocks += 1;
+            self.note_moved(job.key, true);
         } else {
             self.free_slot(job.slot, SlotFree::StageDiscarded);
             if !ok {
@@ -271,9 +272,10 @@ impl CacheState {
                 self.policy.get().remove(&r);
             }
             let was_visible = !e.doomed;
+            let in_dram = e.dram_slot().is_some();
             e.doomed = true;
             if was_visible {
-                self.note_visibility(key, false);
+                self.note_visibility(key, false, in_dram);
             }
         }
         self.reap_if_doomed(key);

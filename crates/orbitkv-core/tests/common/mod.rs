@@ -10,7 +10,7 @@ use orbitkv_core::{BlockKey, CacheState, PresenceSink};
 pub struct Recorder(Arc<Mutex<HashMap<BlockKey, i64>>>);
 
 impl PresenceSink for Recorder {
-    fn changed(&mut self, key: &BlockKey, visible: bool) {
+    fn changed(&mut self, key: &BlockKey, visible: bool, _in_dram: bool) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         *m.entry(*key).or_default() += if visible { 1 } else { -1 };
     }

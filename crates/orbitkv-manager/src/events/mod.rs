@@ -1,5 +1,6 @@
 //! KV events for KV-aware routers: every block that becomes visible in this Manager
-//! (stored) or stops being visible (removed), published on a ZeroMQ PUB socket in
+//! (stored) or stops being visible (removed), and every move between DRAM (medium
+//! `CPU`) and SSD only (`STORAGE`), published on a ZeroMQ PUB socket in
 //! vLLM's wire format ([`wire`]), so the consumers of vLLM's own `--kv-events-config`
 //! stream decode them unchanged. One topic per namespace (its fingerprint in hex, a dot,
 //! its shard); one sequence number per Manager; an optional ROUTER socket replays the
@@ -20,7 +21,7 @@ use tokio::sync::mpsc::{Receiver, Sender};
 
 use orbitkv_core::{BlockKey, NamespaceKey, NsId};
 
-use wire::Change;
+use wire::{Change, Medium};
 
 /// Changes the channel holds before new ones are dropped.
 const QUEUE: usize = 1 << 16;
@@ -46,12 +47,28 @@ pub struct Sink {
 }
 
 impl Sink {
-    pub fn changed(&self, key: &BlockKey, visible: bool) {
-        let change = if visible {
-            Change::Stored(key.hash)
-        } else {
-            Change::Removed(key.hash)
-        };
+    /// A block became visible (stored) or stopped being visible (removed), served
+    /// from DRAM (`in_dram`) or from SSD only.
+    pub fn changed(&self, key: &BlockKey, visible: bool, in_dram: bool) {
+        let m = Medium::of(in_dram);
+        self.send(
+            key,
+            if visible {
+                Change::Stored(key.hash, m)
+            } else {
+                Change::Removed(key.hash, m)
+            },
+        );
+    }
+
+    /// A visible block moved between DRAM and SSD: stored in its new medium, then
+    /// removed from its old one (a consumer keyed by hash and medium never sees it absent).
+    pub fn moved(&self, key: &BlockKey, in_dram: bool) {
+        self.send(key, Change::Stored(key.hash, Medium::of(in_dram)));
+        self.send(key, Change::Removed(key.hash, Medium::of(!in_dram)));
+    }
+
+    fn send(&self, key: &BlockKey, change: Change) {
         if let Err(TrySendError::Full(_)) = self.tx.try_send((key.ns, change)) {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
         }

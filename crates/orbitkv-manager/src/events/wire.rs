@@ -7,29 +7,46 @@
 
 use orbitkv_core::BlockHash;
 
-/// The medium every OrbitKV block is published under: vLLM's `MEDIUM_CPU` (host memory,
-/// the Manager's DRAM, or its SSD behind it).
-pub const MEDIUM: &str = "CPU";
+/// Where a block is served from: vLLM's `MEDIUM_CPU` (the Manager's DRAM) or
+/// `MEDIUM_STORAGE` (its SSD only; vLLM 0.33's name for its file-system tier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    Cpu,
+    Storage,
+}
+
+impl Medium {
+    pub fn of(in_dram: bool) -> Medium {
+        if in_dram { Medium::Cpu } else { Medium::Storage }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Medium::Cpu => "CPU",
+            Medium::Storage => "STORAGE",
+        }
+    }
+}
 
 /// One change, in the order the cache made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
-    Stored(BlockHash),
-    Removed(BlockHash),
+    Stored(BlockHash, Medium),
+    Removed(BlockHash, Medium),
 }
 
 /// The payload of one batch: `changes` of one namespace at time `ts` (seconds since
-/// the epoch). A run of removals is one `BlockRemoved`; each store is its own
+/// the epoch). A run of removals from one medium is one `BlockRemoved`; each store is its own
 /// `BlockStored` (its hashes would otherwise claim to be one chain), in vLLM's placeholder
 /// form: no parent, no token ids, block size 0 (the Manager does not hold tokens).
 pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
-    let mut events: Vec<(bool, Vec<BlockHash>)> = Vec::new();
+    let mut events: Vec<(bool, Medium, Vec<BlockHash>)> = Vec::new();
     for c in changes {
         match *c {
-            Change::Stored(h) => events.push((true, vec![h])),
-            Change::Removed(h) => match events.last_mut() {
-                Some((false, hs)) => hs.push(h),
-                _ => events.push((false, vec![h])),
+            Change::Stored(h, m) => events.push((true, m, vec![h])),
+            Change::Removed(h, m) => match events.last_mut() {
+                Some((false, last, hs)) if *last == m => hs.push(h),
+                _ => events.push((false, m, vec![h])),
             },
         }
     }
@@ -39,7 +56,7 @@ pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
     let _ = rmp::encode::write_array_len(w, 3);
     let _ = rmp::encode::write_f64(w, ts);
     let _ = rmp::encode::write_array_len(w, events.len() as u32);
-    for (stored, hashes) in &events {
+    for (stored, medium, hashes) in &events {
         // Each event: a map of its fields, "type" (msgspec's tag) and the hashes first,
         // the medium last.
         let (ty, fields) = if *stored {
@@ -63,7 +80,7 @@ pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
             let _ = rmp::encode::write_nil(w);
         }
         str_(w, "medium");
-        str_(w, MEDIUM);
+        str_(w, medium.name());
         if *stored {
             str_(w, "lora_name");
             let _ = rmp::encode::write_nil(w);
@@ -107,7 +124,11 @@ mod tests {
         let h = |b: u8| [b; 32];
         let got = encode_batch(
             1.5,
-            &[Change::Stored(h(1)), Change::Removed(h(2)), Change::Removed(h(3))],
+            &[
+                Change::Stored(h(1), Medium::Cpu),
+                Change::Removed(h(2), Medium::Cpu),
+                Change::Removed(h(3), Medium::Cpu),
+            ],
             false,
         );
         let mut want = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x92, 0x88];
@@ -155,8 +176,29 @@ mod tests {
         h[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
         h[0] = 0xff;
         assert_eq!(low64(&h), 0x0102_0304_0506_0708);
-        let got = encode_batch(0.0, &[Change::Removed(h)], true);
+        let got = encode_batch(0.0, &[Change::Removed(h, Medium::Cpu)], true);
         let tail = [0x91, 0xcf, 1, 2, 3, 4, 5, 6, 7, 8];
         assert!(got.windows(tail.len()).any(|w| w == tail), "{got:02x?}");
+    }
+
+    #[test]
+    fn a_move_to_ssd_is_stored_in_storage_then_removed_from_cpu_and_runs_split_by_medium() {
+        let h = |b: u8| [b; 32];
+        let got = encode_batch(
+            0.0,
+            &[
+                Change::Stored(h(1), Medium::Storage),
+                Change::Removed(h(1), Medium::Cpu),
+                Change::Removed(h(2), Medium::Cpu),
+                Change::Removed(h(3), Medium::Storage),
+            ],
+            false,
+        );
+        // Three events: the store, one removal of two CPU blocks, one of a STORAGE block.
+        assert_eq!(&got[10..11], &[0x93], "{got:02x?}");
+        let find = |s: &[u8]| got.windows(s.len()).filter(|w| *w == s).count();
+        assert_eq!(find(&fixstr("STORAGE")), 2);
+        assert_eq!(find(&fixstr("CPU")), 1);
+        assert_eq!(find(&fixstr("BlockRemoved")), 2);
     }
 }
