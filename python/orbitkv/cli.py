@@ -96,6 +96,14 @@ def _status(argv: Sequence[str]) -> int:
         f"{st['auth_refused_total']} refused, {st['bad_frames_total']} bad frames"
     )
     print(f"  leases       {st['live_leases']} live; saves pending {st['live_saves']}")
+    if st["hint_cap_bytes"]:
+        print(
+            f"  hints        {st['hint_kept_blocks']} blocks kept ({size(st['hint_kept_bytes'])} of "
+            f"{size(st['hint_cap_bytes'])} allowed), {st['hint_done_blocks']} done, "
+            f"{st['hint_refused_blocks_total']} refused; {st['hint_requests_total']} hints received"
+        )
+    else:
+        print("  hints        off (--retain-share 0)")
     ssd = st.get("ssd", {})
     if ssd.get("enabled"):
         fallback = f" (fell back: {ssd['fallback_reason']})" if ssd.get("fallback_reason") else ""

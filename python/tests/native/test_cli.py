@@ -43,6 +43,7 @@ def test_serve_status_and_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-
         assert "DRAM arena   0.0 MiB / 8.0 MiB used" in r.stdout
         assert "SSD tier     off" in r.stdout
         assert "2 segment(s) of 4 KiB pages" in r.stdout
+        assert "hints        0 blocks kept (0.0 MiB of 6.4 MiB allowed)" in r.stdout
         r = orbitkv("status", "--socket", str(sock), "--json")
         st = json.loads(r.stdout)
         assert st["dram_capacity_bytes"] == 8 << 20 and st["metrics_addr"].startswith("127.0.0.1:")

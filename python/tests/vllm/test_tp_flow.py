@@ -67,10 +67,10 @@ def prefill_done(e: TPEngine, req_id: str, n: int) -> Any:
     return pred
 
 
-def run(e: TPEngine, prompt: list[int], **kw: Any) -> Any:
-    """Run `prompt` to completion; every rank's pages hold its shard's bytes at the end
-    of the prefill (restored or computed)."""
-    r = make_request(prompt)
+def run(e: TPEngine, prompt: list[int], params: dict[str, Any] | None = None, **kw: Any) -> Any:
+    """Run `prompt` (with `kv_transfer_params` `params`) to completion; every rank's
+    pages hold its shard's bytes at the end of the prefill (restored or computed)."""
+    r = make_request(prompt, kv_transfer_params=params)
     e.scheduler.add_request(r)
     e.run_until(prefill_done(e, r.request_id, len(prompt)), what="prefill", **kw)
     e.check_pages(r, len(prompt))
@@ -166,6 +166,16 @@ def rank_save_failure_makes_a_miss_for_all(e: TPEngine, m: ManagerProcess) -> No
     assert_nothing_held(e, m)
 
 
+def a_hint_reaches_every_shard(e: TPEngine, m: ManagerProcess) -> None:
+    """With query control the scheduler sends a request's retention hint to every rank's
+    shard namespace: each rank's blocks of the request are kept (most commit after the
+    request finished: the hint waits for them)."""
+    before = m.stats()["hint_kept_blocks"]
+    run(e, prompt_tokens(100, seed=9), params={"orbitkv_retention": {"keep_for_s": 600}})
+    assert counters(e)["hints_sent"] == 1
+    m.settled_stats(hint_kept_blocks=before + e.tp * FULL_BLOCKS)
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tp_engine_flow(model_dir: Path, qc_manager: ManagerProcess, tp: int) -> None:
     e = TPEngine.build(model_dir, str(qc_manager.socket_path), tp)
@@ -173,6 +183,7 @@ def test_tp_engine_flow(model_dir: Path, qc_manager: ManagerProcess, tp: int) ->
         cold_miss_then_full_hit(e, qc_manager)
         rank_missing_blocks_shrinks_the_hit(e, qc_manager)
         rank_save_failure_makes_a_miss_for_all(e, qc_manager)
+        a_hint_reaches_every_shard(e, qc_manager)
         # The scheduler only looks up (control-only session); ranks save and restore.
         assert e.connector.scheduler_side.session.client().control_only
     finally:
