@@ -362,7 +362,8 @@ impl<K: Copy + Eq + Hash + Ord> Policy<K> {
     pub fn touch_chain(&mut self, keys: &[K]) {
         // A hit on a done block: another request still uses it. A hit on a
         // kept one is remembered for its release.
-        for k in keys {
+        let held = if self.retention.is_empty() { &[][..] } else { keys };
+        for k in held {
             match self.retention.get(k).map(|h| h.hold) {
                 Some(Hold::Done) => {
                     self.release(k);

@@ -117,8 +117,17 @@ impl<K: Copy + Eq + Hash + Ord> Retention<K> {
         }
     }
 
+    /// How `key` is held, if it is (no hash computed while nothing is held: the
+    /// common case of a Manager whose clients send no hints).
     pub(super) fn get(&self, key: &K) -> Option<&Held> {
+        if self.held.is_empty() {
+            return None;
+        }
         self.held.get(key)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.held.is_empty()
     }
 
     pub(super) fn dram_len(&self) -> usize {
@@ -201,6 +210,9 @@ impl<K: Copy + Eq + Hash + Ord> Retention<K> {
     /// A held block became DRAM-resident (staged back) or left DRAM; it is
     /// dropped when it is then in neither place. Returns whether it is held.
     pub(super) fn set_in_dram(&mut self, key: &K, in_dram: bool) -> bool {
+        if self.held.is_empty() {
+            return false;
+        }
         let Some(h) = self.held.get_mut(key) else {
             return false;
         };
