@@ -188,10 +188,7 @@ fn replay(
 }
 
 fn main() {
-    if let Err(e) = real_main() {
-        eprintln!("hint_sim: {e}");
-        std::process::exit(2);
-    }
+    trace::exit_on_error("hint_sim", real_main());
 }
 
 fn real_main() -> Result<(), String> {
@@ -206,12 +203,7 @@ fn real_main() -> Result<(), String> {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--trace" => traces.push(val()?),
-            "--capacity" => {
-                capacities = val()?
-                    .split(',')
-                    .map(|c| c.parse::<u64>().map_err(|e| format!("--capacity {c}: {e}")))
-                    .collect::<Result<_, _>>()?;
-            }
+            "--capacity" => capacities = trace::parse_capacities(&val()?)?,
             "--hints" => hints = val()?.split(',').map(Hints::parse).collect::<Result<_, _>>()?,
             "--retain-share" => {
                 shares = val()?

@@ -629,10 +629,7 @@ fn summarize(mut runs: Vec<serde_json::Value>) -> serde_json::Value {
 }
 
 fn main() {
-    if let Err(e) = real_main() {
-        eprintln!("trace_sim: {e}");
-        std::process::exit(2);
-    }
+    trace::exit_on_error("trace_sim", real_main());
 }
 
 fn real_main() -> Result<(), String> {
@@ -656,16 +653,7 @@ fn real_main() -> Result<(), String> {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--trace" => traces.push(val()?),
-            "--capacity" => {
-                caps = val()?
-                    .split(',')
-                    .map(|c| {
-                        c.trim()
-                            .parse::<u64>()
-                            .map_err(|e| format!("--capacity {c}: {e}"))
-                    })
-                    .collect::<Result<_, _>>()?
-            }
+            "--capacity" => caps = trace::parse_capacities(&val()?)?,
             "--policy" => {
                 kinds = val()?
                     .split(',')

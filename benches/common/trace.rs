@@ -119,3 +119,22 @@ pub fn run_opt_with(trace: &[Vec<u64>], capacity: u64, mut on_hit: impl FnMut(us
     }
     t
 }
+
+/// End a simulator's `main`: an error printed after the simulator's name, exit status 2.
+pub fn exit_on_error(name: &str, r: Result<(), String>) {
+    if let Err(e) = r {
+        eprintln!("{name}: {e}");
+        std::process::exit(2);
+    }
+}
+
+/// `--capacity`'s comma-separated block counts.
+pub fn parse_capacities(v: &str) -> Result<Vec<u64>, String> {
+    v.split(',')
+        .map(|c| {
+            c.trim()
+                .parse::<u64>()
+                .map_err(|e| format!("--capacity {c}: {e}"))
+        })
+        .collect()
+}
