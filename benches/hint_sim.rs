@@ -31,11 +31,11 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use orbitkv_core::policy::{Policy, PolicyKind};
-use orbitkv_core::{CacheState, Fingerprint, NamespaceKey, Retain};
+use orbitkv_core::{CacheState, Retain};
 
 #[path = "common/trace.rs"]
 mod trace;
-use trace::{Request, Tally, hash_of, parse_requests, run_opt};
+use trace::{Request, Tally, hash_of, open_replay, parse_requests, run_opt};
 
 const BLOCK: u64 = 64 << 10;
 
@@ -138,13 +138,7 @@ fn replay(
     let policy = Policy::seeded(kind, capacity * BLOCK, Some(1));
     let mut cache = CacheState::with_policy_instance(&[capacity * BLOCK], policy);
     cache.set_retention_cap((capacity as f64 * share) as u64 * BLOCK);
-    let s = cache.open_session();
-    let key = NamespaceKey {
-        fingerprint: Fingerprint([7; 32]),
-        shard: 0,
-        salt: [0; 32],
-    };
-    let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
+    let (s, ns) = open_replay(&mut cache, BLOCK)?;
     let mut run = Run::default();
     let t0 = trace.first().map_or(0, |r| r.t_ms);
     for (i, req) in trace.iter().enumerate() {

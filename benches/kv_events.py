@@ -21,7 +21,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from manager_scaling import run_clients
+from manager_scaling import run_clients, write_result
 
 from orbitkv import _native
 from orbitkv.launch import start_serve
@@ -130,13 +129,9 @@ def main() -> int:
         "every block stored, and once it is full one evicted per block",
         "seconds_per_point": a.seconds,
         "cpus": os.cpu_count(),
-        "platform": platform.platform(),
         "rows": rows,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=2))
-    print(f"wrote {a.out}")
-    return 0
+    return write_result(a.out, doc)
 
 
 if __name__ == "__main__":

@@ -320,13 +320,17 @@ def main() -> int:
         },
         "seconds_per_point": a.seconds,
         "cpus": cores,
-        "platform": platform.platform(),
         "python": platform.python_version(),
         "rows": rows,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=2))
-    print(f"wrote {a.out}")
+    return write_result(a.out, doc)
+
+
+def write_result(out: str, doc: dict[str, Any]) -> int:
+    """Write a bench's JSON document (with the platform) to `out`; the exit status 0."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({**doc, "platform": platform.platform()}, indent=2))
+    print(f"wrote {out}")
     return 0
 
 

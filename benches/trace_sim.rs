@@ -19,27 +19,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use orbitkv_core::policy::{Policy, PolicyKind};
-use orbitkv_core::{
-    AcquireStep, BlockRef, CacheState, Fingerprint, NamespaceKey, NsId, SessionId, SpillPolicy, TierKey,
-};
+use orbitkv_core::{AcquireStep, BlockRef, CacheState, NsId, SessionId, SpillPolicy, TierKey};
 
 const BLOCK: u64 = 64 << 10;
 
 #[path = "common/trace.rs"]
 mod trace;
-use trace::{Tally, hash_of, parse_trace, run_opt, run_opt_with};
-
-/// The replay's one session and namespace.
-fn open_replay(cache: &mut CacheState) -> Result<(SessionId, NsId), String> {
-    let s = cache.open_session();
-    let key = NamespaceKey {
-        fingerprint: Fingerprint([7; 32]),
-        shard: 0,
-        salt: [0; 32],
-    };
-    let (ns, _) = cache.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
-    Ok((s, ns))
-}
+use trace::{Tally, hash_of, open_replay, parse_trace, run_opt, run_opt_with};
 
 /// Saves and commits `hashes` (what an engine does after computing them).
 fn save(cache: &mut CacheState, s: SessionId, ns: NsId, hashes: &[[u8; 32]]) -> Result<(), String> {
@@ -50,7 +36,7 @@ fn save(cache: &mut CacheState, s: SessionId, ns: NsId, hashes: &[[u8; 32]]) -> 
 /// The Manager's policy code: `CacheState` with `policy`, `capacity` blocks of DRAM.
 fn run_core(trace: &[Vec<u64>], capacity: u64, policy: Policy<BlockRef>) -> Result<Tally, String> {
     let mut cache = CacheState::with_policy_instance(&[capacity * BLOCK], policy);
-    let (s, ns) = open_replay(&mut cache)?;
+    let (s, ns) = open_replay(&mut cache, BLOCK)?;
     let mut t = Tally::default();
     for req in trace {
         let hashes: Vec<[u8; 32]> = req.iter().map(|&id| hash_of(id)).collect();
@@ -137,7 +123,7 @@ fn run_core_tiered(
         order: std::collections::BTreeMap::new(),
         clock: 0,
     };
-    let (s, ns) = open_replay(&mut cache)?;
+    let (s, ns) = open_replay(&mut cache, BLOCK)?;
     let mut t = TierTally::default();
     for req in trace {
         let hashes: Vec<[u8; 32]> = req.iter().map(|&id| hash_of(id)).collect();
@@ -590,7 +576,7 @@ fn lookup_cost(kind: PolicyKind, ssd_blocks: u64) -> Result<f64, String> {
     if ssd_blocks > 0 {
         cache.enable_ssd_tiers(0, SpillPolicy::Evict, ssd_blocks * BLOCK);
     }
-    let (s, ns) = open_replay(&mut cache)?;
+    let (s, ns) = open_replay(&mut cache, BLOCK)?;
     let chains: Vec<Vec<[u8; 32]>> = (0..CHAINS)
         .map(|c| (0..32).map(|j| hash_of(c * 1000 + j)).collect())
         .collect();

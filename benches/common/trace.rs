@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use orbitkv_core::{CacheState, Fingerprint, NamespaceKey, NsId, SessionId};
+
 /// One request of a trace: its arrival (ms from the trace's start, 0 when
 /// the trace has none) and its block ids, prefix first.
 #[derive(Debug, Clone)]
@@ -137,4 +139,18 @@ pub fn parse_capacities(v: &str) -> Result<Vec<u64>, String> {
                 .map_err(|e| format!("--capacity {c}: {e}"))
         })
         .collect()
+}
+
+/// A replay's one session and namespace of `block_bytes` blocks.
+pub fn open_replay(cache: &mut CacheState, block_bytes: u64) -> Result<(SessionId, NsId), String> {
+    let s = cache.open_session();
+    let key = NamespaceKey {
+        fingerprint: Fingerprint([7; 32]),
+        shard: 0,
+        salt: [0; 32],
+    };
+    let (ns, _) = cache
+        .register_namespace(key, block_bytes)
+        .map_err(|e| e.to_string())?;
+    Ok((s, ns))
 }

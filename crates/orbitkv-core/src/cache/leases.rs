@@ -34,6 +34,18 @@ pub struct LookupResult {
     pub generation: u64,
 }
 
+impl LookupResult {
+    /// Nothing hit, nothing pinned.
+    fn miss(generation: u64) -> Self {
+        LookupResult {
+            lease: None,
+            hit_blocks: 0,
+            ssd_blocks: Vec::new(),
+            generation,
+        }
+    }
+}
+
 impl CacheState {
     /// Longest contiguous prefix of `hashes` that is visible, pinned under a
     /// new lease (none when the hit is empty).
@@ -84,12 +96,7 @@ impl CacheState {
         HotCounters::add(&self.hot.hit_blocks, u64::from(hit_blocks));
         HotCounters::add(&self.hot.ssd_hit_blocks, ssd_blocks.len() as u64);
         if keys.is_empty() {
-            return Ok(LookupResult {
-                lease: None,
-                hit_blocks: 0,
-                ssd_blocks: Vec::new(),
-                generation,
-            });
+            return Ok(LookupResult::miss(generation));
         }
         let id = self.record_lease(s, ns, keys, refs, None, spill);
         Ok(LookupResult {
@@ -212,12 +219,7 @@ impl CacheState {
         }
         let hit_blocks = keys.len() as u32;
         if keys.is_empty() {
-            return Ok(LookupResult {
-                lease: None,
-                hit_blocks: 0,
-                ssd_blocks: Vec::new(),
-                generation,
-            });
+            return Ok(LookupResult::miss(generation));
         }
         let ssd_blocks = self.ssd_only(&keys);
         let id = LeaseId(self.next());
