@@ -13,6 +13,15 @@
 //! - `turns:T`: after each request that continues a conversation (turn 2 on), keep its
 //!   chain for T seconds (the application expects the user back; no future knowledge);
 //! - `every:T`: the same for every request, first turns included (no future knowledge);
+//! - `gap:K`: after each request that continues a conversation, keep its chain for K times
+//!   the gap since the conversation's previous turn (no future knowledge);
+//! - `first-done[:T]`: first turns `done` (most never return), later turns kept T seconds
+//!   (or no hint) (no future knowledge);
+//! - `continues:T`: keep for T seconds when the conversation goes on, `done` after its last
+//!   turn; `continues-gap:K` the same with K times its previous gap (first turns: K times
+//!   the trace's median gap). They know **whether** a conversation goes on, not when: an
+//!   agent loop or a chat the user has not closed knows it; for a chat trace it is the
+//!   trace's future;
 //! - `return-time`: keep until the conversation's next turn arrives (+1 s), `done` after
 //!   its last turn: an application that knows when it returns (an agent loop waiting on
 //!   a tool call), not a chat. **Uses the trace's future**: a reference for what hints can
@@ -23,7 +32,7 @@
 //!
 //!   cargo run --release -p orbitkv-benches --bin hint_sim -- \
 //!       --trace conversation.jsonl --capacity 4096,16384 \
-//!       --hints none,turns:120,every:120,return-time --retain-share 0.8 [--out hint_sim.json]
+//!       --hints none,turns:120,gap:1.5,continues:60,return-time --retain-share 0.8 [--out hint_sim.json]
 //!
 //! Traces are read from files the user provides; nothing is downloaded.
 
@@ -45,6 +54,10 @@ enum Hints {
     None,
     Turns { keep_ms: u64 },
     Every { keep_ms: u64 },
+    Gap { factor: f64 },
+    FirstDone { keep_ms: Option<u64> },
+    Continues { keep_ms: u64 },
+    ContinuesGap { factor: f64 },
     ReturnTime,
 }
 
@@ -57,13 +70,27 @@ impl Hints {
             }
             Ok((v * 1000.0) as u64)
         };
+        let factor = |k: &str| -> Result<f64, String> {
+            match k.parse::<f64>() {
+                Ok(v) if (0.1..=100.0).contains(&v) => Ok(v),
+                _ => Err(format!("--hints {s}: the factor must be from 0.1 to 100")),
+            }
+        };
         match s.split_once(':') {
             None if s == "none" => Ok(Hints::None),
             None if s == "return-time" => Ok(Hints::ReturnTime),
             Some(("turns", t)) => Ok(Hints::Turns { keep_ms: secs(t)? }),
             Some(("every", t)) => Ok(Hints::Every { keep_ms: secs(t)? }),
+            None if s == "first-done" => Ok(Hints::FirstDone { keep_ms: None }),
+            Some(("first-done", t)) => Ok(Hints::FirstDone {
+                keep_ms: Some(secs(t)?),
+            }),
+            Some(("continues", t)) => Ok(Hints::Continues { keep_ms: secs(t)? }),
+            Some(("gap", k)) => Ok(Hints::Gap { factor: factor(k)? }),
+            Some(("continues-gap", k)) => Ok(Hints::ContinuesGap { factor: factor(k)? }),
             _ => Err(format!(
-                "--hints {s:?}: expected none, turns:SECONDS, every:SECONDS or return-time"
+                "--hints {s:?}: expected none, turns:SECONDS, every:SECONDS, gap:FACTOR, \
+                 continues:SECONDS, continues-gap:FACTOR or return-time"
             )),
         }
     }
@@ -73,12 +100,31 @@ impl Hints {
             Hints::None => "none".into(),
             Hints::Turns { keep_ms } => format!("turns:{}", keep_ms as f64 / 1000.0),
             Hints::Every { keep_ms } => format!("every:{}", keep_ms as f64 / 1000.0),
+            Hints::Gap { factor } => format!("gap:{factor}"),
+            Hints::FirstDone { keep_ms: None } => "first-done".into(),
+            Hints::FirstDone { keep_ms: Some(k) } => format!("first-done:{}", k as f64 / 1000.0),
+            Hints::Continues { keep_ms } => format!("continues:{}", keep_ms as f64 / 1000.0),
+            Hints::ContinuesGap { factor } => format!("continues-gap:{factor}"),
             Hints::ReturnTime => "return-time".into(),
         }
     }
 
+    /// What the source knows of the trace's future: nothing, whether the conversation
+    /// goes on (not when), or when it returns.
+    fn knows(self) -> &'static str {
+        match self {
+            Hints::None
+            | Hints::Turns { .. }
+            | Hints::Every { .. }
+            | Hints::Gap { .. }
+            | Hints::FirstDone { .. } => "nothing",
+            Hints::Continues { .. } | Hints::ContinuesGap { .. } => "whether",
+            Hints::ReturnTime => "when",
+        }
+    }
+
     fn uses_future(self) -> bool {
-        self == Hints::ReturnTime
+        self.knows() != "nothing"
     }
 }
 
@@ -87,6 +133,9 @@ impl Hints {
 struct Turns {
     prev: Vec<Option<usize>>,
     next: Vec<Option<usize>>,
+    /// The median gap between consecutive turns (ms): the keep of a first turn that goes
+    /// on under `continues-gap` (the deployment's typical gap, known from its history).
+    median_gap_ms: u64,
 }
 
 fn turns(trace: &[Request]) -> Turns {
@@ -117,7 +166,16 @@ fn turns(trace: &[Request]) -> Turns {
             open.insert(chain[r.ids.len() - 2], i);
         }
     }
-    Turns { prev, next }
+    let mut gaps: Vec<u64> = (0..trace.len())
+        .filter_map(|i| prev[i].map(|p| trace[i].t_ms.saturating_sub(trace[p].t_ms)))
+        .collect();
+    gaps.sort_unstable();
+    let median_gap_ms = gaps.get(gaps.len() / 2).copied().unwrap_or(60_000);
+    Turns {
+        prev,
+        next,
+        median_gap_ms,
+    }
 }
 
 #[derive(Default)]
@@ -125,6 +183,13 @@ struct Run {
     tally: Tally,
     hints_sent: u64,
     stats: orbitkv_core::HintStats,
+}
+
+/// `factor` times the gap between a request and the previous turn of its conversation
+/// (what the application saw), from 1 s to the longest keep.
+fn scaled_gap(trace: &[Request], prev: usize, i: usize, factor: f64) -> u64 {
+    let gap = trace[i].t_ms.saturating_sub(trace[prev].t_ms) as f64;
+    ((gap * factor) as u64).clamp(1000, orbitkv_core::MAX_RETAIN_TTL_MS)
 }
 
 fn replay(
@@ -162,6 +227,29 @@ fn replay(
             Hints::None => None,
             Hints::Turns { keep_ms } => t.prev[i].map(|_| Retain::Keep { ttl_ms: keep_ms }),
             Hints::Every { keep_ms } => Some(Retain::Keep { ttl_ms: keep_ms }),
+            Hints::Gap { factor } => t.prev[i].map(|p| Retain::Keep {
+                ttl_ms: scaled_gap(trace, p, i, factor),
+            }),
+            Hints::FirstDone { keep_ms } => match (t.prev[i], keep_ms) {
+                (None, _) => Some(Retain::Done),
+                (Some(_), Some(k)) => Some(Retain::Keep { ttl_ms: k }),
+                (Some(_), None) => None,
+            },
+            Hints::Continues { keep_ms } => Some(match t.next[i] {
+                Some(_) => Retain::Keep { ttl_ms: keep_ms },
+                None => Retain::Done,
+            }),
+            Hints::ContinuesGap { factor } => Some(match (t.next[i], t.prev[i]) {
+                (Some(_), Some(p)) => Retain::Keep {
+                    ttl_ms: scaled_gap(trace, p, i, factor),
+                },
+                // A first turn that goes on: no gap of its own yet, the typical one.
+                (Some(_), None) => Retain::Keep {
+                    ttl_ms: ((t.median_gap_ms as f64 * factor) as u64)
+                        .clamp(1000, orbitkv_core::MAX_RETAIN_TTL_MS),
+                },
+                (None, _) => Retain::Done,
+            }),
             Hints::ReturnTime => Some(match t.next[i] {
                 Some(n) => Retain::Keep {
                     ttl_ms: (trace[n].t_ms.saturating_sub(req.t_ms) + 1000)
@@ -212,7 +300,7 @@ fn real_main() -> Result<(), String> {
             "--out" => out = Some(val()?),
             "-h" | "--help" => {
                 println!(
-                    "hint_sim --trace FILE... [--capacity N,...] [--hints none,turns:S,every:S,return-time] \
+                    "hint_sim --trace FILE... [--capacity N,...] [--hints none,turns:S,every:S,gap:K,first-done[:S],continues:S,continues-gap:K,return-time] \
                      [--retain-share X,...] [--policy KIND] [--out FILE.json]"
                 );
                 return Ok(());
@@ -266,7 +354,7 @@ fn real_main() -> Result<(), String> {
                     );
                     results.push(serde_json::json!({
                         "trace": path, "capacity_blocks": cap, "policy": kind.name(), "hints": h.name(),
-                        "uses_future": h.uses_future(), "retain_share": share, "hit_rate": rate,
+                        "uses_future": h.uses_future(), "knows": h.knows(), "retain_share": share, "hit_rate": rate,
                         "optimum": opt, "lru": lru, "of_optimum": rate / opt, "hints_sent": run.hints_sent,
                         "kept_blocks_total": r.kept_total, "refused_blocks_total": r.refused_total,
                         "expired_blocks_total": r.expired_total, "displaced_blocks_total": r.displaced_total,

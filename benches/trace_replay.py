@@ -15,10 +15,13 @@ default; `--pace X` issues each no earlier than its trace timestamp ÷ X after t
 (X = 1: the trace's own rate), so a disk that keeps up with the trace's rate but not
 with back-to-back replay shows the policy rather than the disk.
 
-`--hints none,turns:T,return-time` (with `--pace`) also sends retention hints an
-application could send, after each request, for its whole chain (`Client.retain`; the
+`--hints none,turns:T,continues:T,return-time` (with `--pace`) also sends retention hints
+an application could send, after each request, for its whole chain (`Client.retain`; the
 sources as in `benches/hint_sim.rs`): `turns:T` keeps each request that continues a
-conversation for T trace seconds; `return-time` keeps each request until its
+conversation for T trace seconds; `continues:T` keeps each request whose conversation
+goes on for T trace seconds and marks the last turn done — it knows **whether** the
+conversation goes on (the trace's future for a chat; an agent loop knows it), not when;
+`return-time` keeps each request until its
 conversation's next turn arrives (+1 trace second, +0.5 s of replay lateness) and marks
 the last turn done — it **uses the trace's future** (an application that knows when it
 returns). Durations are trace seconds ÷ PACE on the Manager's clock. One run per
@@ -215,12 +218,19 @@ def hint_plan(source: str, trace: list[list[int]], times: list[float], pace: flo
     if source.startswith("turns:"):
         keep = float(source.split(":", 1)[1]) / pace
         return [{"keep_for_s": keep} if p is not None else None for p in prev]
+    if source.startswith("continues:"):
+        # Knows whether the conversation goes on (an agent loop, a chat that was not
+        # closed), not when: keep for T, done after the last turn.
+        keep = float(source.split(":", 1)[1]) / pace
+        return [{"keep_for_s": keep} if n is not None else {"done": True} for n in nxt]
     if source == "return-time":
         return [
             {"keep_for_s": min(86_400.0, (times[n] - times[i] + 1.0) / pace + 0.5)} if n is not None else {"done": True}
             for i, n in enumerate(nxt)
         ]
-    raise SystemExit(f"trace_replay: --hints {source!r}: expected none, turns:SECONDS or return-time")
+    raise SystemExit(
+        f"trace_replay: --hints {source!r}: expected none, turns:SECONDS, continues:SECONDS or return-time"
+    )
 
 
 def _client(socket: str, tasks: Any, max_blocks: int, block: int, q: Any, start: float) -> None:
@@ -456,7 +466,7 @@ def main() -> int:
     ap.add_argument(
         "--hints",
         default="none",
-        help="retention hint sources, comma-separated: none, turns:SECONDS, return-time (needs --pace)",
+        help="retention hint sources, comma-separated: none, turns:S, continues:S, return-time (needs --pace)",
     )
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()

@@ -25,6 +25,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
+from orbitkv.engine.hints import RetentionHint
 from orbitkv.engine.identity import adapter_digest, model_config_digest
 from orbitkv.engine.session import ReconnectBackoff, connection_lost
 from orbitkv.hashing import fingerprint as namespace_fingerprint
@@ -335,6 +336,10 @@ class LinkerCore:
                 "offload_failures",
                 "offloads_suppressed",
                 "extra_key_rejected",
+                "hints_sent",
+                "hint_blocks",
+                "hints_rejected",
+                "hint_errors",
             ),
             0,
         )
@@ -556,6 +561,26 @@ class LinkerCore:
         s.users += 1
         self._offloads.append(_Offload(pending, handle, s, len(rows)))
         return True
+
+    # -- retention hints -------------------------------------------------------------------
+
+    def retain(self, rid: str, keys: list[str], hint: RetentionHint) -> None:
+        """Send a finished request's retention hint for its page chain (`keys`, SGLang's
+        page hashes); a failure is logged and counted, never raised."""
+        s = self._connect()
+        if s is None:
+            self.stats["hint_errors"] += 1
+            return
+        try:
+            applied, pending, _ = s.client.retain(s.ns, [bytes.fromhex(k) for k in keys], **hint.as_kwargs())
+        except Exception as exc:
+            self.stats["hint_errors"] += 1
+            if connection_lost(exc):
+                s.broken = True
+            logger.warning("orbitkv: retention hint of request %s failed (%s)", rid, exc)
+            return
+        self.stats["hints_sent"] += 1
+        self.stats["hint_blocks"] += applied + pending
 
     def num_completed_offloads(self) -> int:
         n = 0

@@ -8,9 +8,10 @@ when SGLang actually builds a cache or a linker that uses OrbitKV.
 - sglang 0.5.21: registers the `orbitkv` radix-cache backend
   (`--radix-cache-backend orbitkv`), built by `orbitkv.sglang.v0_5_21`.
 - sglang 0.5.23: the linker is selected by SGLang's dynamic linker backend
-  (`orbitkv.sglang.v0_5_23.OrbitKVLinker`); `register()` adds the caller-`extra_key`
-  guard as an AROUND hook on `UnifiedRadixCache.match_prefix` (inactive unless the
-  cache's linker is OrbitKV's). The `orbitkv` radix-cache backend is registered too,
+  (`orbitkv.sglang.v0_5_23.OrbitKVLinker`); `register()` adds two AROUND hooks, inactive
+  unless the cache's linker is OrbitKV's: the caller-`extra_key` guard on
+  `UnifiedRadixCache.match_prefix`, and on `UnifiedRadixCache.checkpoint` the sending of
+  a finished request's retention hint (`orbitkv.sglang.retention`). The `orbitkv` radix-cache backend is registered too,
   only to fail with the right launch flags.
 - any other release: the backend and the linker refuse to start, naming the version.
 """
@@ -27,6 +28,7 @@ from orbitkv.sglang import BACKEND_NAME, QUALIFIED_SGLANG
 RELEASE_MODULES = {"0.5.21": "orbitkv.sglang.v0_5_21", "0.5.23": "orbitkv.sglang.v0_5_23"}
 assert tuple(RELEASE_MODULES) == QUALIFIED_SGLANG
 MATCH_PREFIX_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
+CHECKPOINT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint"
 
 
 class UnsupportedSGLangVersion(RuntimeError):
@@ -63,6 +65,18 @@ def match_prefix_hook(original: Any, cache: Any, *args: Any, **kwargs: Any) -> A
     return importlib.import_module("orbitkv.sglang.v0_5_23").match_prefix_hook(original, cache, *args, **kwargs)
 
 
+def checkpoint_hook(original: Any, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    """0.5.23: a finished request's retention hint, only on a cache whose linker is
+    OrbitKV's (any other cache gets the release's call and imports nothing of OrbitKV)."""
+    linker = getattr(getattr(cache, "linker", None), "cache_linker", None)
+    if not getattr(linker, "orbitkv_rejects_caller_extra_key", False):
+        return original(cache, *args, **kwargs)
+    return importlib.import_module("orbitkv.sglang.v0_5_23").checkpoint_hook(original, cache, *args, **kwargs)
+
+
+_HOOKS = ((MATCH_PREFIX_TARGET, match_prefix_hook), (CHECKPOINT_TARGET, checkpoint_hook))
+
+
 def register() -> None:
     """Register the backend (and on 0.5.23 the match hook) once per process (idempotent)."""
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
@@ -72,13 +86,17 @@ def register() -> None:
     if version("sglang") == "0.5.23":
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        if not any(hook is match_prefix_hook for _, hook, _ in HookRegistry._hooks.get(MATCH_PREFIX_TARGET, [])):
-            HookRegistry.register(MATCH_PREFIX_TARGET, match_prefix_hook, HookType.AROUND)
+        for target, fn in _HOOKS:
+            if not any(hook is fn for _, hook, _ in HookRegistry._hooks.get(target, [])):
+                HookRegistry.register(target, fn, HookType.AROUND)
 
 
 def match_prefix_hook_applied() -> bool:
-    """True when the 0.5.23 guard is registered and applied in this process."""
+    """True when the 0.5.23 hooks (the guard and the hint sender) are registered and
+    applied in this process."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    hooks = HookRegistry._hooks.get(MATCH_PREFIX_TARGET, [])
-    return MATCH_PREFIX_TARGET in HookRegistry._patched and any(hook is match_prefix_hook for _, hook, _ in hooks)
+    return all(
+        target in HookRegistry._patched and any(hook is fn for _, hook, _ in HookRegistry._hooks.get(target, []))
+        for target, fn in _HOOKS
+    )

@@ -45,6 +45,7 @@ from orbitkv.sglang._shared import (
     screen_match,
 )
 from orbitkv.sglang.config import SGLangSettings, parse_settings
+from orbitkv.sglang.retention import request_hint, send_hint
 
 PINNED_SGLANG = "0.5.21"
 
@@ -100,16 +101,35 @@ class OrbitKVRadixCache(UnifiedRadixCache):
     """The released `UnifiedRadixCache` plus one guard (K3): a request with a caller
     `extra_key` is rejected at its first match (see `_shared.screen_match`); it is
     never looked up in OrbitKV, and nothing it computes is inserted or offloaded.
-    Everything else is the released class."""
+    And a finished request's retention hint (`orbitkv.sglang.retention`) is sent for
+    the page chain its insert ended on. Everything else is the released class."""
 
     orbitkv_linker: OrbitKVLinker
+    # The first insert of the `insert_req` running now (its whole page-aligned key; the
+    # release's second insert is the prompt alone): the node a hint's chain ends on.
+    _orbitkv_insert: list[Any] | None = None
 
     def match_prefix(self, params: Any) -> Any:
         return super().match_prefix(screen_match(self.orbitkv_linker, params))
 
+    def insert(self, params: Any) -> Any:
+        result = super().insert(params)
+        if self._orbitkv_insert is not None and not self._orbitkv_insert:
+            self._orbitkv_insert.append(result)
+        return result
+
     def insert_req(self, req: Any, **kwargs: Any) -> Any:
-        with _suppress(self.orbitkv_linker, caller_extra_key(req)):
-            return super().insert_req(req, **kwargs)
+        hint = request_hint(self.orbitkv_linker, req)
+        self._orbitkv_insert = [] if hint is not None else None
+        try:
+            with _suppress(self.orbitkv_linker, caller_extra_key(req)):
+                out = super().insert_req(req, **kwargs)
+            inserted = self._orbitkv_insert
+        finally:
+            self._orbitkv_insert = None
+        if hint is not None and inserted and not getattr(inserted[0], "rotation_tail_declined", False):
+            send_hint(self.orbitkv_linker, self, req, hint, inserted[0].last_device_node)
+        return out
 
     def cache_unfinished_req(self, req: Any, **kwargs: Any) -> Any:
         with _suppress(self.orbitkv_linker, caller_extra_key(req)):

@@ -24,7 +24,8 @@ Differences from 0.5.21 (verified against the installed 0.5.23 source):
 - the caller-`extra_key` rejection (K3) is an AROUND hook on
   `UnifiedRadixCache.match_prefix` registered through SGLang's public plugin
   `HookRegistry` by the entry point (`orbitkv.sglang.plugin`), active only on a cache
-  whose linker is this class.
+  whose linker is this class; retention hints are sent from an AROUND hook on
+  `UnifiedRadixCache.checkpoint` registered the same way.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from orbitkv.sglang._shared import (
     screen_match,
 )
 from orbitkv.sglang.config import SGLangSettings, parse_settings
+from orbitkv.sglang.retention import request_hint, send_hint
 
 PINNED_SGLANG = "0.5.23"
 LINKER_CONFIG_HINT = (
@@ -237,6 +239,20 @@ def match_prefix_hook(original: Any, cache: Any, params: Any, *args: Any, **kwar
     if linker.wrapper is None:
         linker.attach(wrapper)
     return original(cache, screen_match(linker, params), *args, **kwargs)
+
+
+def checkpoint_hook(original: Any, cache: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on `UnifiedRadixCache.checkpoint` (0.5.23), registered by the plugin,
+    only on a cache whose linker is the OrbitKV linker: after the final checkpoint of a
+    finished request (the release's `release_kv_cache`; a running request's chunk
+    checkpoints send nothing), its retention hint for the page chain the tree holds for
+    it, ending on the node the insert moved the request's lock to (`req.last_node`)."""
+    linker = cache.linker.cache_linker
+    hint = request_hint(linker, req) if req.finished() else None
+    out = original(cache, req, *args, **kwargs)
+    if hint is not None:
+        send_hint(linker, cache, req, hint, getattr(req, "last_node", None))
+    return out
 
 
 def build_tree_cache(ctx: Any) -> Any:

@@ -208,6 +208,7 @@ class Engine:
         lora_id: str | None = None,
         extra_key: str | None = None,
         cache_salt: str | None = None,
+        custom_params: dict[str, Any] | None = None,
     ) -> Any:
         """Waiting-queue match, then admission: init_load_back and the tree lock."""
         self._n += 1
@@ -215,7 +216,7 @@ class Engine:
             rid or f"r{self._n}",
             "",
             array("q", tokens),
-            SamplingParams(max_new_tokens=1),
+            SamplingParams(max_new_tokens=1, custom_params=custom_params),
             lora_id=lora_id,
             extra_key=extra_key,
             cache_salt=cache_salt,

@@ -46,7 +46,8 @@ from sglang.srt.mem_cache.registry import registered_radix_cache_backends
 after = sorted(m for m in ("orbitkv._native", "orbitkv.kvcopy", "orbitkv.sglang._shared",
                            "orbitkv.sglang.v0_5_21", "orbitkv.sglang.v0_5_23", "orbitkv.vllm")
                if m in sys.modules)
-hooks = [h.__qualname__ for _, h, _ in HookRegistry._hooks.get(plugin.MATCH_PREFIX_TARGET, [])]
+hooks = [h.__qualname__ for t in (plugin.MATCH_PREFIX_TARGET, plugin.CHECKPOINT_TARGET)
+         for _, h, _ in HookRegistry._hooks.get(t, [])]
 print(json.dumps([first, after, registered_radix_cache_backends(), hooks]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -54,8 +55,9 @@ print(json.dumps([first, after, registered_radix_cache_backends(), hooks]))
     assert first == []
     assert after == []
     assert "orbitkv" in backends
-    # 0.5.23: the caller-extra_key guard is registered once; 0.5.21 needs no hook.
-    assert hooks == (["match_prefix_hook"] if V0_5_23 else [])
+    # 0.5.23: the caller-extra_key guard and the hint sender are registered once each;
+    # 0.5.21 needs no hook (its cache is OrbitKV's subclass).
+    assert hooks == (["match_prefix_hook", "checkpoint_hook"] if V0_5_23 else [])
 
 
 def test_sglang_loads_the_installed_entry_point() -> None:
