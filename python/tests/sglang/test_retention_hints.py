@@ -27,6 +27,7 @@ from sglang_env import skip_module_if_unavailable
 skip_module_if_unavailable()
 
 from engine_manager import manager_in_short_dir  # noqa: E402
+from hint_cases import MALFORMED_HINTS  # noqa: E402
 from sglang_harness import PAGE, Engine, prompt  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -90,17 +91,7 @@ def test_done_marks_the_conversation_to_leave_first(orbit_manager: Any) -> None:
     assert st["hint_done_blocks"] == PAGES and st["hint_kept_blocks"] == 0
 
 
-@pytest.mark.parametrize(
-    ("bad", "reason"),
-    [
-        ({"keep": 5}, "unknown key"),
-        ({"keep_for_s": 5, "done": True}, "exactly one of"),
-        ({"keep_for_s": 0}, "24 hours"),
-        ({"keep_for_s": "soon"}, "number of seconds"),
-        ({"done": False}, "'done' must be true"),
-        ("forever", "must be an object"),
-    ],
-)
+@pytest.mark.parametrize(("bad", "reason"), MALFORMED_HINTS)
 def test_a_malformed_hint_is_refused_with_its_reason_and_the_request_runs(
     orbit_manager: Any, caplog: pytest.LogCaptureFixture, bad: object, reason: str
 ) -> None:

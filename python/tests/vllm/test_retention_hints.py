@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from engine_manager import manager_in_short_dir
+from hint_cases import MALFORMED_HINTS
 from vllm.v1.request import RequestStatus
 from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens
 
@@ -96,17 +97,7 @@ def test_done_marks_the_conversation_to_leave_first(model_dir: Path, tmp_path: P
         assert st["hint_done_blocks"] >= FULL_BLOCKS and st["hint_kept_blocks"] == 0
 
 
-@pytest.mark.parametrize(
-    ("hint", "reason"),
-    [
-        ({"keep": 5}, "unknown key"),
-        ({"keep_for_s": 5, "done": True}, "exactly one of"),
-        ({"keep_for_s": 0}, "24 hours"),
-        ({"keep_for_s": "soon"}, "number of seconds"),
-        ({"done": False}, "'done' must be true"),
-        ("forever", "must be an object"),
-    ],
-)
+@pytest.mark.parametrize(("hint", "reason"), MALFORMED_HINTS)
 def test_a_malformed_hint_is_refused_with_its_reason_and_the_request_runs(
     model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, hint: object, reason: str
 ) -> None:
