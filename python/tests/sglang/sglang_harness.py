@@ -86,6 +86,7 @@ class Engine:
         settings: dict[str, Any] | None = None,
         adapter_tag: str = "",
         build: bool = True,
+        kv_cache_events: bool = False,
     ) -> None:
         from orbitkv.sglang import plugin
 
@@ -143,6 +144,7 @@ class Engine:
             req_to_token_pool=self.req_pool,
             token_to_kv_pool_allocator=self.alloc,
             page_size=PAGE,
+            enable_kv_cache_events=kv_cache_events,  # SGLang's own KV events (`cache.take_events()`)
         )
         self.registered: list[Any] = []
         self.worker = SimpleNamespace(

@@ -136,7 +136,7 @@ def test_stored_and_removed_blocks_decode_with_vllms_classes_and_replay(events_m
         seqs = [s for _, s, _, _ in stream.batches]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "one sequence number per batch, no gap"
         stats = m.stats()
-        setting = {"enabled": True, "endpoint": pub, "replay": rep, "buffer": 10000, "int_hashes": False}
+        setting = {"enabled": True, "endpoint": pub, "replay": rep, "buffer": 10000, "hash_form": "bytes"}
         assert stats["kv_events"] == setting, "`orbitkv status` names the endpoints"
         assert stats["kv_events_published_total"] == len(stream.stored()) + len(stream.removed())
         assert stats["kv_events_dropped_total"] == 0

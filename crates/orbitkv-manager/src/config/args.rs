@@ -246,9 +246,15 @@ pub struct Args {
     #[arg(long)]
     pub kv_events_buffer: Option<usize>,
     /// Publish block hashes as their low 64 bits, big-endian, as an int (vLLM's
-    /// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), not as bytes
+    /// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), not as bytes; the same as
+    /// --kv-events-hash-form vllm-int
     #[arg(long)]
     pub kv_events_int_hashes: bool,
+    /// How block hashes are published, for the engine whose router reads them: bytes
+    /// (vLLM's default), vllm-int (as --kv-events-int-hashes) or sglang (SGLang's signed
+    /// 64-bit page hashes and media names) [default: bytes]
+    #[arg(long)]
+    pub kv_events_hash_form: Option<String>,
     /// TOML config file (keys as the long flags with underscores)
     #[arg(long, env = "ORBITKV_CONFIG")]
     #[serde(skip)]

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use super::ConfigError;
 use super::args::Args;
+pub use crate::events::wire::HashForm;
 
 /// Default number of batches kept for replay.
 pub const DEFAULT_BUFFER: usize = 10_000;
@@ -18,8 +19,8 @@ pub struct EventsSettings {
     pub replay: Option<String>,
     /// Batches kept for replay.
     pub buffer: usize,
-    /// Hashes as the low 64 bits (an int) instead of bytes.
-    pub int_hashes: bool,
+    /// How block hashes (and media) are written.
+    pub form: HashForm,
 }
 
 /// The KV-event settings, or `None` without `--kv-events`. Another `kv_events_*` setting
@@ -29,11 +30,13 @@ pub(super) fn events_settings(a: &mut Args, file: &mut Args) -> Result<Option<Ev
     let replay = a.kv_events_replay.take().or(file.kv_events_replay.take());
     let buffer = a.kv_events_buffer.take().or(file.kv_events_buffer.take());
     let int_hashes = a.kv_events_int_hashes || file.kv_events_int_hashes;
+    let form_name = a.kv_events_hash_form.take().or(file.kv_events_hash_form.take());
     let Some(endpoint) = endpoint.filter(|e| !e.eq_ignore_ascii_case("off")) else {
         let others = [
             ("kv_events_replay", replay.is_some()),
             ("kv_events_buffer", buffer.is_some()),
             ("kv_events_int_hashes", int_hashes),
+            ("kv_events_hash_form", form_name.is_some()),
         ];
         if let Some((name, _)) = others.iter().find(|(_, set)| *set) {
             return Err(ConfigError::Invalid(format!(
@@ -51,6 +54,21 @@ pub(super) fn events_settings(a: &mut Args, file: &mut Args) -> Result<Option<Ev
             )));
         }
     }
+    let form = match form_name.as_deref() {
+        None if int_hashes => HashForm::VllmInt,
+        None => HashForm::Bytes,
+        Some(f) => HashForm::parse(f).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "kv_events_hash_form {f:?}: expected bytes, vllm-int or sglang"
+            ))
+        })?,
+    };
+    if int_hashes && form != HashForm::VllmInt {
+        return Err(ConfigError::Invalid(format!(
+            "kv_events_int_hashes is vllm-int but kv_events_hash_form is {}: give one",
+            form.name()
+        )));
+    }
     let buffer = buffer.unwrap_or(DEFAULT_BUFFER);
     if buffer == 0 || buffer > 1_000_000 {
         return Err(ConfigError::Invalid(format!(
@@ -61,7 +79,7 @@ pub(super) fn events_settings(a: &mut Args, file: &mut Args) -> Result<Option<Ev
         endpoint,
         replay,
         buffer,
-        int_hashes,
+        form,
     }))
 }
 
@@ -97,6 +115,7 @@ fn check_endpoint(name: &str, e: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::super::ManagerConfig;
+    use super::HashForm;
 
     fn err(argv: &[&str]) -> String {
         let mut full = vec!["x"];
@@ -139,8 +158,30 @@ mod tests {
         .expect("ok");
         let e = c.events.expect("on");
         assert_eq!(
-            (e.replay.as_deref(), e.buffer, e.int_hashes),
-            (Some("ipc:///tmp/r.sock"), 10_000, true)
+            (e.replay.as_deref(), e.buffer, e.form),
+            (Some("ipc:///tmp/r.sock"), 10_000, HashForm::VllmInt)
         );
+        let on = [
+            "x",
+            "--kv-events",
+            "tcp://127.0.0.1:5557",
+            "--kv-events-hash-form",
+        ];
+        let form = |f: &str| {
+            let argv = on.iter().copied().chain([f]);
+            ManagerConfig::from_argv(argv).map(|c| c.events.map(|e| e.form))
+        };
+        assert_eq!(form("sglang").expect("ok"), Some(HashForm::Sglang));
+        assert_eq!(form("bytes").expect("ok"), Some(HashForm::Bytes));
+        assert!(err(&on[1..].iter().copied().chain(["int"]).collect::<Vec<_>>()).contains("expected bytes"));
+        let both = [
+            "--kv-events",
+            "tcp://127.0.0.1:5557",
+            "--kv-events-int-hashes",
+            "--kv-events-hash-form",
+            "sglang",
+        ];
+        assert!(err(&both).contains("give one"));
+        assert!(err(&["--kv-events-hash-form", "sglang"]).contains("kv_events is not"));
     }
 }

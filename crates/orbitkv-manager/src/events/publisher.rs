@@ -187,7 +187,7 @@ impl State {
             let Some(topic) = self.topic(cache, ns) else {
                 continue; // the namespace is gone: nothing left to tell about it
             };
-            let payload = Arc::new(wire::encode_batch(ts, &changes, self.settings.int_hashes));
+            let payload = Arc::new(wire::encode_batch(ts, &changes, self.settings.form));
             let seq = self.next_seq;
             self.next_seq += 1;
             let msg = frames([&topic, &seq.to_be_bytes(), &payload]);

@@ -7,8 +7,42 @@
 
 use orbitkv_core::BlockHash;
 
+/// How block hashes (and media) are written, for the engine whose routers read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HashForm {
+    /// vLLM's default: the block hash as bytes.
+    #[default]
+    Bytes,
+    /// vLLM with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the low 64 bits, big-endian,
+    /// as an unsigned int.
+    VllmInt,
+    /// SGLang's: a page hash's first 64 bits, big-endian, as a signed int (its
+    /// `hash_str_to_int64` of the hex page hash), media named as SGLang names them.
+    Sglang,
+}
+
+impl HashForm {
+    pub fn parse(s: &str) -> Option<HashForm> {
+        match s {
+            "bytes" => Some(HashForm::Bytes),
+            "vllm-int" => Some(HashForm::VllmInt),
+            "sglang" => Some(HashForm::Sglang),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HashForm::Bytes => "bytes",
+            HashForm::VllmInt => "vllm-int",
+            HashForm::Sglang => "sglang",
+        }
+    }
+}
+
 /// Where a block is served from: vLLM's `MEDIUM_CPU` (the Manager's DRAM) or
-/// `MEDIUM_STORAGE` (its SSD only; vLLM 0.33's name for its file-system tier).
+/// `MEDIUM_STORAGE` (its SSD only; vLLM 0.33's name for its file-system tier); SGLang's
+/// `CPU_PINNED` (host memory, its L2) and `DISK` (its L3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Medium {
     Cpu,
@@ -20,10 +54,12 @@ impl Medium {
         if in_dram { Medium::Cpu } else { Medium::Storage }
     }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Medium::Cpu => "CPU",
-            Medium::Storage => "STORAGE",
+    pub fn name(self, form: HashForm) -> &'static str {
+        match (self, form) {
+            (Medium::Cpu, HashForm::Sglang) => "CPU_PINNED",
+            (Medium::Storage, HashForm::Sglang) => "DISK",
+            (Medium::Cpu, _) => "CPU",
+            (Medium::Storage, _) => "STORAGE",
         }
     }
 }
@@ -39,7 +75,7 @@ pub enum Change {
 /// the epoch). A run of removals from one medium is one `BlockRemoved`; each store is its own
 /// `BlockStored` (its hashes would otherwise claim to be one chain), in vLLM's placeholder
 /// form: no parent, no token ids, block size 0 (the Manager does not hold tokens).
-pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
+pub fn encode_batch(ts: f64, changes: &[Change], form: HashForm) -> Vec<u8> {
     let mut events: Vec<(bool, Medium, Vec<BlockHash>)> = Vec::new();
     for c in changes {
         match *c {
@@ -68,7 +104,7 @@ pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
         str_(w, "type");
         str_(w, ty);
         str_(w, "block_hashes");
-        hash_list(w, hashes, int_hashes);
+        hash_list(w, hashes, form);
         if *stored {
             str_(w, "parent_block_hash");
             let _ = rmp::encode::write_nil(w);
@@ -80,7 +116,7 @@ pub fn encode_batch(ts: f64, changes: &[Change], int_hashes: bool) -> Vec<u8> {
             let _ = rmp::encode::write_nil(w);
         }
         str_(w, "medium");
-        str_(w, medium.name());
+        str_(w, medium.name(form));
         if *stored {
             str_(w, "lora_name");
             let _ = rmp::encode::write_nil(w);
@@ -94,15 +130,23 @@ fn str_(w: &mut Vec<u8>, s: &str) {
     let _ = rmp::encode::write_str(w, s);
 }
 
-fn hash_list(w: &mut Vec<u8>, hashes: &[BlockHash], int_hashes: bool) {
+fn hash_list(w: &mut Vec<u8>, hashes: &[BlockHash], form: HashForm) {
     let _ = rmp::encode::write_array_len(w, hashes.len() as u32);
     for h in hashes {
-        if int_hashes {
-            let _ = rmp::encode::write_uint(w, low64(h));
-        } else {
-            let _ = rmp::encode::write_bin(w, h);
-        }
+        let _ = match form {
+            HashForm::Bytes => rmp::encode::write_bin(w, h),
+            HashForm::VllmInt => rmp::encode::write_uint(w, low64(h)).map(|_| ()),
+            HashForm::Sglang => rmp::encode::write_sint(w, high64_signed(h)).map(|_| ()),
+        };
     }
+}
+
+/// SGLang's `hash_str_to_int64` of the hash's hex: its first 16 hex digits (the first 8
+/// bytes, big-endian) as a signed 64-bit int.
+pub fn high64_signed(h: &BlockHash) -> i64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[..8]);
+    i64::from_be_bytes(b)
 }
 
 /// vLLM's `maybe_convert_block_hash` with int hashes: the hash read big-endian, low 64 bits.
@@ -129,7 +173,7 @@ mod tests {
                 Change::Removed(h(2), Medium::Cpu),
                 Change::Removed(h(3), Medium::Cpu),
             ],
-            false,
+            HashForm::Bytes,
         );
         let mut want = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x92, 0x88];
         want.extend(fixstr("type"));
@@ -176,9 +220,43 @@ mod tests {
         h[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
         h[0] = 0xff;
         assert_eq!(low64(&h), 0x0102_0304_0506_0708);
-        let got = encode_batch(0.0, &[Change::Removed(h, Medium::Cpu)], true);
+        let got = encode_batch(0.0, &[Change::Removed(h, Medium::Cpu)], HashForm::VllmInt);
         let tail = [0x91, 0xcf, 1, 2, 3, 4, 5, 6, 7, 8];
         assert!(got.windows(tail.len()).any(|w| w == tail), "{got:02x?}");
+    }
+
+    #[test]
+    fn sglang_hashes_are_the_first_64_bits_signed_with_sglangs_media() {
+        // SGLang's hash_str_to_int64("ff01...") = int("ff01020304050607", 16) - 2**64.
+        let mut h = [0u8; 32];
+        h[..8].copy_from_slice(&[0xff, 1, 2, 3, 4, 5, 6, 7]);
+        h[31] = 0xee;
+        assert_eq!(high64_signed(&h), 0xff01_0203_0405_0607u64 as i64);
+        assert!(high64_signed(&h) < 0);
+        let got = encode_batch(
+            0.0,
+            &[
+                Change::Stored(h, Medium::Cpu),
+                Change::Removed(h, Medium::Storage),
+            ],
+            HashForm::Sglang,
+        );
+        let tail = [0x91, 0xd3, 0xff, 1, 2, 3, 4, 5, 6, 7];
+        assert_eq!(
+            got.windows(tail.len()).filter(|w| *w == tail).count(),
+            2,
+            "{got:02x?}"
+        );
+        let find = |s: &[u8]| got.windows(s.len()).filter(|w| *w == s).count();
+        assert_eq!((find(&fixstr("CPU_PINNED")), find(&fixstr("DISK"))), (1, 1));
+        // A positive one is written as the shortest unsigned int, as msgpack does.
+        h[0] = 0x01;
+        let got = encode_batch(0.0, &[Change::Removed(h, Medium::Cpu)], HashForm::Sglang);
+        let tail = [0x91, 0xcf, 1, 1, 2, 3, 4, 5, 6, 7];
+        assert!(got.windows(tail.len()).any(|w| w == tail), "{got:02x?}");
+        for f in [HashForm::Bytes, HashForm::VllmInt, HashForm::Sglang] {
+            assert_eq!(HashForm::parse(f.name()), Some(f));
+        }
     }
 
     #[test]
@@ -192,7 +270,7 @@ mod tests {
                 Change::Removed(h(2), Medium::Cpu),
                 Change::Removed(h(3), Medium::Storage),
             ],
-            false,
+            HashForm::Bytes,
         );
         // Three events: the store, one removal of two CPU blocks, one of a STORAGE block.
         assert_eq!(&got[10..11], &[0x93], "{got:02x?}");

@@ -133,7 +133,7 @@ pub fn json(v: &View<'_>) -> String {
                 "endpoint": e.endpoint,
                 "replay": e.replay,
                 "buffer": e.buffer,
-                "int_hashes": e.int_hashes,
+                "hash_form": e.form.name(),
             }),
             None => serde_json::json!({ "enabled": false }),
         },
