@@ -10,7 +10,14 @@ Rows, per prompt length (median of --reps distinct prompts; one generated token)
 - `offloading_cpu`: vLLM's own OffloadingConnector, same process, after the HBM prefix
   cache was emptied (`reset_prefix_cache`): its CPU copy is loaded.
 - `floor`: `hbm_hit` + the hit's KV bytes / the pinned host-to-device copy rate measured
-  in the same run (a 4 GiB `cudaMemcpy` from pinned memory, median of 5).
+  in the same run (a 4 GiB `cudaMemcpy` from pinned memory, median of 5). With `--tp N`
+  each rank restores its own 1/N of the bytes over its own link: the probe runs on the N
+  GPUs at once, the floor takes the slowest rank (`dma.per_rank` in the JSON).
+
+`--tp N` (2, 4, 8) runs every engine with `tensor_parallel_size=N` and every OrbitKV
+role with query control (`--enable-query-control` on the Manager, `orbitkv.query_control`
+in the connector): one Manager lookup per request, each rank redeeming its shard. Set
+`NCCL_NVLS_ENABLE=0` (kept off on the lent machines).
 
 Every row checks what it claims (`num_cached_tokens`, the Manager's hit counter, vLLM's
 external-hit counter) and records it. The model is a Llama-3-8B shape (32 layers, 8 KV
@@ -18,7 +25,7 @@ heads of 128, bf16) with vLLM's dummy weights (`load_format="dummy"`: determinis
 nothing to download). Needs a GPU, vLLM importable and the orbitkv wheel.
 
     python3 benches/engine_ttft.py --out ttft.json --png ttft.png [--lengths 2048,8192,32768] [--reps 3]
-        [--mode eager|compile] [--step-cost] [--sections plain,offload,dram,ssd]
+        [--mode eager|compile] [--tp N] [--step-cost] [--sections plain,offload,dram,ssd]
         [--orbitkv-variant 'inline={"orbitkv.async_lookups": false}' ...]
 
 `--sections` runs part of the rows (a device session too short for all: the rows
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -54,6 +62,7 @@ BLOCK = 16
 
 DMA_PROBE = r"""
 import json, sys, time, torch
+torch.cuda.set_device(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 n = 4 << 30
 src = torch.empty(n, dtype=torch.uint8, pin_memory=True); src.fill_(1)
 dst = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -119,6 +128,7 @@ def main() -> int:
     ap.add_argument("--ssd-capacity", default="24GiB")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--step-cost", action="store_true")
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every engine (1, 2, 4 or 8)")
     ap.add_argument(
         "--sections",
         default="plain,offload,dram,ssd",
@@ -138,6 +148,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.reps < 3:
         ap.error("--reps must be at least 3 (medians)")
+    if args.tp not in (1, 2, 4, 8):
+        ap.error("--tp must be 1, 2, 4 or 8 (the model's 8 KV heads split evenly)")
     lengths = [int(x) for x in args.lengths.split(",")]
     sections = set(args.sections.split(","))
     if not sections <= {"plain", "offload", "dram", "ssd"}:
@@ -173,19 +185,25 @@ def main() -> int:
         "seed": 0,
         "enforce_eager": args.mode == "eager",
     }
+    # With TP every OrbitKV role looks up once per request and each rank redeems its shard.
+    qc: dict[str, Any] = {"orbitkv.query_control": True} if args.tp > 1 else {}
+    if args.tp > 1:
+        llm["tensor_parallel_size"] = args.tp
     base = {"model": str(model), "metrics": True}
     result: dict[str, Any] = {
         "mode": args.mode,
         "lengths": lengths,
         "reps": args.reps,
         "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+        "tp": args.tp,
         "started": time.strftime("%FT%TZ", time.gmtime()),
     }
     t0 = time.monotonic()
 
-    dma = subprocess.run([sys.executable, "-c", DMA_PROBE], capture_output=True, text=True, check=True)
-    result["dma"] = json.loads(dma.stdout)
-    print(f"engine_ttft: pinned H2D {result['dma']['h2d_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
+    result["dma"] = dma_probe(args.tp)
+    print(
+        f"engine_ttft: pinned H2D {result['dma']['h2d_bytes_per_s'] / 1e9:.1f} GB/s (slowest of {args.tp})", flush=True
+    )
 
     roles: dict[str, Any] = {}
 
@@ -234,7 +252,7 @@ def main() -> int:
     mlog = work / "manager.log"
     m = Manager(mlog, "--dram-size", args.dram_size, *ssd)
     try:
-        cfg = connector_config(m.socket)
+        cfg = connector_config(m.socket, **qc)
         oll = llm | {"kv_transfer_config": cfg}
         roles["saver"] = run_driver(
             base
@@ -255,7 +273,7 @@ def main() -> int:
                 # `orbitkv.*` keys go to the connector, the others to vLLM's `LLM(...)`
                 conn = {k: v for k, v in extra.items() if k.startswith("orbitkv.")}
                 engine = {k: v for k, v in extra.items() if not k.startswith("orbitkv.")}
-                vcfg = connector_config(m.socket, **conn)
+                vcfg = connector_config(m.socket, **(qc | conn))
                 roles[f"reader_dram_{name}"] = run_driver(
                     base
                     | {"socket": m.socket, "llm": llm | engine | {"kv_transfer_config": vcfg}, "phases": dram_phases},
@@ -298,7 +316,7 @@ def main() -> int:
             base
             | {
                 "socket": m.socket,
-                "llm": llm | {"kv_transfer_config": connector_config(m.socket)},
+                "llm": llm | {"kv_transfer_config": connector_config(m.socket, **qc)},
                 "phases": [
                     gen("warmup", WARMUP),
                     *[gen(f"ssd_{n}", prompts[n], per_prompt_counters=True) for n in lengths],
@@ -313,7 +331,11 @@ def main() -> int:
             ph = [gen("warmup", WARMUP), {"op": "steps", "tag": "steps", "prompts": steps, "max_tokens": 64}]
             roles["steps_orbitkv"] = run_driver(
                 base
-                | {"socket": m.socket, "llm": llm | {"kv_transfer_config": connector_config(m.socket)}, "phases": ph},
+                | {
+                    "socket": m.socket,
+                    "llm": llm | {"kv_transfer_config": connector_config(m.socket, **qc)},
+                    "phases": ph,
+                },
                 work,
                 "steps_orbitkv",
                 step_env,
@@ -326,6 +348,24 @@ def main() -> int:
     if args.png:
         plot(result["rows"], lengths, args.png)
     return 0
+
+
+def dma_probe(tp: int) -> dict[str, Any]:
+    """The pinned host-to-device rate of each of the `tp` GPUs, all copying at once (as
+    the ranks restore at once); `h2d_bytes_per_s` is the slowest rank's."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DMA_PROBE, str(rank)], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+        )
+        for rank in range(tp)
+    ]
+    per_rank = []
+    for rank, p in enumerate(procs):
+        out, _ = p.communicate(timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"the DMA probe on GPU {rank} failed (rc {p.returncode})")
+        per_rank.append(json.loads(out))
+    return {"h2d_bytes_per_s": min(r["h2d_bytes_per_s"] for r in per_rank), "per_rank": per_rank}
 
 
 def phase(role: dict[str, Any], tag: str) -> dict[str, Any]:
@@ -357,7 +397,8 @@ def summarise(result: dict[str, Any], roles: dict[str, Any], lengths: list[int],
         if "plain" in roles:
             row["recompute_s"] = med(phase(roles["plain"], f"recompute_{n}")["outputs"], (0,), "recompute")
             row["hbm_hit_s"] = med(phase(roles["plain"], f"hbm_{n}")["outputs"], (hit_tokens,), "hbm")
-            row["floor_s"] = row["hbm_hit_s"] + row["hit_bytes"] / rate
+            # each rank restores its 1/TP of the bytes over its own link; the slowest decides
+            row["floor_s"] = row["hbm_hit_s"] + row["hit_bytes"] / result.get("tp", 1) / rate
         for src in ("dram", "ssd"):
             if f"reader_{src}" in roles:
                 outs = phase(roles[f"reader_{src}"], f"{src}_{n}")["outputs"]

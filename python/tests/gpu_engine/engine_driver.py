@@ -23,6 +23,11 @@ Phases (`op`):
 - `kill_manager_mid_load`: one request added, the engine stepped until the Manager
   pinned its hit, the Manager SIGKILLed (`manager_pid`), the engine stepped until the
   request finished; its tokens and logprobs recorded.
+- `kill_worker_mid_load` (TP > 1): one request added, the engine stepped until the
+  Manager pinned its hit, one rank's worker process SIGKILLed (`rank`, default 1, found
+  through the in-process executor's worker handles), the engine stepped until the
+  request finished or vLLM's executor failed (its policy for a dead worker: the engine
+  stops); the outcome, the outputs that finished, and the error.
 - `steps`: the prompts added at once (all misses) and the engine stepped until idle,
   each step timed (the step-time side of benches/engine_ttft.py's scheduler cost).
 - `serve_trace`: the prompts in order with at most `concurrency` in flight; per request
@@ -261,6 +266,31 @@ class Driver:
             "outputs": [record_output(o) for o in outs],
         }
 
+    def kill_worker_mid_load(self, phase: dict[str, Any]) -> dict[str, Any]:
+        engine = self.llm.llm_engine
+        executor = engine.model_executor  # set when the engine core runs in this process
+        rank = int(phase.get("rank", 1))
+        (victim,) = [h for h in executor.workers if h.rank == rank]
+        (prompt,) = self.prompts(phase)
+        engine.add_request("killed-worker", prompt, self.params(phase))
+        steps = self._step_until_pinned(engine)
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        outs: list[Any] = []
+        error = None
+        deadline = time.monotonic() + 120
+        try:
+            while engine.has_unfinished_requests() and time.monotonic() < deadline:
+                outs.extend(o for o in engine.step() if o.finished)
+        except Exception as exc:  # vLLM's policy for a dead worker: the executor fails
+            error = f"{type(exc).__name__}: {exc}"
+        return {
+            "steps_before_kill": steps,
+            "killed_rank": rank,
+            "killed_pid": victim.proc.pid,
+            "engine_error": error,
+            "outputs": [record_output(o) for o in outs],
+        }
+
     def steps(self, phase: dict[str, Any]) -> dict[str, Any]:
         """Per-step wall time of `count` engine steps over the prompts (all misses)."""
         engine = self.llm.llm_engine
@@ -363,6 +393,8 @@ class Driver:
                 rec = self.abort_mid_load(phase)
             elif op == "kill_manager_mid_load":
                 rec = self.kill_manager_mid_load(phase)
+            elif op == "kill_worker_mid_load":
+                rec = self.kill_worker_mid_load(phase)
             elif op == "steps":
                 rec = self.steps(phase)
             elif op == "serve_trace":
@@ -372,7 +404,7 @@ class Driver:
             else:
                 raise ValueError(f"unknown phase op {op!r}")
             rec |= {"op": op, "tag": phase.get("tag", op), "phase_s": time.perf_counter() - t}
-            if self.plan.get("metrics"):
+            if self.plan.get("metrics") and op != "kill_worker_mid_load":  # the engine is gone after it
                 rec["vllm_metrics"] = self.vllm_metrics()
             if HOOK_SECONDS:
                 rec["scheduler_hook_s"] = dict(HOOK_SECONDS)

@@ -60,6 +60,14 @@ PREEMPT_DECODE = 48
 PREEMPT = [[[700 + i, PREEMPT_LEN]] for i in range(8)]
 
 
+TP_MODES = ("tp2", "tp4")  # vLLM's default compile + CUDA graphs, one GPU per rank
+
+
+def tp_of(mode: str) -> int:
+    """The tensor-parallel size of a mode (1 unless `tpN`)."""
+    return int(mode[2:]) if mode in TP_MODES else 1
+
+
 def hit_tokens(segments: list[list[int]], cached_prefix_tokens: int | None = None) -> int:
     """Tokens a prefix hit covers: whole blocks, never the prompt's last token."""
     n = sum(length for _, length in segments)
@@ -139,6 +147,16 @@ class Manager:
 
         with _native.Client(self.socket, timeout_ms=5000, map_arena=False) as c:
             return dict(c.stats())
+
+    def settled_stats(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The stats once no lease or save is live (the engines' processes have exited and
+        the Manager dropped what their sessions held), or as they are at the deadline."""
+        deadline = time.monotonic() + timeout
+        st = self.stats()
+        while (st.get("live_leases") or st.get("live_saves")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            st = self.stats()
+        return st
 
     def stop(self) -> int | None:
         stop_process(self.proc, signal.SIGTERM)
@@ -228,6 +246,8 @@ def llm_kwargs(mode: str, **extra: Any) -> dict[str, Any]:
         "max_num_batched_tokens": 8192,  # explicit: `LLM` and `vllm serve` default differently
         "max_num_seqs": 256,
     }
+    if tp_of(mode) > 1:
+        kw["tensor_parallel_size"] = tp_of(mode)
     kw.update(extra)
     return kw
 
@@ -252,6 +272,31 @@ def roles_for(mode: str) -> list[Role]:
     share one Manager (the saver first)."""
     settle = {"op": "settle", "tag": "settle"}
     small_hbm = {"num_gpu_blocks_override": SMALL_HBM_BLOCKS}
+    if tp_of(mode) > 1:
+        # TP with query control: one Manager lookup per request, each rank redeems its
+        # shard. The last rank's worker is killed mid-load in a reader of its own (the
+        # engine core in its process, so the driver reaches the executor's workers).
+        kill = {"op": "kill_worker_mid_load", "tag": "kill_worker", "prompts": [LONG[0]], "rank": tp_of(mode) - 1}
+        return [
+            Role(
+                "ref",
+                [
+                    gen("full_cold", FULL),
+                    gen("full_hit", FULL),
+                    gen("partial_base", PARTIAL_BASE),
+                    gen("partial_hit", PARTIAL),
+                    gen("long_cold", LONG),
+                    gen("long_hit", LONG),
+                ],
+                connector=False,
+            ),
+            Role("saver", [gen("full", FULL), gen("partial_base", PARTIAL_BASE), gen("long", LONG), settle]),
+            Role(
+                "reader",
+                [gen("full", FULL, per_prompt_counters=True), gen("partial", PARTIAL, per_prompt_counters=True)],
+            ),
+            Role("reader_kill", [kill], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+        ]
     if mode == "batch_invariant":
         return [
             Role(
@@ -334,12 +379,17 @@ def roles_for(mode: str) -> list[Role]:
 
 def run_mode(mode: str, model: Path, out_dir: Path) -> SuiteRun:
     """All roles of one mode: `eager`, `compile` (vLLM's default: torch.compile + CUDA
-    graphs) or `batch_invariant` (eager with VLLM_BATCH_INVARIANT=1, for the cases whose
-    batches differ between the reference and the reader). A role that fails is recorded;
+    graphs), `batch_invariant` (eager with VLLM_BATCH_INVARIANT=1, for the cases whose
+    batches differ between the reference and the reader) or `tp2` / `tp4` (compile, TP
+    with query control on the Manager and the connector). A role that fails is recorded;
     the tests that need it fail naming it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     run = SuiteRun(mode, out_dir, model)
     env = {"VLLM_BATCH_INVARIANT": "1"} if mode == "batch_invariant" else {}
+    tp = tp_of(mode)
+    qc: dict[str, Any] = {"orbitkv.query_control": True} if tp > 1 else {}
+    if tp > 1:
+        env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the lent machines
     ref, *shared = roles_for(mode)
 
     def start(r: Role, m: Manager | None) -> None:
@@ -351,7 +401,7 @@ def run_mode(mode: str, model: Path, out_dir: Path) -> SuiteRun:
         }
         if m is not None:
             plan["socket"] = m.socket
-            plan["llm"]["kv_transfer_config"] = connector_config(m.socket)
+            plan["llm"]["kv_transfer_config"] = connector_config(m.socket, **qc)
             plan["phases"] = [
                 ph | {"manager_pid": m.proc.pid} if ph.get("manager_pid") == MANAGER_PID else ph for ph in r.phases
             ]
@@ -361,14 +411,14 @@ def run_mode(mode: str, model: Path, out_dir: Path) -> SuiteRun:
             run.errors[r.name] = str(exc)
 
     start(ref, None)
-    m = Manager(out_dir / "manager.log", "--dram-size", "4GiB")
+    m = Manager(out_dir / "manager.log", "--dram-size", "4GiB", *(["--enable-query-control"] if tp > 1 else []))
     try:
         for r in shared:
             start(r, m)
             if r.name == "saver":
                 run.roles["manager_after_saver"] = {"phases": [], "stats": m.stats()}
         if m.proc.poll() is None:
-            run.roles["manager_after"] = {"phases": [], "stats": m.stats()}
+            run.roles["manager_after"] = {"phases": [], "stats": m.settled_stats()}
     finally:
         m.stop()
     return run

@@ -6,7 +6,8 @@ without the connector. Roles and prompts: gpu_suite.py; one engine process per r
 Modes: `eager` (`enforce_eager=True`), `compile` (vLLM's default: torch.compile and
 CUDA graphs) and `batch_invariant` (eager, `VLLM_BATCH_INVARIANT=1`): cases whose
 batches differ between reference and reader (32 concurrent requests, preemption) are
-only bit-comparable when vLLM's kernels do not depend on the batch.
+only bit-comparable when vLLM's kernels do not depend on the batch. `tp2` / `tp4`:
+compile mode at tensor-parallel size 2 / 4 with query control (skipped with fewer GPUs).
 
     python -m pytest -q -rs python/tests/gpu_engine     # on a GPU host, vLLM installed
 """
@@ -26,6 +27,7 @@ from gpu_suite import (
     LONG,
     PARTIAL,
     PREEMPT,
+    TP_MODES,
     Manager,
     SuiteRun,
     VllmServer,
@@ -33,6 +35,7 @@ from gpu_suite import (
     hit_tokens,
     run_model_dir,
     settle_commits,
+    tp_of,
 )
 
 Suite = Callable[[str], SuiteRun]
@@ -187,3 +190,46 @@ def test_vllm_serve_with_the_connector_json_second_server_hits(suite: Suite, eng
     assert hits_before > 0, "the second server was not served by the Manager"
     assert answers[1]["num_cached_tokens"] in (None, hit_tokens(FULL[0]))
     same(answers[1], want, "vllm serve, second server")
+
+
+def need_gpus(mode: str) -> None:
+    import torch
+
+    if torch.cuda.device_count() < tp_of(mode):
+        pytest.skip(f"{mode} needs {tp_of(mode)} GPUs; {torch.cuda.device_count()} visible")
+
+
+@pytest.mark.parametrize("mode", TP_MODES)
+def test_tp_full_and_partial_hits_are_bit_identical_to_vllms_prefix_hit(suite: Suite, mode: str) -> None:
+    """TP with query control (one Manager lookup per request, each rank redeeming its
+    shard), CUDA graphs on: a fresh process's full and partial hits, bit for bit."""
+    need_gpus(mode)
+    run = suite(mode)
+    check_ref_hits(run, "full_hit", FULL)
+    check_ref_hits(run, "partial_hit", PARTIAL, prefix=1000)
+    for tag, ref_tag, prompts, prefix in (("full", "full_hit", FULL, None), ("partial", "partial_hit", PARTIAL, 1000)):
+        for i, (got, want, p) in enumerate(
+            zip(run.outputs("reader", tag), run.outputs("ref", ref_tag), prompts, strict=True)
+        ):
+            assert got["num_cached_tokens"] == hit_tokens(p, prefix), f"{mode} {tag}[{i}]: {got['num_cached_tokens']}"
+            assert got["manager"]["hit_blocks_total"] > 0, f"{mode} {tag}[{i}]: the Manager served no block"
+            same(got, want, f"{mode} {tag}[{i}]")
+
+
+@pytest.mark.parametrize("mode", TP_MODES)
+def test_tp_rank_killed_mid_load_leaks_nothing_and_serves_no_wrong_kv(suite: Suite, mode: str) -> None:
+    """The last rank's worker SIGKILLed while the request's hit is pinned: vLLM's policy
+    for a dead worker decides (its executor fails and the engine stops, or the request
+    finishes); whatever finished equals the hit or the recompute, and once the engine's
+    processes are gone the Manager holds no lease and no open save."""
+    need_gpus(mode)
+    run = suite(mode)
+    k = run.phase("reader_kill", "kill_worker")
+    assert k["killed_rank"] == tp_of(mode) - 1
+    hit, cold = run.outputs("ref", "long_hit")[0], run.outputs("ref", "long_cold")[0]
+    for got in k["outputs"]:
+        assert got["tokens"] in (hit["tokens"], cold["tokens"]), "tokens match neither the hit nor the recompute"
+        assert got["logprobs"] in (hit["logprobs"], cold["logprobs"]), "logprobs match neither"
+    assert k["engine_error"] is not None or k["outputs"], f"the request neither finished nor failed: {k}"
+    after = run.roles["manager_after"]["stats"]
+    assert (after["live_leases"], after["live_saves"]) == (0, 0), after

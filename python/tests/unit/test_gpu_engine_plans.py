@@ -17,7 +17,7 @@ sys.path.insert(0, str(SUITE))
 import engine_driver  # noqa: E402
 import gpu_suite  # noqa: E402
 
-MODES = ("eager", "compile", "batch_invariant")
+MODES = ("eager", "compile", "batch_invariant", *gpu_suite.TP_MODES)
 
 
 def driver_ops() -> set[str]:
@@ -89,3 +89,15 @@ def test_partial_hits_share_exactly_the_saved_prefix() -> None:
     fulls = [engine_driver.prompt_tokens(f) for f in gpu_suite.FULL]
     assert all(a[:16] != b[:16] for i, a in enumerate(fulls) for b in fulls[i + 1 :])
     assert gpu_suite.hit_tokens(gpu_suite.PARTIAL[0], 1000) == 992
+
+
+@pytest.mark.parametrize("mode", gpu_suite.TP_MODES)
+def test_tp_modes_run_every_engine_at_their_size_and_kill_the_last_rank(mode: str) -> None:
+    tp = gpu_suite.tp_of(mode)
+    assert tp in (2, 4) and gpu_suite.llm_kwargs(mode)["tensor_parallel_size"] == tp
+    assert not gpu_suite.llm_kwargs(mode)["enforce_eager"], "TP runs with CUDA graphs on"
+    (kill,) = [ph for r in gpu_suite.roles_for(mode) for ph in r.phases if ph["op"] == "kill_worker_mid_load"]
+    assert kill["rank"] == tp - 1
+    (role,) = [r for r in gpu_suite.roles_for(mode) if kill in r.phases]
+    assert role.env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0", "the driver reaches the workers in-process"
+    assert "tensor_parallel_size" not in gpu_suite.llm_kwargs("compile")
