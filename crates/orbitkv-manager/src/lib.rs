@@ -3,7 +3,7 @@
 //! Threads: an accept loop on the Unix socket, one thread per session, a
 //! quarantine reaper, and the loopback metrics endpoint. Cache policy lives in
 //! `orbitkv_core::CacheState` behind one mutex; this crate adds I/O only.
-#![deny(unsafe_code)] // allowed only in `tier/ssd.rs` and `tier/peer_slots.rs`, for arena slices handed to the SSD engine and to peer transfers, and `checksum.rs`, for AVX2 intrinsics
+#![deny(unsafe_code)] // allowed only in `tier/ssd.rs` and `tier/peer_slots.rs`, for arena slices handed to the SSD engine and to peer transfers, `checksum.rs`, for AVX2 intrinsics, and `malloc.rs`, for `mallopt`
 
 pub mod checksum;
 pub mod config;
@@ -12,6 +12,7 @@ mod framing;
 pub mod limits;
 #[macro_use]
 pub mod log;
+mod malloc;
 mod metrics;
 mod peer;
 mod presence;
@@ -351,6 +352,7 @@ pub fn run_until_signal(argv: Vec<String>, stop: Arc<std::sync::atomic::AtomicBo
             return 2;
         }
     };
+    let tuned = malloc::tune();
     let manager = match Manager::start(config) {
         Ok(m) => m,
         Err(e) => {
@@ -358,6 +360,12 @@ pub fn run_until_signal(argv: Vec<String>, stop: Arc<std::sync::atomic::AtomicBo
             return 1;
         }
     };
+    if !tuned {
+        log!(
+            Info,
+            "the C allocator is not glibc's: large fill buffers use its defaults (docs/operations.md, Memory)"
+        );
+    }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

@@ -28,7 +28,7 @@ use orbitkv_remote::store::{Hit, RemoteError, RemoteStore, StoreStats};
 use crate::shared::parts::{Arena, Shutdown};
 use crate::tier::{InternalSession, Tier, ssd_key, tier_namespace};
 
-/// Blocks read from the store before they are committed together.
+/// Most blocks one pipelined read asks for (then committed together).
 const FILL_BATCH: usize = 16;
 
 /// Bytes of replies one pipelined read asks for: enough to keep every node sending, few
@@ -140,9 +140,12 @@ impl RemoteTier {
             return 0;
         };
         let mut stored = 0;
-        for chunk in hashes.chunks(FILL_BATCH) {
-            // One pipelined read of the chunk; its leading run of hits is stored.
-            let keys: Vec<_> = chunk
+        // One pipelined read per group, its leading run of hits committed before the next
+        // read: at most one group's replies (≤ 8 MiB, or one block) are held at a time
+        // (16 blocks of 4 MiB held together outgrew the allocator's per-thread heap, which
+        // was then unmapped and faulted in again at every fill: half the read rate).
+        for group in hashes.chunks(pipeline_blocks(block_bytes)) {
+            let keys: Vec<_> = group
                 .iter()
                 .map(|h| {
                     ssd_key(&TierKey {
@@ -152,27 +155,20 @@ impl RemoteTier {
                     })
                 })
                 .collect();
-            let mut got: Vec<Hit> = Vec::with_capacity(keys.len());
-            for group in keys.chunks(pipeline_blocks(block_bytes)) {
-                let before = got.len();
-                got.extend(
-                    self.store
-                        .get_many(group, block_bytes)
-                        .into_iter()
-                        .map_while(Result::ok),
-                );
-                if got.len() - before < group.len() {
-                    break;
-                }
-            }
-            if got.is_empty() || store_blocks(arena, ns, &chunk[..got.len()], &got, block_bytes).is_none() {
+            let got: Vec<Hit> = self
+                .store
+                .get_many(&keys, block_bytes)
+                .into_iter()
+                .map_while(Result::ok)
+                .collect();
+            if got.is_empty() || store_blocks(arena, ns, &group[..got.len()], &got, block_bytes).is_none() {
                 break;
             }
             stored += got.len();
             self.counters
                 .filled
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
-            if got.len() < chunk.len() {
+            if got.len() < group.len() {
                 break;
             }
         }
