@@ -267,6 +267,19 @@ class Role:
 MANAGER_PID = "<the Manager's pid>"  # filled in once the Manager runs
 
 
+def reference(long: bool) -> Role:
+    """vLLM alone: each prompt cold, then its own prefix-cache hit (the LONG prompts too
+    when a fault case compares with them)."""
+    long_phases = [gen("long_cold", LONG), gen("long_hit", LONG)] if long else []
+    phases = [
+        gen("full_cold", FULL),
+        gen("full_hit", FULL),
+        gen("partial_base", PARTIAL_BASE),
+        gen("partial_hit", PARTIAL),
+    ]
+    return Role("ref", phases + long_phases, connector=False)
+
+
 def roles_for(mode: str) -> list[Role]:
     """Every role of one mode, in order: `ref` (no connector) first, then the roles that
     share one Manager (the saver first)."""
@@ -278,18 +291,7 @@ def roles_for(mode: str) -> list[Role]:
         # engine core in its process, so the driver reaches the executor's workers).
         kill = {"op": "kill_worker_mid_load", "tag": "kill_worker", "prompts": [LONG[0]], "rank": tp_of(mode) - 1}
         return [
-            Role(
-                "ref",
-                [
-                    gen("full_cold", FULL),
-                    gen("full_hit", FULL),
-                    gen("partial_base", PARTIAL_BASE),
-                    gen("partial_hit", PARTIAL),
-                    gen("long_cold", LONG),
-                    gen("long_hit", LONG),
-                ],
-                connector=False,
-            ),
+            reference(long=True),
             Role("saver", [gen("full", FULL), gen("partial_base", PARTIAL_BASE), gen("long", LONG), settle]),
             Role(
                 "reader",
@@ -318,19 +320,8 @@ def roles_for(mode: str) -> list[Role]:
             Role("reader_small", [gen("preempt", PREEMPT, together=True, max_tokens=PREEMPT_DECODE)], llm=small_hbm),
         ]
     eager = mode == "eager"
-    long_ref = [gen("long_cold", LONG), gen("long_hit", LONG)] if eager else []
     roles = [
-        Role(
-            "ref",
-            [
-                gen("full_cold", FULL),
-                gen("full_hit", FULL),
-                gen("partial_base", PARTIAL_BASE),
-                gen("partial_hit", PARTIAL),
-                *long_ref,
-            ],
-            connector=False,
-        ),
+        reference(long=eager),
         Role(
             "saver",
             [gen("full", FULL), gen("partial_base", PARTIAL_BASE), *([gen("long", LONG)] if eager else []), settle],

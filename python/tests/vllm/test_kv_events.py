@@ -12,64 +12,34 @@ from vllm_env import skip_module_if_unavailable
 
 skip_module_if_unavailable()
 
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import zmq
 from engine_manager import ManagerProcess, manager_in_short_dir
+from event_stream import EventStream, free_port
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens
 
 pytestmark = [pytest.mark.vllm, pytest.mark.native]
 
 BLOCK_BYTES = 1 << 20
-DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Stream:
-    """A SUB socket on the Manager's KV-event endpoint: every batch received, decoded."""
+class Stream(EventStream):
+    """The Manager's stream decoded as vLLM's `KVEventBatch`."""
 
     def __init__(self, endpoint: str) -> None:
-        self.ctx = zmq.Context()
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(endpoint)
-        time.sleep(0.3)  # a SUB socket misses what is published before it joined
-        self.batches: list[tuple[bytes, int, KVEventBatch, bytes]] = []
-
-    def until(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, f"the stream did not deliver in {timeout} s: {self.batches[-3:]}"
-            if self.sub.poll(100):
-                topic, seq, payload = self.sub.recv_multipart()
-                self.batches.append((topic, int.from_bytes(seq, "big"), DECODER.decode(payload), payload))
-
-    def events(self) -> Iterator[tuple[bytes, Any]]:
-        for topic, _, batch, _ in self.batches:
-            for e in batch.events:
-                yield topic, e
+        super().__init__(endpoint, KVEventBatch)
 
     def stored(self) -> list[Any]:
-        return [h for _, e in self.events() if isinstance(e, BlockStored) for h in e.block_hashes]
+        return self.hashes(BlockStored)
 
     def removed(self) -> list[Any]:
-        return [h for _, e in self.events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
-
-    def close(self) -> None:
-        self.sub.close(0)
-        self.ctx.term()
+        return self.hashes(BlockRemoved)
 
 
 def replay(endpoint: str, start: int) -> tuple[list[tuple[bytes, int, bytes]], bool]:
