@@ -61,7 +61,7 @@ fn run() {
     for k in &keys {
         assert!(store.put(k, &payload), "put");
     }
-    let shapes: Vec<usize> = vec![1, 2, 4, 16];
+    let shapes: Vec<usize> = vec![1, 2, 8, 16];
     let mut best = vec![Vec::new(); shapes.len() + 1];
     for _ in 0..rounds {
         let t = Instant::now();
