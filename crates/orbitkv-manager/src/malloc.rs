@@ -1,8 +1,8 @@
 //! The C allocator's settings for the Manager's large transient buffers.
 //!
-//! Remote-tier and peer fills receive each block into a buffer of the block's size
-//! (the `redis` crate allocates one per reply), hold it until the block is copied into
-//! the arena, and free it. With glibc's defaults a buffer of more than the dynamic mmap
+//! Remote-tier fills receive each block into a buffer of the block's size (the `redis`
+//! crate allocates one per reply), hold it until the block is copied into the arena, and
+//! free it. With glibc's defaults a buffer of more than the dynamic mmap
 //! threshold is a fresh `mmap` — every page faulted in and zeroed by the kernel — and
 //! `munmap`ed when freed; measured on a loopback Redis Cluster (`cargo run --release -p
 //! orbitkv-remote --example fill_rate`, 4 MiB blocks, 2-core VM) that churn halved the

@@ -5,6 +5,11 @@
 //!   scripts/redis-cluster.sh start /tmp/rc 21400
 //!   cargo run --release -p orbitkv-remote --example fill_rate -- /tmp/rc 21400 4194304 16 5
 //!       (cluster directory, base port, block bytes, blocks, rounds)
+//!
+//! It reads from a spawned thread, as the Manager's sessions do (glibc gives such threads
+//! heaps of their own); `DEADLINE_MS` sets the store's deadline (default 2000). Run it
+//! under `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=134217728`
+//! to read with the settings the Manager applies (`crates/orbitkv-manager/src/malloc.rs`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -78,7 +78,7 @@ _HOOKS = ((MATCH_PREFIX_TARGET, match_prefix_hook), (CHECKPOINT_TARGET, checkpoi
 
 
 def register() -> None:
-    """Register the backend (and on 0.5.23 the match hook) once per process (idempotent)."""
+    """Register the backend (and on 0.5.23 the two hooks) once per process (idempotent)."""
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
     if get_radix_cache_factory(BACKEND_NAME) is None:
@@ -91,7 +91,7 @@ def register() -> None:
                 HookRegistry.register(target, fn, HookType.AROUND)
 
 
-def match_prefix_hook_applied() -> bool:
+def hooks_applied() -> bool:
     """True when the 0.5.23 hooks (the guard and the hint sender) are registered and
     applied in this process."""
     from sglang.srt.plugins.hook_registry import HookRegistry

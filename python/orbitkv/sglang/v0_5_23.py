@@ -132,13 +132,13 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
         from sglang.srt.runtime_context import get_lora, get_parallel
 
         check_profile(server_args, params, components)
-        from orbitkv.sglang.plugin import match_prefix_hook_applied
+        from orbitkv.sglang.plugin import hooks_applied
 
-        if not match_prefix_hook_applied():
+        if not hooks_applied():
             raise UnsupportedProfileError(
                 "OrbitKV SGLang linker: the `orbitkv` sglang.srt.plugins entry point did not run in this process "
                 "(is SGLANG_PLUGINS set without orbitkv?): without its match_prefix hook a caller extra_key "
-                "could not be rejected"
+                "could not be rejected, without its checkpoint hook no retention hint would be sent"
             )
         settings = parse_settings(extra_config) if extra_config else parse_settings()
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()

@@ -75,8 +75,8 @@ from sglang.srt.mem_cache.registry import registered_radix_cache_backends
 from importlib.metadata import version
 applied = None
 if version("sglang") == "0.5.23":
-    from orbitkv.sglang.plugin import match_prefix_hook_applied
-    applied = match_prefix_hook_applied()
+    from orbitkv.sglang.plugin import hooks_applied
+    applied = hooks_applied()
 print(json.dumps([registered_radix_cache_backends(), applied]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -189,7 +189,7 @@ def test_0_5_23_linker_refuses_to_run_without_the_extra_key_guard(monkeypatch: p
     from orbitkv.sglang.v0_5_23 import OrbitKVLinker, UnsupportedProfileError
 
     e = Engine(NO_MANAGER, build=False)
-    monkeypatch.setattr(plugin, "match_prefix_hook_applied", lambda: False)
+    monkeypatch.setattr(plugin, "hooks_applied", lambda: False)
     with rank_override(), pytest.raises(UnsupportedProfileError, match="match_prefix hook"):
         OrbitKVLinker(e.args, e.params, components={ComponentType.FULL})
 

@@ -88,6 +88,19 @@ class ManagerProcess:
                 raise AssertionError(f"Manager stats never reached {expected} within {timeout} s: {seen}")
             time.sleep(0.01)
 
+    def quiet_counter(self, key: str, quiet: float = 0.5, timeout: float = 30.0) -> int:
+        """Counter `key` once it stopped changing for `quiet` seconds (a background
+        writer, such as the SSD write-behind, has caught up)."""
+        last, since = self.stats()[key], time.monotonic()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() - since < quiet:
+            assert time.monotonic() < deadline, f"{key} still moving after {timeout} s"
+            time.sleep(0.05)
+            now = self.stats()[key]
+            if now != last:
+                last, since = now, time.monotonic()
+        return int(last)
+
     def kill(self) -> None:
         """SIGKILL: no drain, no goodbye (a crashed Manager)."""
         if self.proc.poll() is None:

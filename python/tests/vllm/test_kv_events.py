@@ -29,19 +29,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.native]
 BLOCK_BYTES = 1 << 20
 
 
-def settled(m: ManagerProcess, key: str, quiet: float = 0.5, timeout: float = 30.0) -> int:
-    """The Manager's counter `key` once it stopped changing for `quiet` seconds."""
-    last, since = m.stats()[key], time.monotonic()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() - since < quiet:
-        assert time.monotonic() < deadline, f"{key} still moving after {timeout} s"
-        time.sleep(0.05)
-        now = m.stats()[key]
-        if now != last:
-            last, since = now, time.monotonic()
-    return int(last)
-
-
 class Stream(EventStream):
     """The Manager's stream decoded as vLLM's `KVEventBatch`."""
 
@@ -173,7 +160,7 @@ def test_a_block_moved_to_ssd_is_in_storage_and_back_in_cpu_once_staged(
                 )
                 # Slots still being written behind to SSD cannot take the staged blocks:
                 # let the writer finish (on a loaded machine it trails the saves).
-                settled(m, "ssd_spilled_blocks_total")
+                m.quiet_counter("ssd_spilled_blocks_total")
                 out = bytearray(len(first) * BLOCK_BYTES)
                 with c.lookup(ns, first) as lease:
                     assert lease.hit_blocks == len(first) and len(lease.ssd_blocks) == len(first)
