@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -354,9 +353,7 @@ def dma_probe(tp: int) -> dict[str, Any]:
     """The pinned host-to-device rate of each of the `tp` GPUs, all copying at once (as
     the ranks restore at once); `h2d_bytes_per_s` is the slowest rank's."""
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", DMA_PROBE, str(rank)], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
-        )
+        subprocess.Popen([sys.executable, "-c", DMA_PROBE, str(rank)], stdout=subprocess.PIPE, text=True)
         for rank in range(tp)
     ]
     per_rank = []
