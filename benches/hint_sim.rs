@@ -188,8 +188,12 @@ struct Run {
 /// `factor` times the gap between a request and the previous turn of its conversation
 /// (what the application saw), from 1 s to the longest keep.
 fn scaled_gap(trace: &[Request], prev: usize, i: usize, factor: f64) -> u64 {
-    let gap = trace[i].t_ms.saturating_sub(trace[prev].t_ms) as f64;
-    ((gap * factor) as u64).clamp(1000, orbitkv_core::MAX_RETAIN_TTL_MS)
+    keep_of(trace[i].t_ms.saturating_sub(trace[prev].t_ms), factor)
+}
+
+/// `factor` times `gap_ms`, from 1 s to the longest keep.
+fn keep_of(gap_ms: u64, factor: f64) -> u64 {
+    ((gap_ms as f64 * factor) as u64).clamp(1000, orbitkv_core::MAX_RETAIN_TTL_MS)
 }
 
 fn replay(
@@ -245,8 +249,7 @@ fn replay(
                 },
                 // A first turn that goes on: no gap of its own yet, the typical one.
                 (Some(_), None) => Retain::Keep {
-                    ttl_ms: ((t.median_gap_ms as f64 * factor) as u64)
-                        .clamp(1000, orbitkv_core::MAX_RETAIN_TTL_MS),
+                    ttl_ms: keep_of(t.median_gap_ms, factor),
                 },
                 (None, _) => Retain::Done,
             }),
