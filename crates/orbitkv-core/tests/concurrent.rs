@@ -6,7 +6,7 @@
 //! as if every lookup had taken the exclusive lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use orbitkv_core::policy::{Policy, PolicyKind};
@@ -80,9 +80,13 @@ fn shared_operations_beside_a_writer_never_hand_out_a_reused_slot() {
         (ns, c.open_session())
     };
     let stop = Arc::new(AtomicBool::new(false));
+    // Hits so far, all readers: the writer goes on until they had enough (a loaded machine
+    // may run the writer's rounds before the readers get scheduled).
+    let hit_count = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::new();
     for t in 0..4u64 {
-        let (cache, owners, stop) = (cache.clone(), owners.clone(), stop.clone());
+        let (cache, owners, stop, hit_count) =
+            (cache.clone(), owners.clone(), stop.clone(), hit_count.clone());
         readers.push(std::thread::spawn(move || {
             let s = cache.write().expect("lock").open_session();
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
@@ -99,6 +103,7 @@ fn shared_operations_beside_a_writer_never_hand_out_a_reused_slot() {
                     continue;
                 };
                 hits += 1;
+                hit_count.fetch_add(1, Ordering::Relaxed);
                 let fast = cache
                     .read()
                     .expect("lock")
@@ -148,7 +153,12 @@ fn shared_operations_beside_a_writer_never_hand_out_a_reused_slot() {
         }));
     }
     let mut rng = Rng(42);
-    for round in 0..3000u32 {
+    let started = std::time::Instant::now();
+    let mut round = 0u32;
+    while round < 3000
+        || (hit_count.load(Ordering::Relaxed) <= 200
+            && started.elapsed() < std::time::Duration::from_secs(60))
+    {
         let mut c = cache.write().expect("lock");
         c.apply_touches();
         c.check_invariants().expect("invariants under the exclusive lock");
@@ -160,6 +170,7 @@ fn shared_operations_beside_a_writer_never_hand_out_a_reused_slot() {
         }
         drop(c);
         std::thread::yield_now();
+        round += 1;
     }
     stop.store(true, Ordering::Relaxed);
     let mut total = (0, 0, 0);
