@@ -82,9 +82,12 @@ def _runtime() -> ctypes.CDLL:
         lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
         lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
         lib.cudaHostGetDevicePointer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_uint]
+        ptr, size = ctypes.c_void_p, ctypes.c_size_t
+        lib.cudaMemcpyAsync.argtypes = [ptr, ptr, size, ctypes.c_int, ptr]
         lib.cudaGetErrorString.argtypes = [ctypes.c_int]
         lib.cudaGetErrorString.restype = ctypes.c_char_p
-        for fn in (lib.cudaHostRegister, lib.cudaHostUnregister, lib.cudaHostGetDevicePointer, lib.cudaGetLastError):
+        fns = (lib.cudaHostRegister, lib.cudaHostUnregister, lib.cudaHostGetDevicePointer, lib.cudaMemcpyAsync)
+        for fn in (*fns, lib.cudaGetLastError):
             fn.restype = ctypes.c_int
         _cudart = lib
     return _cudart
@@ -97,6 +100,20 @@ def _check(rc: int, call: str, fix: str) -> None:
     lib.cudaGetLastError()  # clear the sticky last error so torch's next launch check does not report ours
     name = (lib.cudaGetErrorString(rc) or b"?").decode(errors="replace")
     raise CopyEngineError(f"{call} failed: CUDA error {rc} ({name}); {fix}")
+
+
+CUDA_MEMCPY_DEFAULT = 4  # the direction follows from the pointers (unified virtual addressing)
+
+
+def memcpy_async(dst: int, src: int, nbytes: int, stream: int) -> None:
+    """`cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream)`: between pinned host
+    memory (an ArenaView's segments, by host address) and device memory, on the GPU's copy
+    engines; `stream` is a `torch.cuda.Stream.cuda_stream` handle."""
+    _check(
+        _runtime().cudaMemcpyAsync(dst, src, nbytes, CUDA_MEMCPY_DEFAULT, stream),
+        f"cudaMemcpyAsync(0x{dst:x}, 0x{src:x}, {nbytes})",
+        "report this: both ends must be pinned host memory or device memory of the engine's GPU",
+    )
 
 
 class _DeviceArray:
@@ -195,11 +212,13 @@ class ArenaView:
         self.device = _normalise(device)
         self._tensors: dict[int, torch.Tensor] = {}
         self._sizes: dict[int, int] = {}
+        self._hosts: dict[int, int] = {}
         self._pinned: list[int] = []
         try:
             for seg, _ in client.segments():
                 addr, size = client.segment_address(seg)
                 self._sizes[seg] = int(size)
+                self._hosts[seg] = int(addr)
                 if self.device.type == "cpu":
                     raw = (ctypes.c_uint8 * size).from_address(addr)
                     self._tensors[seg] = torch.frombuffer(raw, dtype=torch.uint8)
@@ -228,6 +247,11 @@ class ArenaView:
         if t is None:
             raise ValueError(f"unknown arena segment {seg_id}; this view has segments {sorted(self._tensors)}")
         return t
+
+    def host_address(self, seg_id: int) -> int:
+        """The segment's address in this process (pinned on CUDA: DMA reaches it there)."""
+        self.segment(seg_id)  # the unknown-segment error
+        return self._hosts[seg_id]
 
     def close(self) -> None:
         """Drop the tensors; unpin each segment once no view in this process uses it. Drain

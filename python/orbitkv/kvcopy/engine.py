@@ -23,13 +23,20 @@ import torch
 from orbitkv.kvcopy import CopyEngineError
 from orbitkv.kvcopy.arena import ArenaView
 from orbitkv.kvcopy.checks import BatchChecks
+from orbitkv.kvcopy.dma import DmaPath
 from orbitkv.kvcopy.layout import LayerPages
 
 UNIT_CAP = 1 << 20  # arena rows never exceed 1 MiB
 CHUNK_BYTES = 64 << 20  # one index_select / index_copy_ pair moves at most this much
 _DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
-KERNELS = ("auto", "torch", "triton")
-KERNEL_ENV = "ORBITKV_COPY_KERNEL"  # what "auto" means when set: torch or triton
+KERNELS = ("auto", "torch", "triton", "dma")
+KERNEL_ENV = "ORBITKV_COPY_KERNEL"  # what "auto" means when set: torch, triton or dma
+# "auto" on CUDA copies blocks of at least this many bytes through the DMA copy engines, smaller
+# ones with the one-pass Triton kernel. Measured on the H200 (docs/performance.md, 2026-12-05):
+# with 2 MiB blocks dma serves the multi-turn trace 1.21x faster than triton (saves and loads
+# no longer take SMs from the forward pass) and moves random 2 MiB slots at the same rate;
+# at 512 KiB one memcpy per block reaches 0.71x of contiguous DMA (triton 0.88x), at 64 KiB 0.18x.
+DMA_AUTO_MIN_BLOCK = 2 << 20
 LOAD_PRIORITY = -1  # loads gate the next forward: the higher priority (lower number)
 SAVE_PRIORITY = 0
 
@@ -46,6 +53,11 @@ def slots_array(packed: bytes) -> np.ndarray:
 
 def _lowbit(x: int) -> int:
     return x & -x
+
+
+def _even(n: int) -> int:
+    """`n` rounded up to even: int64 index arrays placed there start 16-byte aligned."""
+    return n + (n & 1)
 
 
 @dataclass(frozen=True)
@@ -79,9 +91,13 @@ class CopyEngine:
     def __init__(self, layers: Sequence[LayerPages], arena: ArenaView, *, kernel: str = "auto") -> None:
         """`kernel`: "torch" copies in two passes (index ops through a staging buffer in
         device memory), "triton" in one (a Triton kernel, arena row <-> page, CUDA only;
-        refused with the reason where it cannot run), "auto" (default) the value of
-        $ORBITKV_COPY_KERNEL if set, else "triton" where it can run, else "torch"; the
-        choice and its reason are in `kernel` and `kernel_reason`."""
+        refused with the reason where it cannot run), "dma" through the GPU's copy engines
+        (`cudaMemcpyAsync` of whole blocks into a staging ring, the Triton kernel placing
+        pages on the device: `orbitkv.kvcopy.dma`; CUDA only, refused like "triton"),
+        "auto" (default) the value of $ORBITKV_COPY_KERNEL if set, else on CUDA where the
+        Triton kernel can run "dma" for blocks of at least `DMA_AUTO_MIN_BLOCK` bytes and
+        "triton" for smaller ones, else "torch"; the choice and its reason are in `kernel`
+        and `kernel_reason`."""
         if not layers:
             raise ValueError("expected at least one layer, got 0")
         self.arena = arena
@@ -99,7 +115,7 @@ class CopyEngine:
         self._views: dict[tuple[int, int], torch.Tensor] = {}
         self._flat_views: dict[tuple[str, int, int], torch.Tensor] = {}
         self._cuda = self.device.type == "cuda"
-        self._triton: Any = None  # the orbitkv.kvcopy.triton_copy module when selected
+        self._triton: Any = None  # the orbitkv.kvcopy.triton_copy module when selected (triton, dma)
         self._runs: list[dict[int, Any]] = []  # per layer: element size -> Runs
         self.kernel, self.kernel_reason = self._select_kernel(kernel)
         self._seg_rel: np.ndarray | None = None  # per segment: bytes from the lowest segment's start
@@ -109,6 +125,7 @@ class CopyEngine:
         self._lock = threading.Lock()
         self._free_events: list[torch.cuda.Event] = []
         self._inflight: deque[_Handle] = deque()
+        self._dma: DmaPath | None = None  # the dma kernel's staging rings and memcpys
         if self._cuda:
             self.load_stream = torch.cuda.Stream(self.device, priority=LOAD_PRIORITY)
             # A load's PCIe gathers run on `load_stream`; the copies from the staging buffers
@@ -124,8 +141,10 @@ class CopyEngine:
                 p.backing.record_stream(self.place_stream)
                 p.backing.record_stream(self.save_stream)
                 p.backing.record_stream(self.pack_stream)
-            if self.kernel == "triton":
+            if self.kernel in ("triton", "dma"):
                 self._warm_up_triton()
+            if self.kernel == "dma":
+                self._dma = DmaPath(self)
             # Every event a copy records exists before any graph capture: record each once here.
             events = [torch.cuda.Event() for _ in range(4 * self.num_layers + 4)]
             for e in events:
@@ -145,11 +164,25 @@ class CopyEngine:
             return "torch", f"{source}: two-pass torch index ops"
         if asked == "auto" and not self._cuda:
             return "torch", f"auto: two-pass torch index ops (pages on {self.device})"
+        if asked == "dma" and not self._cuda:
+            raise CopyEngineError(
+                f"the dma copy kernel needs CUDA pages (these are on {self.device}); use kernel='torch'"
+            )
         why = self._triton_unusable()
+        dma = f"{source}: DMA copy engines through a staging ring, pages placed by the Triton kernel"
+        if why is None and asked == "dma":
+            return "dma", dma
+        if why is None and asked == "auto" and self._cuda and self.block_bytes >= DMA_AUTO_MIN_BLOCK:
+            return "dma", f"{dma} (blocks of {self.block_bytes} bytes >= {DMA_AUTO_MIN_BLOCK})"
         if why is None:
-            return "triton", f"{source}: one-pass Triton kernel"
-        if asked == "triton":
-            raise CopyEngineError(f"the triton copy kernel cannot run here: {why}; use kernel='torch'")
+            small = (
+                f" (blocks of {self.block_bytes} bytes < {DMA_AUTO_MIN_BLOCK})"
+                if asked == "auto" and self._cuda
+                else ""
+            )
+            return "triton", f"{source}: one-pass Triton kernel{small}"
+        if asked in ("triton", "dma"):
+            raise CopyEngineError(f"the {asked} copy kernel cannot run here: {why}; use kernel='torch'")
         return "torch", f"auto: two-pass torch index ops ({why})"
 
     def _address_segments(self) -> None:
@@ -328,6 +361,15 @@ class CopyEngine:
         with self._lock:
             self._free_events.extend(events)
 
+    def _track(self, handle: _Handle) -> None:
+        """Remember a handle until its copy completes (its events then return to the pool)."""
+        with self._lock:
+            self._inflight.append(handle)
+
+    @staticmethod
+    def _dtype(elem: int) -> torch.dtype:
+        return _DTYPES[elem]
+
     def _reap(self) -> None:
         """Forget handles whose copies completed (their events return to the pool)."""
         while self._inflight and self._inflight[0]._poll():
@@ -347,6 +389,8 @@ class CopyEngine:
                 check(b)
             self._copy_on_cpu(segs, offs, ids, batches, self._load_part, to_pages=True)
             return LoadHandle(self, None)
+        if self._dma is not None:
+            return self._dma.load(segs, offs, ids, check)
         if self.kernel == "triton":
             return self._load_one_pass(segs, offs, ids, batches, check)
         n = self.num_layers
@@ -453,6 +497,8 @@ class CopyEngine:
                 check(b)
             self._copy_on_cpu(segs, offs, ids, batches, self._save_part, to_pages=False)
             return SaveHandle(self, None)
+        if self._dma is not None:
+            return self._dma.save(segs, offs, ids, after, check)
         if self.kernel == "triton":
             return self._save_one_pass(segs, offs, ids, batches, after, check)
         ready, done = self._take_events(2)
@@ -508,9 +554,10 @@ class CopyEngine:
         if self._seg_rel is not None:  # one group: slots as byte offsets from the lowest segment
             rel = self._seg_rel[segs] + offs
             align = _lowbit(int(np.bitwise_or.reduce(rel)) | 8) if rel.size else 8
-            return [(self._base_seg, align, slice(0, rel.size), slice(rel.size, 2 * rel.size))], np.concatenate(
-                (rel, ids)
-            )
+            at = _even(rel.size)  # the ids' pointer 16-byte aligned, as the kernels were compiled
+            host = np.zeros(at + ids.size, dtype=np.int64)
+            host[: rel.size], host[at:] = rel, ids
+            return [(self._base_seg, align, slice(0, rel.size), slice(at, at + ids.size))], host
         uniq = np.unique(segs)
         if uniq.size == 1:
             groups = [(int(uniq[0]), np.arange(segs.size))]
@@ -519,12 +566,15 @@ class CopyEngine:
         out: list[tuple[int, int, slice, slice]] = []
         chunks: list[np.ndarray] = []
         cursor = 0
-        for seg, pos in groups:
+        pad = np.zeros(1, dtype=np.int64)
+        for seg, pos in groups:  # every slice starts at an even position (a 16-byte aligned pointer)
             so = offs[pos]
             align = _lowbit(int(np.bitwise_or.reduce(so)) | 8)
-            chunks += [so, ids[pos]]
-            out.append((seg, align, slice(cursor, cursor + pos.size), slice(cursor + pos.size, cursor + 2 * pos.size)))
-            cursor += 2 * pos.size
+            odd = [pad] if pos.size & 1 else []
+            chunks += [so, *odd, ids[pos], *odd]
+            at = cursor + _even(pos.size)
+            out.append((seg, align, slice(cursor, cursor + pos.size), slice(at, at + pos.size)))
+            cursor = at + _even(pos.size)
         return out, np.concatenate(chunks)
 
     def _copy_layer_one_pass(
@@ -624,7 +674,7 @@ class CopyEngine:
         if not self._cuda:
             return
         s = stream if stream is not None else torch.cuda.current_stream(self.device)
-        # pages are read only on the pack stream (torch kernel) or the save stream (triton)
+        # pages are read only on the pack stream (torch and dma kernels) or the save stream (triton)
         s.wait_stream(self.save_stream if self.kernel == "triton" else self.pack_stream)
 
     def drain(self) -> None:

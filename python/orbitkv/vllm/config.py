@@ -40,8 +40,10 @@ COPY_ENGINES = ("auto", "torch")
 #   auto   - $ORBITKV_COPY_KERNEL if set, else the one-pass Triton kernel where Triton
 #            imports and the pages allow it, else torch (the choice is logged);
 #   triton - the one-pass Triton kernel; the worker fails at KV registration if it cannot run;
-#   torch  - two-pass torch index ops through a staging buffer.
-COPY_KERNELS = ("auto", "torch", "triton")
+#   torch  - two-pass torch index ops through a staging buffer;
+#   dma    - the GPU's copy engines (cudaMemcpyAsync of whole blocks through a staging
+#            ring), pages placed on the device by the Triton kernel; refused like triton.
+COPY_KERNELS = ("auto", "torch", "triton", "dma")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(autouse=True, params=["torch", "triton"])
+@pytest.fixture(autouse=True, params=["torch", "triton", "dma"])
 def copy_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("ORBITKV_COPY_KERNEL", request.param)
     return str(request.param)

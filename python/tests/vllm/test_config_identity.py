@@ -102,7 +102,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
         ({"orbitkv.scheduler_timeout_ms": True}, "orbitkv.scheduler_timeout_ms"),
         ({"orbitkv.kv_cache_layout": "NHD"}, "orbitkv.kv_cache_layout"),
         ({"orbitkv.copy_engine": "cupy"}, "orbitkv.copy_engine must be one of ['auto', 'torch']"),
-        ({"orbitkv.copy_kernel": "cuda"}, "orbitkv.copy_kernel must be one of ['auto', 'torch', 'triton']"),
+        ({"orbitkv.copy_kernel": "cuda"}, "orbitkv.copy_kernel must be one of ['auto', 'torch', 'triton', 'dma']"),
         ({"orbitkv.static_lora_adapters": {"x": "/nonexistent/adapter"}}, "not a local directory"),
         ({"orbitkv.static_lora_adapters": "x"}, "orbitkv.static_lora_adapters"),
         ({"orbitkv.query_control": "yes"}, "orbitkv.query_control must be true or false"),

@@ -302,7 +302,13 @@ def test_kernel_choice_is_explicit_and_refused_where_it_cannot_run(manager, monk
         assert auto.kernel == "torch" and "pages on cpu" in auto.kernel_reason
         with pytest.raises(Exception, match="triton copy kernel cannot run here: pages on cpu"):
             CopyEngine(layers, arena, kernel="triton")
-        with pytest.raises(ValueError, match=r"kernel must be one of \['auto', 'torch', 'triton'\], got 'cuda'"):
+        with pytest.raises(Exception, match="dma copy kernel needs CUDA pages \\(these are on cpu\\)"):
+            CopyEngine(layers, arena, kernel="dma")
+        monkeypatch.setenv("ORBITKV_COPY_KERNEL", "dma")  # an explicit choice through the variable too
+        with pytest.raises(Exception, match="dma copy kernel needs CUDA pages"):
+            CopyEngine(layers, arena)
+        monkeypatch.delenv("ORBITKV_COPY_KERNEL")
+        with pytest.raises(ValueError, match=r"kernel must be one of \['auto', 'torch', 'triton', 'dma'\], got 'cuda'"):
             CopyEngine(layers, arena, kernel="cuda")
         monkeypatch.setenv("ORBITKV_COPY_KERNEL", "fast")
         with pytest.raises(ValueError, match=r"\$ORBITKV_COPY_KERNEL must be one of"):
@@ -310,6 +316,22 @@ def test_kernel_choice_is_explicit_and_refused_where_it_cannot_run(manager, monk
         monkeypatch.setenv("ORBITKV_COPY_KERNEL", "torch")
         assert CopyEngine(layers, arena).kernel_reason.startswith("$ORBITKV_COPY_KERNEL")
         arena.close()
+
+
+def test_dma_runs_join_adjacent_slots_in_batch_order() -> None:
+    """The dma kernel issues one memcpy per run of slots that follow each other in the
+    arena in batch order; any other order starts a new run."""
+    from orbitkv.kvcopy.dma import slot_runs
+
+    bb = 1 << 20
+    addrs = np.array([0, bb, 2 * bb, 10 * bb, 9 * bb, 11 * bb, 12 * bb, 12 * bb + 8], dtype=np.int64)
+    starts, lengths = slot_runs(addrs, bb)
+    assert starts.tolist() == [0, 3, 4, 5, 7] and lengths.tolist() == [3, 1, 1, 2, 1]
+    assert int(lengths.sum()) == addrs.size
+    one, n = slot_runs(np.array([5 * bb]), bb)
+    assert one.tolist() == [0] and n.tolist() == [1]
+    empty, m = slot_runs(np.empty(0, dtype=np.int64), bb)
+    assert empty.size == 0 and m.size == 0
 
 
 def test_triton_warm_up_launch_moves_nothing() -> None:
