@@ -13,6 +13,10 @@ generated tokens/s, time to first token p50/p99 (from the request's entry), and 
 of prompt tokens served from a cache; ratios to no connector.
 
     python3 benches/engine_serving.py --out serving.json [--requests 200] [--hbm-blocks 2048]
+        [--orbitkv-variant 'dma={"orbitkv.copy_kernel": "dma"}' ...]
+
+`--orbitkv-variant NAME=JSON` adds the system `orbitkv_NAME`: OrbitKV with those connector
+settings (a fresh Manager, as for `orbitkv`), after the `--systems` rows.
 
 Model: the Llama-3-8B shape with vLLM's dummy weights (benches/engine_ttft.py).
 """
@@ -73,7 +77,23 @@ def main() -> int:
     ap.add_argument("--mode", choices=("eager", "compile"), default="compile")
     ap.add_argument("--systems", default="none,offloading,orbitkv")
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--orbitkv-variant", action="append", default=[], metavar="NAME=JSON")
     args = ap.parse_args()
+    variants: dict[str, dict[str, Any]] = {}
+    for v in args.orbitkv_variant:
+        name, sep, js = v.partition("=")
+        if not sep or not name.isidentifier():
+            ap.error(f"--orbitkv-variant {v!r}: expected NAME=JSON")
+        try:
+            variants[name] = dict(json.loads(js))
+        except (ValueError, TypeError) as exc:
+            ap.error(f"--orbitkv-variant {name}: {exc}")
+        if not all(k.startswith("orbitkv.") for k in variants[name]):
+            ap.error(f"--orbitkv-variant {name}: only orbitkv.* connector settings")
+    systems = args.systems.split(",")
+    unknown = [s for s in systems if s not in ("none", "offloading", "orbitkv")]
+    if unknown:
+        ap.error(f"--systems: unknown {unknown}")
     trace = generate(args.requests, args.seed)
     longest = max(len(r) for r in trace) * args.tokens_per_id
     if longest + args.max_tokens > args.hbm_blocks * 16 // args.concurrency:
@@ -108,7 +128,8 @@ def main() -> int:
         "systems": {},
     }
     t0 = time.monotonic()
-    for system in args.systems.split(","):
+    runs = [(s, {}) for s in systems] + [(f"orbitkv_{n}", extra) for n, extra in variants.items()]
+    for system, extra in runs:
         if system == "none":
             res = run_driver(base | {"llm": llm}, work, "none", timeout=900)
         elif system == "offloading":
@@ -118,19 +139,15 @@ def main() -> int:
                 "offloading",
                 timeout=900,
             )
-        elif system == "orbitkv":
-            m = Manager(work / "manager.log", "--dram-size", f"{int(args.host_gib)}GiB")
+        else:  # orbitkv or a variant of it
+            m = Manager(work / f"manager_{system}.log", "--dram-size", f"{int(args.host_gib)}GiB")
             try:
+                cfg = connector_config(m.socket, **extra)
                 res = run_driver(
-                    base | {"socket": m.socket, "llm": llm | {"kv_transfer_config": connector_config(m.socket)}},
-                    work,
-                    "orbitkv",
-                    timeout=900,
+                    base | {"socket": m.socket, "llm": llm | {"kv_transfer_config": cfg}}, work, system, timeout=900
                 )
             finally:
                 m.stop()
-        else:
-            ap.error(f"unknown system {system!r}")
         out["systems"][system] = summary(res)
         out["wall_s"] = time.monotonic() - t0
         args.out.write_text(json.dumps(out, indent=1))  # a run cut short keeps what it measured

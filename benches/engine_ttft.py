@@ -35,7 +35,8 @@ measured are kept, the others are named missing, never filled in). Each
 row `orbitkv_dram_NAME_s`), to see what a setting costs or saves per hit.
 `--step-cost` adds the scheduler-side cost: the same all-miss batch stepped in an engine
 with and without OrbitKV (engine core in-process), per-step wall time and the time inside
-the connector's scheduler hooks.
+the connector's scheduler hooks (after the DRAM rows on their Manager, or after the SSD
+row on the restarted one when `ssd` is among the sections).
 """
 
 from __future__ import annotations
@@ -213,6 +214,22 @@ def main() -> int:
         result["rows"] = summarise(result, roles, lengths, args.reps)
         args.out.write_text(json.dumps(result, indent=1))
 
+    def step_cost(socket: str) -> None:
+        """All-miss steps (64 requests of 1,024 new tokens, OrbitKV saving every block) with
+        the connector's scheduler hooks timed, then the same without a connector."""
+        steps = [[[50_000 + i, 1024]] for i in range(64)]
+        step_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ORBITKV_TIME_SCHEDULER_HOOKS": "1"}
+        ph = [gen("warmup", WARMUP), {"op": "steps", "tag": "steps", "prompts": steps, "max_tokens": 64}]
+        cfg = connector_config(socket, **qc)
+        roles["steps_orbitkv"] = run_driver(
+            base | {"socket": socket, "llm": llm | {"kv_transfer_config": cfg}, "phases": ph},
+            work,
+            "steps_orbitkv",
+            step_env,
+        )
+        roles["steps_plain"] = run_driver(base | {"llm": llm, "phases": ph}, work, "steps_plain", step_env)
+        save()
+
     phases_plain = [gen("warmup", WARMUP)]
     for n in lengths:
         phases_plain += [gen(f"recompute_{n}", prompts[n]), gen(f"hbm_{n}", prompts[n])]
@@ -294,7 +311,7 @@ def main() -> int:
                 "reader_dram",
             )
         want = sum(n // BLOCK for n in lengths) * args.reps
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + (300 if "ssd" in sections else 0)
         while time.monotonic() < deadline and int(m.stats().get("ssd_blocks", 0)) < want:
             time.sleep(0.5)
         result["ssd_blocks_before_restart"] = on_ssd = int(m.stats().get("ssd_blocks", 0))
@@ -302,6 +319,8 @@ def main() -> int:
         if "ssd" in sections and on_ssd < want:
             print(f"engine_ttft: only {on_ssd} of {want} blocks on SSD after 300 s; the SSD row will miss", flush=True)
         save()
+        if args.step_cost and "ssd" not in sections:
+            step_cost(m.socket)  # on this Manager; with the SSD row, after it on the restarted one
     finally:
         m.stop()
     if "ssd" not in sections:
@@ -325,21 +344,7 @@ def main() -> int:
             "reader_ssd",
         )
         if args.step_cost:
-            steps = [[[50_000 + i, 1024]] for i in range(64)]
-            step_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ORBITKV_TIME_SCHEDULER_HOOKS": "1"}
-            ph = [gen("warmup", WARMUP), {"op": "steps", "tag": "steps", "prompts": steps, "max_tokens": 64}]
-            roles["steps_orbitkv"] = run_driver(
-                base
-                | {
-                    "socket": m.socket,
-                    "llm": llm | {"kv_transfer_config": connector_config(m.socket, **qc)},
-                    "phases": ph,
-                },
-                work,
-                "steps_orbitkv",
-                step_env,
-            )
-            roles["steps_plain"] = run_driver(base | {"llm": llm, "phases": ph}, work, "steps_plain", step_env)
+            step_cost(m.socket)
     finally:
         m.stop()
     save()

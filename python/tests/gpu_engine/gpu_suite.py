@@ -325,6 +325,8 @@ def roles_for(mode: str) -> list[Role]:
         Role(
             "saver",
             [gen("full", FULL), gen("partial_base", PARTIAL_BASE), *([gen("long", LONG)] if eager else []), settle],
+            # compile mode saves and restores through the GPU's copy engines (the dma kernel)
+            env={} if eager else {"ORBITKV_COPY_KERNEL": "dma"},
         ),
     ]
     if eager:
@@ -359,7 +361,7 @@ def roles_for(mode: str) -> list[Role]:
                 *faults,
             ],
             env={
-                "ORBITKV_COPY_KERNEL": "triton",
+                "ORBITKV_COPY_KERNEL": "triton" if eager else "dma",
                 # the abort and kill phases step the engine core in this process
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if eager else "1",
             },
