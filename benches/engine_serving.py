@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests" / "gpu_engine"))
 sys.path.insert(0, str(ROOT / "benches"))
 
-from engine_ttft import write_model  # noqa: E402
+from engine_ttft import parse_variants, write_model  # noqa: E402
 from gpu_suite import Manager, connector_config, run_driver  # noqa: E402
 from trace_replay import generate  # noqa: E402
 
@@ -79,17 +79,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--orbitkv-variant", action="append", default=[], metavar="NAME=JSON")
     args = ap.parse_args()
-    variants: dict[str, dict[str, Any]] = {}
-    for v in args.orbitkv_variant:
-        name, sep, js = v.partition("=")
-        if not sep or not name.isidentifier():
-            ap.error(f"--orbitkv-variant {v!r}: expected NAME=JSON")
-        try:
-            variants[name] = dict(json.loads(js))
-        except (ValueError, TypeError) as exc:
-            ap.error(f"--orbitkv-variant {name}: {exc}")
-        if not all(k.startswith("orbitkv.") for k in variants[name]):
-            ap.error(f"--orbitkv-variant {name}: only orbitkv.* connector settings")
+    variants = parse_variants(ap, args.orbitkv_variant, connector_only=True)
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in ("none", "offloading", "orbitkv")]
     if unknown:

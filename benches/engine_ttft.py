@@ -111,6 +111,23 @@ def gen(tag: str, prompts: list[Any], **kw: Any) -> dict[str, Any]:
 WARMUP = [[[12345, 512]], [[12346, 2048]]]
 
 
+def parse_variants(ap: argparse.ArgumentParser, values: list[str], *, connector_only: bool = False) -> dict[str, Any]:
+    """`--orbitkv-variant NAME=JSON` values as {name: settings}; bad ones end the program
+    through `ap.error` (with `connector_only`, any key but `orbitkv.*` too)."""
+    variants: dict[str, dict[str, Any]] = {}
+    for v in values:
+        name, sep, js = v.partition("=")
+        if not sep or not name.isidentifier():
+            ap.error(f"--orbitkv-variant {v!r}: expected NAME=JSON")
+        try:
+            variants[name] = dict(json.loads(js))
+        except (ValueError, TypeError) as exc:
+            ap.error(f"--orbitkv-variant {name}: {exc}")
+        if connector_only and not all(k.startswith("orbitkv.") for k in variants[name]):
+            ap.error(f"--orbitkv-variant {name}: only orbitkv.* connector settings")
+    return variants
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -154,15 +171,7 @@ def main() -> int:
     sections = set(args.sections.split(","))
     if not sections <= {"plain", "offload", "dram", "ssd"}:
         ap.error(f"--sections: unknown {sorted(sections - {'plain', 'offload', 'dram', 'ssd'})}")
-    variants: dict[str, dict[str, Any]] = {}
-    for v in args.orbitkv_variant:
-        name, sep, js = v.partition("=")
-        if not sep or not name.isidentifier():
-            ap.error(f"--orbitkv-variant {v!r}: expected NAME=JSON")
-        try:
-            variants[name] = dict(json.loads(js))
-        except (ValueError, TypeError) as exc:
-            ap.error(f"--orbitkv-variant {name}: {exc}")
+    variants = parse_variants(ap, args.orbitkv_variant)
     if max(lengths) + 64 > 40960:
         ap.error("a length above 40,896 tokens does not fit the model's context")
     work = args.work or Path(tempfile.mkdtemp(prefix="engine-ttft-"))

@@ -184,11 +184,7 @@ class DmaPath:
         ready, done = e._take_events(2)
         packed: list[torch.cuda.Event] = []
         pack, stream = e.pack_stream, e.save_stream
-        if after is None:
-            ready.record(torch.cuda.current_stream(e.device))
-            pack.wait_event(ready)
-        else:
-            pack.wait_event(after)
+        e._wait_for_pages(pack, after, ready)
         addrs = self.hosts[segs] + offs
         chunks = self._chunks(ids.size)
         with torch.cuda.stream(pack):

@@ -361,6 +361,17 @@ class CopyEngine:
         with self._lock:
             self._free_events.extend(events)
 
+    def _wait_for_pages(
+        self, stream: torch.cuda.Stream, after: torch.cuda.Event | None, ready: torch.cuda.Event
+    ) -> None:
+        """A save's first stream waits for `after` (the caller's event: the pages are
+        written), or with None for the current stream's work so far (recorded in `ready`)."""
+        if after is None:
+            ready.record(torch.cuda.current_stream(self.device))
+            stream.wait_event(ready)
+        else:
+            stream.wait_event(after)
+
     def _track(self, handle: _Handle) -> None:
         """Remember a handle until its copy completes (its events then return to the pool)."""
         with self._lock:
@@ -504,11 +515,7 @@ class CopyEngine:
         ready, done = self._take_events(2)
         packed: list[torch.cuda.Event] = []  # one per part (pack stream)
         pack, stream = self.pack_stream, self.save_stream
-        if after is None:
-            ready.record(torch.cuda.current_stream(self.device))
-            pack.wait_event(ready)
-        else:
-            pack.wait_event(after)
+        self._wait_for_pages(pack, after, ready)
         for bi, b in enumerate(batches):  # checked and planned while the earlier ranges' copies run
             self._check_or_unwind(check, b, bi > 0, [ready, done, *packed], load=False)
             by_layer, host = self._plan(segs[b], offs[b], ids[b])
@@ -637,11 +644,7 @@ class CopyEngine:
         """Pages -> arena on the save stream, after `after` (or the current stream's work)."""
         ready, done = self._take_events(2)
         stream = self.save_stream
-        if after is None:
-            ready.record(torch.cuda.current_stream(self.device))
-            stream.wait_event(ready)
-        else:
-            stream.wait_event(after)
+        self._wait_for_pages(stream, after, ready)
         with torch.cuda.stream(stream):
             for bi, b in enumerate(batches):  # checked and planned while the earlier ranges' copies run
                 self._check_or_unwind(check, b, bi > 0, [ready, done], load=False)
