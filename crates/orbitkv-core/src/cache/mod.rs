@@ -109,7 +109,9 @@ pub enum CacheError {
         "generation reset refused: {leases} lease(s) and {saves} pending save(s) still live on this fingerprint"
     )]
     Busy { leases: usize, saves: usize },
-    #[error("no DRAM space to stage {blocks} block(s) from SSD: every slot is pinned")]
+    #[error(
+        "no DRAM space to stage {blocks} block(s) from SSD: every slot is pinned by a lease or being written to SSD"
+    )]
     NoStagingSpace { blocks: usize },
     #[error("TP lookup refused: {0}")]
     TpGroup(String),

@@ -129,6 +129,7 @@ impl CacheState {
                 continue;
             };
             e.busy = Busy::Spilling;
+            self.tier.spilling += 1;
             jobs.push(SpillJob {
                 key,
                 tier_key,
@@ -141,6 +142,13 @@ impl CacheState {
 
     pub fn pending_spills(&self) -> usize {
         self.tier.spill_queue.len()
+    }
+
+    /// Spills handed out by [`Self::spill_candidates`] and not yet reported by
+    /// [`Self::spill_done`]: DRAM slots that become evictable once they end (an
+    /// acquire that found no staging space may wait for them).
+    pub fn spills_in_flight(&self) -> usize {
+        self.tier.spilling
     }
 
     /// A walk of DRAM's cold end is under way (`evict` policy): the next
@@ -186,6 +194,7 @@ impl CacheState {
 
     /// A spill finished; `ok` when the SSD copy is durable.
     pub fn spill_done(&mut self, job: &SpillJob, ok: bool) {
+        self.tier.spilling = self.tier.spilling.saturating_sub(1);
         match self.index.get_mut(&job.key) {
             Some(e) if e.busy == Busy::Spilling => {
                 e.busy = Busy::Idle;

@@ -81,6 +81,9 @@ pub(super) struct TierState {
     /// namespace → (generation, hash, block bytes).
     pub(super) dormant: HashMap<NamespaceKey, Vec<(u64, BlockHash, u64)>>,
     pub(super) removals: Vec<TierKey>,
+    /// Spill jobs handed out and not yet reported (`spill_done`): their DRAM
+    /// slots cannot be evicted until then.
+    pub(super) spilling: usize,
 }
 
 impl TierState {

@@ -6,6 +6,7 @@ use orbitkv_core::{
     AcquireStep, CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, Retain, SaveId, SaveStatus, SessionId,
 };
 use orbitkv_proto::{ErrorCode, Request, Response, RetainHold, SaveItem};
+use std::time::{Duration, Instant};
 
 use crate::shared::Shared;
 use crate::shared::parts::ServerCounters;
@@ -332,10 +333,17 @@ fn acquire_from_dram(shared: &Shared, s: SessionId, lease: u64) -> Option<Respon
     }
 }
 
+/// How long an acquire waits for spills in flight to free DRAM for its staging
+/// reads when every slot is pinned or being spilled, before it fails.
+const STAGING_SPACE_WAIT: Duration = Duration::from_secs(2);
+
 /// Hand out a lease's source slots, staging SSD-only blocks into DRAM first.
 /// A block that fails its integrity checks is dropped (a miss from now on)
 /// and the restore fails, with the lease retired: no copy was handed out.
+/// With no DRAM for the staging reads, it waits while spills are in flight
+/// (their slots become evictable as each ends), up to [`STAGING_SPACE_WAIT`].
 fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
+    let mut no_space_since: Option<Instant> = None;
     loop {
         let mut cache = shared.cache().write();
         match cache.acquire(s, l) {
@@ -362,6 +370,11 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
                 crate::tier::stage_for_lease(shared.arena(), shared.tier.as_deref(), jobs);
             }
             Err(e @ CacheError::NoStagingSpace { .. }) => {
+                let since = *no_space_since.get_or_insert_with(Instant::now);
+                if cache.spills_in_flight() > 0 && since.elapsed() < STAGING_SPACE_WAIT {
+                    shared.cache().wait_staged(cache); // woken as moves end, 100 ms at most
+                    continue;
+                }
                 let _ = cache.release(s, l);
                 return Response::error(ErrorCode::RestoreFailed, format!("{e}; lease released"));
             }
@@ -372,6 +385,168 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    use orbitkv_core::{
+        BlockHash, CacheState, Fingerprint, LeaseId, NamespaceKey, NsId, SaveStatus, SessionId,
+    };
+    use orbitkv_proto::{ErrorCode, Response};
+    use orbitkv_shm::{PageSize, Segment};
+
+    use super::acquire;
+    use crate::config::ManagerConfig;
+    use crate::shared::Shared;
+    use crate::tier::{MoveGuard, Spilled};
+
+    const BLOCK: u64 = 4096;
+
+    fn h(i: u8) -> BlockHash {
+        [i; 32]
+    }
+
+    /// A Manager's state with `slots` DRAM slots of one block and the real SSD
+    /// tier in `dir` with eager write-behind, built as `orbitkv serve` builds it.
+    fn with_ssd(dir: &Path, slots: u64) -> (Shared, SessionId, NsId) {
+        let dir = dir.to_str().expect("utf-8 path");
+        let argv = [
+            "x",
+            "--socket",
+            "/nonexistent/orbitkv-test.sock",
+            "--ssd-dir",
+            dir,
+            "--ssd-capacity",
+            "16MiB",
+            "--ssd-write-policy",
+            "eager",
+        ];
+        let config = ManagerConfig::from_argv(argv).expect("config");
+        let segment = Segment::create("orbitkv-acquire-test", slots * BLOCK, PageSize::Base).expect("memfd");
+        let mut cache = CacheState::new(&[slots * BLOCK]);
+        let settings = config.ssd.clone().expect("ssd settings");
+        let tier = crate::tier::open(&settings, &mut cache).expect("ssd tier");
+        let s = cache.open_session();
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([7; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        let (ns, _) = cache.register_namespace(key, BLOCK).expect("namespace");
+        (
+            Shared::new(config, vec![segment], cache, Some(Box::new(tier))),
+            s,
+            ns,
+        )
+    }
+
+    /// Save block `i` with every byte `i`, as a client does: slot, bytes, commit.
+    fn save(shared: &Shared, s: SessionId, ns: NsId, i: u8) {
+        let mut c = shared.cache().write();
+        let (id, st) = c.begin_save(s, ns, &[h(i)]).expect("begin");
+        let SaveStatus::Allocated(slot) = st[0] else {
+            panic!("no slot for block {i}: {st:?}");
+        };
+        let seg = &shared.segments[slot.segment as usize];
+        seg.mapping()
+            .write_at(slot.offset, &[i; BLOCK as usize])
+            .expect("write");
+        c.commit_save(s, id).expect("commit");
+    }
+
+    /// Spill what write-behind would spill now, through the real tier.
+    fn spill_now(shared: &Shared) {
+        let jobs = shared.cache().write().spill_candidates(8);
+        let tier = shared.tier.as_deref().expect("tier");
+        let ok: Vec<bool> = tier
+            .spill(&shared.segments, &jobs)
+            .iter()
+            .map(|r| matches!(r, Spilled::Durable))
+            .collect();
+        MoveGuard::new(shared.cache(), jobs).finish(&ok);
+    }
+
+    fn lease(shared: &Shared, s: SessionId, ns: NsId, i: u8) -> LeaseId {
+        let mut c = shared.cache().write();
+        c.lookup(s, ns, &[h(i)]).expect("lookup").lease.expect("a hit")
+    }
+
+    #[test]
+    fn a_restore_waits_for_spills_in_flight_to_free_dram_for_its_staging() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (shared, s, ns) = with_ssd(dir.path(), 2);
+        save(&shared, s, ns, 1);
+        spill_now(&shared);
+        save(&shared, s, ns, 2);
+        save(&shared, s, ns, 3); // block 1 now lives on SSD only
+        // A slow SSD: blocks 2 and 3 are being spilled, so neither DRAM slot can
+        // be evicted for block 1's staging read until those writes end.
+        let slow = shared.cache().write().spill_candidates(8);
+        assert_eq!(slow.len(), 2);
+        assert_eq!(shared.cache().read().spills_in_flight(), 2);
+        let l = lease(&shared, s, ns, 1);
+        let started = Instant::now();
+        let reply = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                let tier = shared.tier.as_deref().expect("tier");
+                let ok: Vec<bool> = tier
+                    .spill(&shared.segments, &slow)
+                    .iter()
+                    .map(|r| matches!(r, Spilled::Durable))
+                    .collect();
+                MoveGuard::new(shared.cache(), slow.clone()).finish(&ok);
+            });
+            acquire(&shared, s, l)
+        });
+        let Response::Slots { slots } = reply else {
+            panic!("the restore failed instead of waiting for the spills: {reply:?}");
+        };
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "it waited for the spills"
+        );
+        let (seg, off) = slots[0];
+        let mut got = vec![0u8; BLOCK as usize];
+        shared.segments[seg as usize]
+            .mapping()
+            .read_at(off, &mut got)
+            .expect("read");
+        assert!(got.iter().all(|&b| b == 1), "block 1 staged byte-exact from SSD");
+        assert_eq!(shared.cache().read().spills_in_flight(), 0);
+        shared.cache().write().check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn a_restore_with_every_slot_pinned_and_no_spill_in_flight_fails_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (shared, s, ns) = with_ssd(dir.path(), 2);
+        save(&shared, s, ns, 1);
+        spill_now(&shared);
+        save(&shared, s, ns, 2);
+        save(&shared, s, ns, 3);
+        spill_now(&shared);
+        // Both DRAM blocks pinned by acquired leases: nothing will free a slot.
+        for i in [2, 3] {
+            let l = lease(&shared, s, ns, i);
+            assert!(matches!(acquire(&shared, s, l), Response::Slots { .. }));
+        }
+        let l = lease(&shared, s, ns, 1);
+        let started = Instant::now();
+        let reply = acquire(&shared, s, l);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "no wait without spills in flight"
+        );
+        let Response::Error { code, message } = reply else {
+            panic!("expected a failed restore, got {reply:?}");
+        };
+        assert_eq!(code, ErrorCode::RestoreFailed as u16);
+        assert!(
+            message.contains("every slot is pinned by a lease") && message.contains("lease released"),
+            "{message}"
+        );
+    }
+
     #[test]
     fn the_wire_and_the_core_bound_a_keep_alike() {
         assert_eq!(
