@@ -456,6 +456,11 @@ mod tests {
     /// Spill what write-behind would spill now, through the real tier.
     fn spill_now(shared: &Shared) {
         let jobs = shared.cache().write().spill_candidates(8);
+        spill(shared, jobs);
+    }
+
+    /// Write `jobs` to the tier and report them, as write-behind does.
+    fn spill(shared: &Shared, jobs: Vec<orbitkv_core::SpillJob>) {
         let tier = shared.tier.as_deref().expect("tier");
         let ok: Vec<bool> = tier
             .spill(&shared.segments, &jobs)
@@ -470,14 +475,20 @@ mod tests {
         c.lookup(s, ns, &[h(i)]).expect("lookup").lease.expect("a hit")
     }
 
-    #[test]
-    fn a_restore_waits_for_spills_in_flight_to_free_dram_for_its_staging() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (shared, s, ns) = with_ssd(dir.path(), 2);
+    /// Two DRAM slots holding blocks 2 and 3 (not yet spilled); block 1 on SSD only.
+    fn block_1_on_ssd_only(dir: &Path) -> (Shared, SessionId, NsId) {
+        let (shared, s, ns) = with_ssd(dir, 2);
         save(&shared, s, ns, 1);
         spill_now(&shared);
         save(&shared, s, ns, 2);
-        save(&shared, s, ns, 3); // block 1 now lives on SSD only
+        save(&shared, s, ns, 3);
+        (shared, s, ns)
+    }
+
+    #[test]
+    fn a_restore_waits_for_spills_in_flight_to_free_dram_for_its_staging() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (shared, s, ns) = block_1_on_ssd_only(dir.path());
         // A slow SSD: blocks 2 and 3 are being spilled, so neither DRAM slot can
         // be evicted for block 1's staging read until those writes end.
         let slow = shared.cache().write().spill_candidates(8);
@@ -488,13 +499,7 @@ mod tests {
         let reply = std::thread::scope(|scope| {
             scope.spawn(|| {
                 std::thread::sleep(Duration::from_millis(300));
-                let tier = shared.tier.as_deref().expect("tier");
-                let ok: Vec<bool> = tier
-                    .spill(&shared.segments, &slow)
-                    .iter()
-                    .map(|r| matches!(r, Spilled::Durable))
-                    .collect();
-                MoveGuard::new(shared.cache(), slow.clone()).finish(&ok);
+                spill(&shared, slow);
             });
             acquire(&shared, s, l)
         });
@@ -519,11 +524,7 @@ mod tests {
     #[test]
     fn a_restore_with_every_slot_pinned_and_no_spill_in_flight_fails_at_once() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (shared, s, ns) = with_ssd(dir.path(), 2);
-        save(&shared, s, ns, 1);
-        spill_now(&shared);
-        save(&shared, s, ns, 2);
-        save(&shared, s, ns, 3);
+        let (shared, s, ns) = block_1_on_ssd_only(dir.path());
         spill_now(&shared);
         // Both DRAM blocks pinned by acquired leases: nothing will free a slot.
         for i in [2, 3] {
