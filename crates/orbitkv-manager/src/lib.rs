@@ -221,6 +221,7 @@ impl Manager {
                                 tier,
                             },
                             sh.shutdown(),
+                            &sh.counters.latency.ssd_write,
                         );
                     }
                 }),

@@ -517,7 +517,16 @@ fn second_manager_on_a_live_socket_is_refused_and_metrics_are_served() {
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
     assert!(body.contains("# TYPE orbitkv_lookups_total counter"));
     assert!(body.contains("orbitkv_dram_capacity_bytes 4194304"));
-    for name in ["lookup", "acquire", "begin_save", "commit_save", "remote_fill"] {
+    for name in [
+        "lookup",
+        "acquire",
+        "begin_save",
+        "commit_save",
+        "remote_fill",
+        "peer_fill",
+        "ssd_read",
+        "ssd_write",
+    ] {
         assert!(
             body.contains(&format!("# TYPE orbitkv_{name}_seconds histogram")),
             "{body}"
@@ -678,6 +687,44 @@ fn connections_over_the_limit_are_refused_busy_without_a_thread() {
 }
 
 #[test]
+fn ssd_histograms_count_spill_batches_and_a_restores_staging_reads() {
+    let ssd = tempfile::tempdir().expect("ssd dir");
+    let flags = [
+        "--ssd-dir",
+        ssd.path().to_str().expect("utf8"),
+        "--ssd-capacity",
+        "64MiB",
+        "--ssd-write-policy",
+        "eager",
+    ];
+    let hs: Vec<[u8; 32]> = (0..8).map(|i| hash(12, i)).collect();
+    let data: Vec<Vec<u8>> = (0..8).map(|i| block(i + 40, 4096)).collect();
+    {
+        let mut m = ManagerProc::start(&flags);
+        save_blocks(&m, [12; 32], 4096, &hs, &data);
+        eventually("every block spilled", || m.stats()["ssd_blocks"] == 8);
+        let lat = &m.stats()["latency_us"];
+        let batches = lat["ssd_write"]["count"].as_u64().expect("count");
+        assert!((1..=8).contains(&batches), "spill batches timed: {lat}");
+        assert_eq!(lat["ssd_read"]["count"], 0, "{lat}");
+        let _ = Command::new("kill").arg(m.child.id().to_string()).status();
+        let _ = m.child.wait();
+    }
+    // Restarted on the same directory: the blocks are on SSD only, so the
+    // restore's acquire stages them with one batch of reads.
+    let m = ManagerProc::start(&flags);
+    assert_eq!(m.stats()["dram_visible_blocks"], 0);
+    let (hit, got) = restore_blocks(&m, [12; 32], 4096, &hs);
+    assert_eq!((hit, got), (8, data), "staged byte-exact");
+    let lat = &m.stats()["latency_us"];
+    assert_eq!(
+        lat["ssd_read"]["count"], 1,
+        "one acquire, one batch of reads: {lat}"
+    );
+    assert_eq!(lat["acquire"]["count"], 1, "{lat}");
+}
+
+#[test]
 fn latency_histograms_count_every_timed_request() {
     let m = ManagerProc::start(&[]);
     let c = m.client();
@@ -698,8 +745,10 @@ fn latency_histograms_count_every_timed_request() {
     assert_eq!(lat["acquire"]["count"], 5, "{lat}");
     assert_eq!(lat["begin_save"]["count"], 1, "{lat}");
     assert_eq!(lat["commit_save"]["count"], 1, "{lat}");
-    assert_eq!(lat["remote_fill"]["count"], 0, "{lat}");
-    assert!(lat["remote_fill"]["p99_le"].is_null(), "{lat}");
+    for below in ["remote_fill", "peer_fill", "ssd_read", "ssd_write"] {
+        assert_eq!(lat[below]["count"], 0, "no tier below DRAM: {lat}");
+        assert!(lat[below]["p99_le"].is_null(), "{lat}");
+    }
     let p50 = lat["lookup"]["p50_le"].as_u64().expect("p50");
     let p99 = lat["lookup"]["p99_le"].as_u64().expect("p99");
     assert!(p50 >= 1 && p50 <= p99, "{lat}");

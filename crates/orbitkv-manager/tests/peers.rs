@@ -108,10 +108,16 @@ fn restore_through_b_is_byte_exact_from_a_dram() {
         source_stat(&a, "leases_open") == 0 && a.stats()["live_leases"] == 0
     });
     assert_eq!(source_stat(&a, "leases_done"), 1);
+    assert_eq!(b.stats()["latency_us"]["peer_fill"]["count"], 1, "B's fill timed");
     // Now a local hit on B: nothing more crosses.
     let (hit, got) = restore(&b, 1, 6);
     assert_eq!((hit, got), (6, data));
     assert_eq!(source_stat(&a, "blocks_sent"), 6);
+    assert_eq!(
+        b.stats()["latency_us"]["peer_fill"]["count"],
+        1,
+        "no fill for a local hit"
+    );
     // Status shows the peer and its health.
     let st = b.stats();
     let p = &st["peers"]["peers"][0];

@@ -7,9 +7,13 @@ stat loggers, which rebuild it with the connector class's `build_kv_connector_st
 (the periodic "KV Transfer metrics: ..." log line, `reduce()`) and feed it to
 `build_prom_metrics` (vLLM's Prometheus endpoint, `observe()`).
 
-Every OrbitKV value is a count (or a sum of seconds) over the interval since the last
+Every OrbitKV counter is a count (or a sum of seconds) over the interval since the last
 call, so aggregating is adding; Prometheus exposes them as `vllm:orbitkv_*_total`
-counters with vLLM's `model_name`/`engine` labels.
+counters with vLLM's `model_name`/`engine` labels. The latency samples (`SAMPLE_KEYS`:
+one duration per request and worker) are lists, joined when aggregated and observed
+into the histograms `vllm:orbitkv_load_duration_seconds` and
+`vllm:orbitkv_save_duration_seconds`; at most `MAX_SAMPLES` per key ride in one
+interval's stats, the rest are counted in `latency_samples_dropped`.
 """
 
 from __future__ import annotations
@@ -51,8 +55,54 @@ WORKER_KEYS: dict[str, str] = {
     "bytes_saved": "Bytes copied from KV pages into OrbitKV",
     "load_failures": "Loads a worker could not complete in full",
     "load_seconds": "Seconds from a load's start to its completion, summed",
+    "latency_samples_dropped": "Load and save durations not sent (over MAX_SAMPLES in one interval)",
 }
 KEYS: dict[str, str] = {**SCHEDULER_KEYS, **WORKER_KEYS}
+# (key, Prometheus help): per-request durations in seconds, measured by each worker.
+SAMPLE_KEYS: dict[str, str] = {
+    "load_duration": "Seconds from a request's load start (start_load_kv) to its completion, per worker",
+    "save_duration": "Seconds from a request's save being issued to its commit, per worker",
+}
+MAX_SAMPLES = 4096  # per key in one interval's stats
+# From a 2 MiB block over PCIe (~40 us) to a long prompt from a slow tier; seconds.
+DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class LatencySamples:
+    """Per-request durations a worker measured since the last `drain`, at most
+    `MAX_SAMPLES` per key; the ones beyond are counted in `dropped`."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, list[float]] = {k: [] for k in SAMPLE_KEYS}
+        self.dropped = 0
+
+    def add(self, key: str, seconds: float) -> None:
+        samples = self._samples[key]
+        if len(samples) < MAX_SAMPLES:
+            samples.append(seconds)
+        else:
+            self.dropped += 1
+
+    def drain(self) -> dict[str, list[float]]:
+        out = {k: v for k, v in self._samples.items() if v}
+        if out:
+            self._samples = {k: [] for k in SAMPLE_KEYS}
+        return out
+
+
+def with_samples(stats: OrbitKVConnectorStats | None, samples: dict[str, list[float]]) -> OrbitKVConnectorStats | None:
+    """`stats` (counter increments, None when none moved) carrying `samples` too."""
+    if not samples:
+        return stats
+    if stats is None:
+        stats = OrbitKVConnectorStats(data={})
+    stats.data.update(samples)
+    return stats
+
+
+def _quantile_ms(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
 
 
 class CounterDeltas:
@@ -95,6 +145,8 @@ class OrbitKVConnectorStats(KVConnectorStats):
         for k, v in other.data.items():
             if k in KEYS:
                 self.data[k] = self.data.get(k, 0) + v
+            elif k in SAMPLE_KEYS:
+                self.data[k] = [*self.data.get(k, ()), *v]
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -102,14 +154,20 @@ class OrbitKVConnectorStats(KVConnectorStats):
         asked = self.data.get("lookup_blocks", 0)
         if asked:
             out["hit_rate"] = round(self.data.get("hit_blocks", 0) / asked, 4)
+        for k in SAMPLE_KEYS:
+            samples = self.data.get(k)
+            if samples:
+                out[f"{k}_p50_ms"] = _quantile_ms(samples, 0.5)
+                out[f"{k}_p99_ms"] = _quantile_ms(samples, 0.99)
         return out
 
     def is_empty(self) -> bool:
-        return not any(self.data.get(k) for k in KEYS)
+        return not any(self.data.get(k) for k in (*KEYS, *SAMPLE_KEYS))
 
 
 class OrbitKVPromMetrics(KVConnectorPromMetrics):
-    """`vllm:orbitkv_<key>_total` counters per engine."""
+    """`vllm:orbitkv_<key>_total` counters and the `vllm:orbitkv_<sample key>_seconds`
+    histograms, per engine."""
 
     def __init__(
         self,
@@ -123,9 +181,20 @@ class OrbitKVPromMetrics(KVConnectorPromMetrics):
         for key, doc in KEYS.items():
             counter = self._counter_cls(name=f"vllm:orbitkv_{key}", documentation=doc, labelnames=labelnames)
             self.counters[key] = {idx: counter.labels(*values) for idx, values in self.per_engine_labelvalues.items()}
+        self.histograms: dict[str, dict[int, Any]] = {}
+        for key, doc in SAMPLE_KEYS.items():
+            hist = self._histogram_cls(
+                name=f"vllm:orbitkv_{key}_seconds", documentation=doc, buckets=DURATION_BUCKETS, labelnames=labelnames
+            )
+            self.histograms[key] = {idx: hist.labels(*values) for idx, values in self.per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, value in transfer_stats_data.items():
             per_engine = self.counters.get(key)
             if per_engine is not None and value > 0:
                 per_engine[engine_idx].inc(value)
+                continue
+            hist = self.histograms.get(key)
+            if hist is not None:
+                for seconds in value:
+                    hist[engine_idx].observe(seconds)

@@ -39,7 +39,7 @@ from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, CpuPages, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, page_layout
-from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, OrbitKVConnectorStats
+from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, LatencySamples, OrbitKVConnectorStats, with_samples
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ class _KvSave:
     req: _ReqSaves
     batch: int | None
     bytes: int
+    started: float  # perf_counter when the save was issued
 
 
 class OrbitKVWorker:
@@ -147,6 +148,7 @@ class OrbitKVWorker:
         self._load_started: dict[str, float] = {}  # req_id -> start_load_kv time
         self.load_seconds = 0.0  # summed load durations (vLLM connector stats)
         self._stats = CounterDeltas(WORKER_KEYS)
+        self._latency = LatencySamples()  # per-request load and save durations
 
     # ---- registration --------------------------------------------------------------
 
@@ -467,7 +469,9 @@ class OrbitKVWorker:
         results.finished_recving.add(out.req_id)
         started = self._load_started.pop(out.req_id, None)
         if started is not None:
-            self.load_seconds += time.perf_counter() - started
+            took = time.perf_counter() - started
+            self.load_seconds += took
+            self._latency.add("load_duration", took)
         if not out.total_failure:
             self.counters["bytes_restored"] += out.bytes_copied
         if out.failed_block_ids or out.total_failure:
@@ -542,6 +546,7 @@ class OrbitKVWorker:
     def _issue_save(
         self, spec: SaveSpec, req: _ReqSaves, batch: int | None, after: torch.cuda.Event | None
     ) -> _KvSave | None:
+        started = time.perf_counter()
         try:
             engine = self._kv_engine()
             client = self.session.client()
@@ -570,7 +575,7 @@ class OrbitKVWorker:
             if _is_engine_error(exc):
                 raise
             return None
-        return _KvSave(spec, pending, handle, req, batch, copied * self.session.block_bytes)
+        return _KvSave(spec, pending, handle, req, batch, copied * self.session.block_bytes, started)
 
     def _abort(self, pending: PendingSave, spec: SaveSpec) -> None:
         """A failed or unproven copy is never visible (L4)."""
@@ -607,6 +612,7 @@ class OrbitKVWorker:
                 self._stored += self.session.client().commit_save(rec.pending)
                 self._refused += sum(1 for st in rec.pending.statuses if st == "refused")
                 self.counters["bytes_saved"] += rec.bytes
+                self._latency.add("save_duration", time.perf_counter() - rec.started)
             except Exception as exc:
                 self._connection_failed(exc)
                 self._abort(rec.pending, rec.spec)
@@ -642,6 +648,7 @@ class OrbitKVWorker:
 
     def _save_one(self, spec: SaveSpec) -> None:
         self._cpu_pages()  # KV caches unregistered is a bug, not a cache failure
+        started = time.perf_counter()
         try:
             client = self.session.client()
             ns = self.session.namespace(spec.salt)
@@ -658,6 +665,7 @@ class OrbitKVWorker:
                 self._stored += client.commit_save(pending)
             self._refused += sum(1 for st in pending.statuses if st == "refused")
             self.counters["bytes_saved"] += copied
+            self._latency.add("save_duration", time.perf_counter() - started)
         except Exception as exc:
             self._failed_saves += 1
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
@@ -665,7 +673,11 @@ class OrbitKVWorker:
 
     def connector_stats(self) -> OrbitKVConnectorStats | None:
         """Counter increments since the last call (vLLM's `get_kv_connector_stats`)."""
-        return self._stats.take(self.counters, load_seconds=self.load_seconds)
+        samples = self._latency.drain()
+        deltas = self._stats.take(
+            self.counters, load_seconds=self.load_seconds, latency_samples_dropped=self._latency.dropped
+        )
+        return with_samples(deltas, samples)
 
     def build_worker_meta(self) -> OrbitKVWorkerMetadata | None:
         if not (self._saved_batches or self._stored or self._refused or self._failed_saves):

@@ -415,13 +415,21 @@ def test_orbitkv_counters_reach_vllm_stats_logging_and_prometheus(
             time.sleep(0.002)  # let the background load progress
     assert r.request_id in b.finished and r.request_id not in b.failed
     total: dict[str, float] = {}
+    durations: dict[str, list[float]] = {}
     for s in stats:
         for k, v in s.items():
-            total[k] = total.get(k, 0) + v
+            if isinstance(v, list):  # per-request durations (stats.SAMPLE_KEYS)
+                durations.setdefault(k, []).extend(v)
+            else:
+                total[k] = total.get(k, 0) + v
     # Scheduler-side and worker-side counters, aggregated by vLLM's Scheduler.
     assert total["lookups"] == 1 and total["hit_blocks"] == FULL_BLOCKS and total["loads_finished"] == 1
     assert total["bytes_restored"] == FULL_BLOCKS * b.connector.block_bytes
     assert total["lookup_seconds"] > 0 and total["load_seconds"] > 0
+    # One load, one duration: the same time the summed counter holds.
+    assert len(durations["load_duration"]) == 1 and durations["load_duration"][0] == pytest.approx(
+        total["load_seconds"]
+    )
     # vLLM's loggers rebuild the stats through the connector class.
     prom = PrometheusStatLogger(b.vllm_config, engine_indexes=[0])
     log = LoggingStatLogger(b.vllm_config, engine_index=0)
@@ -442,6 +450,9 @@ def test_orbitkv_counters_reach_vllm_stats_logging_and_prometheus(
             samples[name.split("{")[0]] = float(value)
     assert samples["vllm:orbitkv_hit_blocks_total"] == FULL_BLOCKS
     assert samples["vllm:orbitkv_bytes_restored_total"] == total["bytes_restored"]
+    assert samples["vllm:orbitkv_load_duration_seconds_count"] == 1
+    assert samples["vllm:orbitkv_load_duration_seconds_sum"] == pytest.approx(total["load_seconds"])
+    assert "load_duration_p99_ms" in lines[0], lines
     dashboard = json.loads((HERE.parents[2] / "deploy" / "grafana" / "orbitkv.json").read_text())
     queried = {
         name
@@ -453,3 +464,25 @@ def test_orbitkv_counters_reach_vllm_stats_logging_and_prometheus(
     missing = sorted(queried - set(samples))
     assert not missing, f"the dashboard queries connector metrics vLLM does not expose: {missing}"
     b.shutdown()
+
+
+def test_latency_samples_are_bounded_joined_and_summarised() -> None:
+    from orbitkv.vllm.stats import MAX_SAMPLES, LatencySamples, OrbitKVConnectorStats, with_samples
+
+    samples = LatencySamples()
+    for i in range(MAX_SAMPLES + 5):
+        samples.add("load_duration", 0.001 * (i % 100 + 1))
+    samples.add("save_duration", 0.5)
+    drained = samples.drain()
+    assert len(drained["load_duration"]) == MAX_SAMPLES and samples.dropped == 5
+    assert drained["save_duration"] == [0.5] and samples.drain() == {}
+    assert with_samples(None, {}) is None
+    a = with_samples(None, drained)
+    assert a is not None and not a.is_empty()
+    b = OrbitKVConnectorStats(data={"loads": 2, "load_duration": [0.25, 0.75]})
+    a.aggregate(b)
+    assert len(a.data["load_duration"]) == MAX_SAMPLES + 2 and a.data["loads"] == 2
+    out = a.reduce()
+    assert out["save_duration_p50_ms"] == 500.0 and out["save_duration_p99_ms"] == 500.0
+    assert 1.0 <= out["load_duration_p50_ms"] <= out["load_duration_p99_ms"] <= 750.0
+    assert OrbitKVConnectorStats(data={"load_duration": []}).is_empty()

@@ -285,13 +285,15 @@ fn lookup(
     }
     // Below DRAM and SSD: peers, then the remote tier, each for what is still missing.
     let rest = &hashes[hit..];
-    let from_peers = shared
-        .peers
-        .as_ref()
-        .map_or(0, |p| p.fill(shared.arena(), ns, rest));
+    let from_peers = shared.peers.as_ref().map_or(0, |p| {
+        let t = Instant::now();
+        let n = p.fill(shared.arena(), ns, rest);
+        shared.counters.latency.peer_fill.since(t);
+        n
+    });
     let from_remote = match shared.remote.as_ref() {
         Some(r) if from_peers < rest.len() => {
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             let n = r.fill(shared.arena(), ns, &rest[from_peers..]);
             shared.counters.latency.remote_fill.since(t);
             n
@@ -367,7 +369,9 @@ fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
             }
             Ok(AcquireStep::Stage(jobs)) => {
                 drop(cache); // the reads run outside the lock; the guard inside reports back
+                let t = Instant::now();
                 crate::tier::stage_for_lease(shared.arena(), shared.tier.as_deref(), jobs);
+                shared.counters.latency.ssd_read.since(t);
             }
             Err(e @ CacheError::NoStagingSpace { .. }) => {
                 let since = *no_space_since.get_or_insert_with(Instant::now);

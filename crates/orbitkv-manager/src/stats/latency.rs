@@ -152,11 +152,17 @@ pub struct Latencies {
     pub commit_save: Histogram,
     /// A lookup's fill from the remote tier (reads, checks, stores into DRAM).
     pub remote_fill: Histogram,
+    /// A lookup's fill from peer Managers (fetches, checks, stores into DRAM).
+    pub peer_fill: Histogram,
+    /// The SSD reads staging one restore's SSD-only blocks into DRAM (one batch per acquire).
+    pub ssd_read: Histogram,
+    /// One write-behind batch of spills to SSD (up to 64 blocks, made durable).
+    pub ssd_write: Histogram,
 }
 
 impl Latencies {
     /// (name, help, histogram) of every histogram, in the order they are rendered.
-    pub fn all(&self) -> [(&'static str, &'static str, &Histogram); 5] {
+    pub fn all(&self) -> [(&'static str, &'static str, &Histogram); 8] {
         [
             ("lookup", "Lookup requests, arrival to reply", &self.lookup),
             (
@@ -178,6 +184,21 @@ impl Latencies {
                 "remote_fill",
                 "Fills of a lookup's missing blocks from the remote tier",
                 &self.remote_fill,
+            ),
+            (
+                "peer_fill",
+                "Fills of a lookup's missing blocks from peer Managers",
+                &self.peer_fill,
+            ),
+            (
+                "ssd_read",
+                "SSD reads staging one restore's SSD-only blocks into DRAM (a batch per acquire)",
+                &self.ssd_read,
+            ),
+            (
+                "ssd_write",
+                "Write-behind spill batches to SSD (up to 64 blocks each, made durable)",
+                &self.ssd_write,
             ),
         ]
     }

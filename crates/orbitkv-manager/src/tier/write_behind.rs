@@ -1,12 +1,13 @@
 //! The write-behind worker: hands the SSD tier the deletions the cache gave up
 //! and the spills it chose, and makes room when the tier is full.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use orbitkv_core::SpillJob;
 
 use super::{SpillGuard, Spilled, Tier};
 use crate::shared::parts::{Arena, Shutdown};
+use crate::stats::latency::Histogram;
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.
 const SPILL_BATCH: usize = 64;
@@ -19,8 +20,9 @@ pub struct WriteBehind<'a> {
     pub tier: &'a dyn Tier,
 }
 
-/// The write-behind worker: deletions first, then spills, until shutdown.
-pub fn worker(wb: WriteBehind<'_>, shutdown: &Shutdown) {
+/// The write-behind worker: deletions first, then spills, until shutdown. Each
+/// spill batch's time goes to `batch_latency`.
+pub fn worker(wb: WriteBehind<'_>, shutdown: &Shutdown, batch_latency: &Histogram) {
     let WriteBehind { arena, tier } = wb;
     let cache = arena.cache;
     while !shutdown.requested() {
@@ -48,7 +50,9 @@ pub fn worker(wb: WriteBehind<'_>, shutdown: &Shutdown) {
             }
             continue;
         }
+        let t = Instant::now();
         spill_batch(wb, jobs);
+        batch_latency.since(t);
     }
 }
 
