@@ -119,21 +119,7 @@ class DmaPath:
         """The Triton kernel between chunk buffer `buffer` (blocks back to back) and layer
         li's pages, on the current stream."""
         e = self.e
-        layer = e._layers[li]
-        runs = e._runs[li]
-        elem = max(x for x in runs if self.align % x == 0 and layer.offset % x == 0)
-        e._triton.copy_runs(
-            buffer.view(e._dtype(elem)),
-            e._flat("layer", li, elem),
-            self.stage_slots[:count],
-            ids,
-            layer_off=layer.offset,
-            page_base=layer.pages.base,
-            block_stride=layer.pages.block_stride,
-            runs=runs[elem],
-            elem=elem,
-            to_pages=to_pages,
-        )
+        e._launch(li, lambda elem: buffer.view(e._dtype(elem)), self.stage_slots[:count], ids, self.align, to_pages)
 
     def load(self, segs: np.ndarray, offs: np.ndarray, ids: np.ndarray, check: Callable[[slice], None]) -> LoadHandle:
         from orbitkv.kvcopy.engine import LoadHandle

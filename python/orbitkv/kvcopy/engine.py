@@ -8,6 +8,7 @@ as `[num_blocks, *shape]`. See docs/gpu.md for the ordering rules.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import os
@@ -587,22 +588,37 @@ class CopyEngine:
     def _copy_layer_one_pass(
         self, li: int, groups: list[tuple[int, int, slice, slice]], idx: torch.Tensor, *, to_pages: bool
     ) -> None:
+        for seg, align, slot_sl, id_sl in groups:
+            segment = functools.partial(self._flat, "seg", seg)
+            self._launch(li, segment, idx[slot_sl], idx[id_sl], align, to_pages)
+
+    def _launch(
+        self,
+        li: int,
+        arena: Callable[[int], torch.Tensor],
+        slots: torch.Tensor,
+        ids: torch.Tensor,
+        align: int,
+        to_pages: bool,
+    ) -> None:
+        """One launch of the one-pass kernel for layer li, on the current stream: blocks at
+        byte offsets `slots` of `arena(elem)` (slots aligned to `align`) <-> pages `ids`,
+        in the widest element size both sides allow."""
         layer = self._layers[li]
         runs = self._runs[li]
-        for seg, align, slot_sl, id_sl in groups:
-            elem = max(e for e in runs if align % e == 0 and layer.offset % e == 0)
-            self._triton.copy_runs(
-                self._flat("seg", seg, elem),
-                self._flat("layer", li, elem),
-                idx[slot_sl],
-                idx[id_sl],
-                layer_off=layer.offset,
-                page_base=layer.pages.base,
-                block_stride=layer.pages.block_stride,
-                runs=runs[elem],
-                elem=elem,
-                to_pages=to_pages,
-            )
+        elem = max(e for e in runs if align % e == 0 and layer.offset % e == 0)
+        self._triton.copy_runs(
+            arena(elem),
+            self._flat("layer", li, elem),
+            slots,
+            ids,
+            layer_off=layer.offset,
+            page_base=layer.pages.base,
+            block_stride=layer.pages.block_stride,
+            runs=runs[elem],
+            elem=elem,
+            to_pages=to_pages,
+        )
 
     def _load_one_pass(
         self,
