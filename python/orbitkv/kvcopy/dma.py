@@ -68,6 +68,11 @@ class DmaPath:
     """The `dma` kernel of one `CopyEngine` (CUDA pages; the engine has checked that the
     Triton kernel that places and packs pages can run)."""
 
+    @staticmethod
+    def ring_bytes(block_bytes: int) -> int:
+        """Device memory both staging rings take for blocks of `block_bytes`."""
+        return 2 * RING * max(1, CHUNK_BYTES // block_bytes) * block_bytes
+
     def __init__(self, engine: CopyEngine) -> None:
         self.e = engine
         bb = engine.block_bytes

@@ -145,12 +145,29 @@ class CopyEngine:
             if self.kernel in ("triton", "dma"):
                 self._warm_up_triton()
             if self.kernel == "dma":
-                self._dma = DmaPath(self)
+                self._start_dma()
             # Every event a copy records exists before any graph capture: record each once here.
             events = [torch.cuda.Event() for _ in range(4 * self.num_layers + 4)]
             for e in events:
                 e.record(self.load_stream)
             self._free_events.extend(events)
+
+    def _start_dma(self) -> None:
+        """Allocate the dma kernel's staging rings. Where they do not fit in device memory,
+        an explicit choice of `dma` fails with the fix; `auto` takes `triton` instead and
+        says why in `kernel_reason`."""
+        try:
+            self._dma = DmaPath(self)
+        except torch.cuda.OutOfMemoryError as exc:
+            need = DmaPath.ring_bytes(self.block_bytes) >> 20
+            if not self.kernel_reason.startswith("auto"):
+                raise CopyEngineError(
+                    f"the dma copy kernel's staging rings ({need} MiB) do not fit in {self.device}'s free memory "
+                    f"({exc}); leave that much more free (e.g. a lower gpu_memory_utilization) or use kernel='triton'"
+                ) from exc
+            self.kernel = "triton"
+            self.kernel_reason = f"auto: one-pass Triton kernel (the dma staging rings, {need} MiB, did not fit: {exc})"
+            self._address_segments()
 
     def _select_kernel(self, asked: str) -> tuple[str, str]:
         if asked not in KERNELS:

@@ -321,7 +321,12 @@ def test_kernel_choice_is_explicit_and_refused_where_it_cannot_run(manager, monk
 def test_dma_runs_join_adjacent_slots_in_batch_order() -> None:
     """The dma kernel issues one memcpy per run of slots that follow each other in the
     arena in batch order; any other order starts a new run."""
-    from orbitkv.kvcopy.dma import slot_runs
+    from orbitkv.kvcopy.dma import DmaPath, slot_runs
+
+    # the rings: 2 directions x 3 buffers of 64 MiB of whole blocks (at least one block)
+    assert DmaPath.ring_bytes(2 << 20) == 384 << 20
+    assert DmaPath.ring_bytes(100 << 20) == 6 * (100 << 20)
+    assert DmaPath.ring_bytes(3 << 20) == 6 * 21 * (3 << 20)
 
     bb = 1 << 20
     addrs = np.array([0, bb, 2 * bb, 10 * bb, 9 * bb, 11 * bb, 12 * bb, 12 * bb + 8], dtype=np.int64)
