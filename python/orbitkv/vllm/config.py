@@ -44,6 +44,16 @@ COPY_ENGINES = ("auto", "torch")
 #   dma    - the GPU's copy engines (cudaMemcpyAsync of whole blocks through a staging
 #            ring), pages placed on the device by the Triton kernel; refused like triton.
 COPY_KERNELS = ("auto", "torch", "triton", "dma")
+# `orbitkv.load_mode`: when a hit's KV is copied into the engine's pages.
+#   async - the request waits in WAITING_FOR_REMOTE_KVS while its load runs beside the
+#           engine's steps and is scheduled once a worker reported it (one engine step or
+#           more after its admission); no step ever waits for a load;
+#   sync  - a hit held wholly in DRAM loads inside the step that computes the rest of its
+#           prompt: the workers acquire it before the forward and the forward's stream
+#           waits for the copy (no extra engine step: lower time to first token, while
+#           the other requests of that step wait for the copy too); a hit with blocks on
+#           SSD still loads asynchronously.
+LOAD_MODES = ("async", "sync")
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class OrbitKVSettings:
     # step (~7 ms for an 8B model on an H200), so the default waits up to 1 ms; 0 never
     # waits (the scheduler thread never blocks on the Manager).
     lookup_wait_us: int = 1000
+    load_mode: str = "async"
 
     @property
     def loads(self) -> bool:
@@ -108,6 +119,7 @@ _KEYS = {
     "query_control",
     "async_lookups",
     "lookup_wait_us",
+    "load_mode",
 }
 
 
@@ -225,4 +237,11 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
                 f"engine's scheduler), got {wait}; use async_lookups=false to wait for every answer"
             )
         kwargs["lookup_wait_us"] = wait
+    if "load_mode" in raw:
+        kwargs["load_mode"] = _expect_choice(
+            "load_mode",
+            raw["load_mode"],
+            LOAD_MODES,
+            "async: a hit loads beside the engine's steps; sync: a DRAM hit loads inside the step that uses it",
+        )
     return OrbitKVSettings(**kwargs)

@@ -13,6 +13,13 @@ worker is a thin caller of the copy engine and both directions are asynchronous:
   * loads: the pool thread looks up and acquires (Manager round trips); the step thread
     issues `CopyEngine.load` and reports the request in `finished_recving` only once the
     handle's `query()` is True, releasing its load lease then (never before);
+  * in-step loads (`LoadSpec.sync`, orbitkv.load_mode = "sync"): vLLM calls
+    `start_load_kv` before the step's forward; the step thread acquires, issues the copy
+    and makes the current stream wait for it (`LoadHandle.wait`), so the forward - eager
+    or a CUDA graph's replay - reads the pages after the copy. Blocks it could not load
+    go to `get_block_ids_with_load_errors` of this very step (vLLM recomputes them); the
+    lease is released once the copy is seen complete; the request is named in the
+    worker metadata (`sync_loads`) so the scheduler releases its own lease;
   * saves: `wait_for_save` records an event after the forward and issues
     `CopyEngine.save(after=event)` per SaveSpec without waiting; each step polls the
     handles, commits completed copies (aborts failed ones: L4) and reports a finished
@@ -26,7 +33,6 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,11 +46,12 @@ from orbitkv.vllm.layout import BlockGeometry, CpuPages, LayoutError, block_geom
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, page_layout
 from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, LatencySamples, OrbitKVConnectorStats, with_samples
+from orbitkv.vllm.worker_jobs import Acquired, InStepLoad, KvLoad, KvSave, LoadOutcome, ReqSaves
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
     from orbitkv._native import Client, Lease, Namespace, PageLayout, PendingSave
-    from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, LoadHandle, SaveHandle
+    from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages
 
 logger = logging.getLogger("orbitkv.vllm")
 
@@ -55,54 +62,6 @@ def _is_engine_error(exc: BaseException) -> bool:
     from orbitkv.kvcopy import CopyEngineError
 
     return isinstance(exc, CopyEngineError)
-
-
-@dataclass
-class _LoadOutcome:
-    req_id: str
-    failed_block_ids: list[int] = field(default_factory=list)
-    total_failure: bool = False
-    bytes_copied: int = 0
-
-
-@dataclass
-class _Acquired:
-    """A kvcopy load after its Manager round trips: the lease pins the sources, `slots`
-    are the arena addresses of the `block_ids` to copy (empty: nothing to copy)."""
-
-    out: _LoadOutcome
-    lease: Lease | None = None
-    slots: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
-    block_ids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class _KvLoad:
-    """A kvcopy load in flight: acquiring (`future`), then copying (`handle`)."""
-
-    future: Future[_Acquired]
-    acquired: _Acquired | None = None
-    handle: LoadHandle | None = None
-
-
-@dataclass
-class _ReqSaves:
-    """Saves issued for one request since its last preemption."""
-
-    in_flight: int = 0
-
-
-@dataclass
-class _KvSave:
-    """One SaveSpec in flight: committed once `handle.query()` is True (None: no copy)."""
-
-    spec: SaveSpec
-    pending: PendingSave
-    handle: SaveHandle | None
-    req: _ReqSaves
-    batch: int | None
-    bytes: int
-    started: float  # perf_counter when the save was issued
 
 
 class OrbitKVWorker:
@@ -119,19 +78,21 @@ class OrbitKVWorker:
         self._layer_pages: list[LayerPages] | None = None
         self._device: torch.device | None = None
         self._engine_session = -1  # session id of the Client the arena view maps
-        self._kv_loads: dict[str, _KvLoad] = {}
-        self._kv_saves: list[_KvSave] = []
+        self._kv_loads: dict[str, KvLoad] = {}
+        self._in_step: list[InStepLoad] = []  # in-step copies whose lease waits for completion
+        self._sync_taken: set[str] = set()  # in-step loads acquired since the last worker metadata
+        self._kv_saves: list[KvSave] = []
         # The release's runner rewrites blocks before it reports preemptions (vLLM 0.34):
         # each step's saves are then ordered before the next step's device work.
         self._saves_before_next_step: bool = compat.current().SAVES_BEFORE_NEXT_STEP
-        self._save_reqs: dict[str, _ReqSaves] = {}  # SaveSpec seen since the last preemption
+        self._save_reqs: dict[str, ReqSaves] = {}  # SaveSpec seen since the last preemption
         self._finishing: set[str] = set()  # finished, reported once their saves drained
         self._batch_saves: dict[int, int] = {}  # save batch -> saves still in flight
         self.cpu_pages: CpuPages | None = None  # registered CPU pages (native copy path)
         self._kv: np.ndarray | None = None  # the whole KV backing buffer, as bytes
         self._layout: PageLayout | None = None  # native geometry, built on first transfer (O4)
         self._pool: ThreadPoolExecutor | None = None
-        self._loads: dict[str, Future[_LoadOutcome]] = {}
+        self._loads: dict[str, Future[LoadOutcome]] = {}
         self._load_errors: set[int] = set()
         self._epoch = 0
         self._asleep = False  # KV caches unregistered for sleep mode (vLLM 0.33.0)
@@ -260,20 +221,64 @@ class OrbitKVWorker:
         for spec in meta.loads:
             if spec.req_id in self._loads or spec.req_id in self._kv_loads:
                 raise AssertionError(f"orbitkv: a load for {spec.req_id} is already in flight")
+            if spec.sync:
+                self._load_in_step(spec)
+                continue
             if self.kvcopy:
-                self._kv_loads[spec.req_id] = _KvLoad(self._pool.submit(self._acquire, spec))
+                self._kv_loads[spec.req_id] = KvLoad(self._pool.submit(self._acquire, spec))
             else:
                 self._loads[spec.req_id] = self._pool.submit(self._load, spec)
             self.counters["loads"] += 1
             self._load_started[spec.req_id] = time.perf_counter()
         self._issue_loads()
 
+    def _load_in_step(self, spec: LoadSpec) -> None:
+        """An in-step load, on the step thread before the forward (see the module doc)."""
+        started = time.perf_counter()
+        self.counters["loads"] += 1
+        self._sync_taken.add(spec.req_id)
+        if not self.kvcopy:
+            self._account_load(self._load(spec), started)  # native copy: done on return
+            return
+        acq = self._acquire(spec)
+        job = InStepLoad(acq)
+        if len(acq.slots):
+            try:
+                job.handle = self._kv_engine().load(acq.slots, acq.block_ids)
+                job.handle.wait()  # the forward, queued next on this stream, reads after the copy
+                acq.out.bytes_copied = len(acq.slots) * self.session.block_bytes
+            except Exception as exc:
+                logger.warning("orbitkv: issuing the in-step restore for %s failed", spec.req_id, exc_info=True)
+                acq.out.total_failure = True
+                acq.out.failed_block_ids = list(acq.block_ids) + acq.out.failed_block_ids
+                if _is_engine_error(exc):
+                    self._release_load_lease(acq)
+                    raise
+        self._account_load(acq.out, started)  # the step thread's part: acquire and issue
+        self._in_step.append(job)
+        self._reap_in_step()
+
+    def _reap_in_step(self) -> None:
+        """Release the leases of in-step loads whose copy completed (no host wait)."""
+        pending: list[InStepLoad] = []
+        for job in self._in_step:
+            try:
+                if job.handle is not None and not job.handle.query():
+                    pending.append(job)
+                    continue
+            except Exception:
+                # The forward already ran on these pages: a failed device copy is a CUDA
+                # fault the engine's own next synchronisation reports.
+                logger.error("orbitkv: in-step restore for %s failed on the device", job.acquired.out.req_id)
+            self._release_load_lease(job.acquired)
+        self._in_step = pending
+
     # ---- loads through orbitkv.kvcopy ---------------------------------------------
 
-    def _acquire(self, spec: LoadSpec) -> _Acquired:
+    def _acquire(self, spec: LoadSpec) -> Acquired:
         """Pool thread: look the hashes up under this worker's session and stage them
         (acquire). No copy here: the step thread issues it on the engine's load stream."""
-        acq = _Acquired(_LoadOutcome(spec.req_id))
+        acq = Acquired(LoadOutcome(spec.req_id))
         try:
             client = self.session.client()
             ns = self.session.namespace(spec.salt)
@@ -312,7 +317,7 @@ class OrbitKVWorker:
                 ld.acquired = ld.future.result()
             except Exception:
                 logger.exception("orbitkv: load job crashed")
-                ld.acquired = _Acquired(_LoadOutcome("?", total_failure=True))
+                ld.acquired = Acquired(LoadOutcome("?", total_failure=True))
             acq = ld.acquired
             if len(acq.slots) == 0:
                 continue
@@ -326,10 +331,10 @@ class OrbitKVWorker:
                 if _is_engine_error(exc):
                     raise
 
-    def _collect_loads(self) -> list[_LoadOutcome]:
+    def _collect_loads(self) -> list[LoadOutcome]:
         """Loads whose copy completed (or that failed), lease released; no host sync."""
         self._issue_loads()
-        done: list[_LoadOutcome] = []
+        done: list[LoadOutcome] = []
         for req_id, ld in list(self._kv_loads.items()):
             acq = ld.acquired
             if acq is None:
@@ -348,7 +353,7 @@ class OrbitKVWorker:
             done.append(acq.out)
         return done
 
-    def _release_load_lease(self, acq: _Acquired) -> None:
+    def _release_load_lease(self, acq: Acquired) -> None:
         lease, acq.lease = acq.lease, None
         if lease is None:
             return
@@ -359,15 +364,15 @@ class OrbitKVWorker:
             self._connection_failed(exc)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """A no-op, correctly: every OrbitKV load is asynchronous (the scheduler answers
-        load_async=True), so vLLM runs a request only after its load was reported in
-        finished_recving, i.e. after `LoadHandle.query()` was True - its pages are
-        complete before any forward reads them. A synchronous load would make the current
-        stream wait on the layer's event here (`LoadHandle.wait_layer`)."""
+        """A no-op, correctly: an asynchronous load is reported in finished_recving only
+        once `LoadHandle.query()` was True, so vLLM runs its request after the copy; an
+        in-step load made the current stream wait for the whole copy in `start_load_kv`,
+        before the forward was queued (per-layer waits here would not run when vLLM
+        replays a full CUDA graph, which a one-token prefill after a hit may use)."""
         return None
 
-    def _load(self, spec: LoadSpec) -> _LoadOutcome:
-        out = _LoadOutcome(spec.req_id)
+    def _load(self, spec: LoadSpec) -> LoadOutcome:
+        out = LoadOutcome(spec.req_id)
         pages = self._cpu_pages()
         try:
             client = self.session.client()
@@ -428,7 +433,7 @@ class OrbitKVWorker:
         """kvcopy: after a broken connection, once nothing is in flight, drain the engine,
         unpin the old arena and drop the session; the next transfer connects again and
         maps (and pins) the new Manager's arena."""
-        if not self._broken or self._kv_loads or self._kv_saves:
+        if not self._broken or self._kv_loads or self._kv_saves or self._in_step:
             return
         self._broken = False
         if self.engine is not None:
@@ -444,6 +449,7 @@ class OrbitKVWorker:
         if self.kvcopy:
             for out in self._collect_loads():
                 self._report_load(results, out)
+            self._reap_in_step()
             self._poll_saves()
             self._rebind_if_broken()
             self._finishing |= finished_req_ids & self._save_reqs.keys()
@@ -461,13 +467,18 @@ class OrbitKVWorker:
                 out = fut.result()
             except Exception:
                 logger.exception("orbitkv: load job for %s crashed", req_id)
-                out = _LoadOutcome(req_id, total_failure=True)
+                out = LoadOutcome(req_id, total_failure=True)
             self._report_load(results, out)
         return results
 
-    def _report_load(self, results: KVConnectorTransferResults, out: _LoadOutcome) -> None:
+    def _report_load(self, results: KVConnectorTransferResults, out: LoadOutcome) -> None:
         results.finished_recving.add(out.req_id)
-        started = self._load_started.pop(out.req_id, None)
+        self._account_load(out, self._load_started.pop(out.req_id, None))
+        if out.total_failure:
+            results.failed_recving.add(out.req_id)
+
+    def _account_load(self, out: LoadOutcome, started: float | None) -> None:
+        """Counters, the duration sample and the failed blocks of one load."""
         if started is not None:
             took = time.perf_counter() - started
             self.load_seconds += took
@@ -477,8 +488,6 @@ class OrbitKVWorker:
         if out.failed_block_ids or out.total_failure:
             self.counters["load_failures"] += 1
             self._load_errors.update(out.failed_block_ids)
-        if out.total_failure:
-            results.failed_recving.add(out.req_id)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -524,7 +533,7 @@ class OrbitKVWorker:
         for spec in meta.saves:
             # The scheduler delays this request's free from now on (same rule): record it
             # before anything can fail, so its finish is always reported.
-            req = self._save_reqs.setdefault(spec.req_id, _ReqSaves())
+            req = self._save_reqs.setdefault(spec.req_id, ReqSaves())
             rec = self._issue_save(spec, req, batch, after)
             if rec is not None:
                 req.in_flight += 1
@@ -544,8 +553,8 @@ class OrbitKVWorker:
             engine.wait_saves()
 
     def _issue_save(
-        self, spec: SaveSpec, req: _ReqSaves, batch: int | None, after: torch.cuda.Event | None
-    ) -> _KvSave | None:
+        self, spec: SaveSpec, req: ReqSaves, batch: int | None, after: torch.cuda.Event | None
+    ) -> KvSave | None:
         started = time.perf_counter()
         try:
             engine = self._kv_engine()
@@ -575,7 +584,7 @@ class OrbitKVWorker:
             if _is_engine_error(exc):
                 raise
             return None
-        return _KvSave(spec, pending, handle, req, batch, copied * self.session.block_bytes, started)
+        return KvSave(spec, pending, handle, req, batch, copied * self.session.block_bytes, started)
 
     def _abort(self, pending: PendingSave, spec: SaveSpec) -> None:
         """A failed or unproven copy is never visible (L4)."""
@@ -592,7 +601,7 @@ class OrbitKVWorker:
     def _poll_saves(self, *, final: bool = False) -> None:
         """Commit every save whose copy completed, abort failed ones (no host sync).
         `final`: the engine was drained; a copy still not proven complete is aborted."""
-        still: list[_KvSave] = []
+        still: list[KvSave] = []
         for rec in self._kv_saves:
             try:
                 done = rec.handle is None or rec.handle.query()
@@ -619,7 +628,7 @@ class OrbitKVWorker:
             self._save_done(rec)
         self._kv_saves = still
 
-    def _save_done(self, rec: _KvSave) -> None:
+    def _save_done(self, rec: KvSave) -> None:
         rec.req.in_flight -= 1
         if rec.batch is not None:
             left = self._batch_saves[rec.batch] - 1
@@ -680,15 +689,16 @@ class OrbitKVWorker:
         return with_samples(deltas, samples)
 
     def build_worker_meta(self) -> OrbitKVWorkerMetadata | None:
-        if not (self._saved_batches or self._stored or self._refused or self._failed_saves):
+        if not (self._saved_batches or self._stored or self._refused or self._failed_saves or self._sync_taken):
             return None
         wm = OrbitKVWorkerMetadata(
             saved_batches=self._saved_batches,
             stored_blocks=self._stored,
             refused_blocks=self._refused,
             failed_saves=self._failed_saves,
+            sync_loads=self._sync_taken,
         )
-        self._saved_batches = set()
+        self._saved_batches, self._sync_taken = set(), set()
         self._stored = self._refused = self._failed_saves = 0
         return wm
 
@@ -747,6 +757,7 @@ class OrbitKVWorker:
             if ld.acquired is not None:
                 self._release_load_lease(ld.acquired)
         self._kv_loads.clear()
+        self._reap_in_step()  # the engine drained: every in-step copy has completed
         if self._arena is not None:
             self._arena.close()
             self._arena = None

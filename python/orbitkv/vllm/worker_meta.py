@@ -9,12 +9,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerM
 
 @dataclass
 class OrbitKVWorkerMetadata(KVConnectorWorkerMetadata):
-    """Save batches (one per scheduler step with saves) whose copies have drained."""
+    """Save batches (one per scheduler step with saves) whose copies have drained, and
+    the requests whose in-step loads (`LoadSpec.sync`) this step's workers acquired."""
 
     saved_batches: set[int] = field(default_factory=set)
     stored_blocks: int = 0
     refused_blocks: int = 0
     failed_saves: int = 0
+    sync_loads: set[str] = field(default_factory=set)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, OrbitKVWorkerMetadata)
@@ -23,4 +25,5 @@ class OrbitKVWorkerMetadata(KVConnectorWorkerMetadata):
             stored_blocks=self.stored_blocks + other.stored_blocks,
             refused_blocks=self.refused_blocks + other.refused_blocks,
             failed_saves=self.failed_saves + other.failed_saves,
+            sync_loads=self.sync_loads | other.sync_loads,
         )
