@@ -255,13 +255,15 @@ def llm_kwargs(mode: str, **extra: Any) -> dict[str, Any]:
 @dataclass
 class Role:
     """One engine process of a suite run: its phases, the `LLM` keyword arguments beyond
-    `llm_kwargs(mode)`, its environment, and whether it runs with OrbitKVConnector."""
+    `llm_kwargs(mode)`, its environment, whether it runs with OrbitKVConnector and with
+    which settings beyond the socket."""
 
     name: str
     phases: list[dict[str, Any]]
     llm: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     connector: bool = True
+    settings: dict[str, Any] = field(default_factory=dict)  # further orbitkv.* connector settings
 
 
 MANAGER_PID = "<the Manager's pid>"  # filled in once the Manager runs
@@ -352,6 +354,17 @@ def roles_for(mode: str) -> list[Role]:
         if eager
         else []
     )
+    if not eager:
+        # in-step loads (orbitkv.load_mode = "sync") under CUDA graphs: the forward's
+        # stream waits for the copy, a one-token prefill may replay a full graph
+        roles.append(
+            Role(
+                "reader_sync",
+                [gen("full", FULL, per_prompt_counters=True), gen("partial", PARTIAL, per_prompt_counters=True)],
+                env={"ORBITKV_COPY_KERNEL": "dma"},
+                settings={"orbitkv.load_mode": "sync"},
+            )
+        )
     roles.append(
         Role(
             "reader",
@@ -394,7 +407,7 @@ def run_mode(mode: str, model: Path, out_dir: Path) -> SuiteRun:
         }
         if m is not None:
             plan["socket"] = m.socket
-            plan["llm"]["kv_transfer_config"] = connector_config(m.socket, **qc)
+            plan["llm"]["kv_transfer_config"] = connector_config(m.socket, **qc, **r.settings)
             plan["phases"] = [
                 ph | {"manager_pid": m.proc.pid} if ph.get("manager_pid") == MANAGER_PID else ph for ph in r.phases
             ]

@@ -86,6 +86,20 @@ def test_partial_hit_is_bit_identical_to_vllms_partial_prefix_hit(suite: Suite, 
         same(got, want, f"{mode} partial[{i}]")
 
 
+def test_in_step_loads_under_cuda_graphs_are_bit_identical(suite: Suite) -> None:
+    """`orbitkv.load_mode = "sync"` in compile mode: each hit loads inside the step that
+    computes the rest of its prompt (a fresh process, after the `reader` role's hits),
+    full and partial, bit for bit vLLM's own prefix hit."""
+    run = suite("compile")
+    for tag, prompts, ref_tag, prefix in (("full", FULL, "full_hit", None), ("partial", PARTIAL, "partial_hit", 1000)):
+        for i, (got, want, p) in enumerate(
+            zip(run.outputs("reader_sync", tag), run.outputs("ref", ref_tag), prompts, strict=True)
+        ):
+            assert got["num_cached_tokens"] == hit_tokens(p, prefix), f"sync {tag}[{i}]: {got['num_cached_tokens']}"
+            assert got["manager"]["hit_blocks_total"] > 0, f"sync {tag}[{i}]: the Manager served no block"
+            same(got, want, f"sync {tag}[{i}]")
+
+
 def test_torch_kernel_and_restore_after_vllm_evicted_the_prefix_from_hbm(suite: Suite) -> None:
     """A reader with a 4,800-token HBM cache and the `torch` copy kernel: full hits, then
     filler prompts evict them from HBM, then the same prompts hit the Manager again."""
