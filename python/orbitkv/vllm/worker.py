@@ -240,7 +240,21 @@ class OrbitKVWorker:
         if not self.kvcopy:
             self._account_load(self._load(spec), started)  # native copy: done on return
             return
-        acq = self._acquire(spec)
+        assert self._pool is not None
+        late = self._pool.submit(self._acquire, spec)
+        try:
+            # A stalled Manager holds the step at most as long as it may hold the scheduler's.
+            acq = late.result(timeout=self.settings.scheduler_timeout_ms / 1e3)
+        except TimeoutError:
+            logger.warning(
+                "orbitkv: the Manager did not stage %s within orbitkv.scheduler_timeout_ms=%d; vLLM recomputes it",
+                spec.req_id,
+                self.settings.scheduler_timeout_ms,
+            )
+            # Never copied: whatever the acquire pins when it returns is released then.
+            self._in_step.append(InStepLoad(Acquired(LoadOutcome(spec.req_id)), late=late))
+            self._account_load(LoadOutcome(spec.req_id, list(spec.block_ids), total_failure=True), started)
+            return
         job = InStepLoad(acq)
         if len(acq.slots):
             try:
@@ -262,6 +276,11 @@ class OrbitKVWorker:
         """Release the leases of in-step loads whose copy completed (no host wait)."""
         pending: list[InStepLoad] = []
         for job in self._in_step:
+            if job.late is not None:
+                if not job.late.done():
+                    pending.append(job)
+                    continue
+                job.acquired = job.late.result()  # _acquire returns its failures
             try:
                 if job.handle is not None and not job.handle.query():
                     pending.append(job)

@@ -16,6 +16,7 @@ from vllm_env import skip_module_if_unavailable
 skip_module_if_unavailable()
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pytest
 from engine_manager import manager_in_short_dir
 from vllm.v1.request import RequestStatus
 from vllm_env import ManagerProcess
-from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens
+from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens, stop_all_threads
 
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
 
@@ -36,7 +37,7 @@ COPY_PATHS = {"native": {}, "kvcopy": {"orbitkv.copy_engine": "torch"}}
 
 
 def build(model_dir: Path, manager: ManagerProcess, copy: str, **kw) -> Engine:  # type: ignore[no-untyped-def]
-    extra = {**SYNC, **COPY_PATHS[copy]}
+    extra = {**SYNC, **COPY_PATHS[copy], **kw.pop("extra", {})}
     return Engine.build(make_vllm_config(model_dir, socket_path=str(manager.socket_path), extra=extra, **kw))
 
 
@@ -60,12 +61,12 @@ def assert_nothing_left(engine: Engine, manager: ManagerProcess) -> None:
     manager.settled_stats(live_leases=0, live_saves=0)
 
 
-def saved_then_admitted(model_dir: Path, manager: ManagerProcess, copy: str):  # type: ignore[no-untyped-def]
+def saved_then_admitted(model_dir: Path, manager: ManagerProcess, copy: str, **kw):  # type: ignore[no-untyped-def]
     """Engine `a` computes and saves PROMPT; a fresh engine `b` is given it and schedules
     until it is admitted: it must run at once, loading its hit in step."""
     a = build(model_dir, manager, copy)
     save_prompt(a)
-    engine = build(model_dir, manager, copy)
+    engine = build(model_dir, manager, copy, **kw)
     r = make_request(PROMPT)
     engine.scheduler.add_request(r)
     so = engine.schedule_admitting(r)
@@ -117,6 +118,37 @@ def test_an_in_step_load_that_fails_is_recomputed_in_place(
     assert r.request_id not in b.failed
     c = counters(b)
     assert (c["sync_loads"], c["loads_finished"], c["loads_failed"]) == (1, 0, 1)
+    assert_nothing_left(b, orbit_manager)
+    a.shutdown()
+    b.shutdown()
+
+
+def test_a_stalled_manager_holds_an_in_step_load_at_most_the_scheduler_timeout(
+    model_dir: Path, orbit_manager: ManagerProcess
+) -> None:
+    """The Manager stops answering (SIGSTOP) between the lookup and the step's acquire:
+    the step goes on after `scheduler_timeout_ms`, the hit is recomputed, and the late
+    acquire's lease is released once the Manager answers again."""
+    a, b, r, so, spec = saved_then_admitted(
+        model_dir, orbit_manager, "kvcopy", extra={"orbitkv.scheduler_timeout_ms": 200}
+    )
+    b.worker.worker_side.session.namespace(b"")  # connected and registered before the stall
+    stop_all_threads(orbit_manager.proc.pid)
+    try:
+        t0 = time.monotonic()
+        res = b.execute(so)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(orbit_manager.proc.pid, signal.SIGCONT)
+    # Liveness, not speed: far below the workers' 5 s call timeout.
+    assert took < 2.5, f"the step waited {took:.2f}s on a stalled Manager"
+    assert res.kv_output.invalid_block_ids == set(spec.block_ids)
+    assert r.num_computed_tokens == 0 and not r.output_token_ids
+    b.run_until(lambda: r.num_computed_tokens >= len(PROMPT), what="recompute")
+    b.check_pages(r, len(PROMPT))
+    b.run_to_completion([r.request_id])
+    assert r.request_id not in b.failed
+    b.run_until(lambda: not b.worker.worker_side._in_step, what="the late acquire's release")
     assert_nothing_left(b, orbit_manager)
     a.shutdown()
     b.shutdown()
