@@ -41,6 +41,7 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -55,8 +56,10 @@ from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages, slots_array
 from orbitkv.launch import ManagerStartError, start_serve
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python" / "tests" / "support"))
+from model_kv import BLOCK_SIZE, PagedKV  # noqa: E402 - vLLM's FlashAttention page layout, as the tests use it
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-BLOCK_SIZE = 16  # tokens per vLLM block
 MAX_BATCH = 16384  # hashes per Manager request (the protocol allows 65536)
 LLAMA3_8B = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "intermediate": 14336, "vocab": 128256}
 TINY = {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 512, "vocab": 1000}
@@ -326,57 +329,6 @@ def transfer_case(
 
 
 # ---- restore vs recompute -----------------------------------------------------------------
-
-
-def layer_kv(cache: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    layers = getattr(cache, "layers", None)
-    if layers is not None:  # transformers >= 4.56
-        return layers[i].keys, layers[i].values
-    return cache.key_cache[i], cache.value_cache[i]
-
-
-class PagedKV:
-    """vLLM-style paged KV (the FlashAttention layout): one uint8 backing allocation and
-    per layer a `[2, num_blocks, block_size, kv_heads, head_dim]` view (K, V)."""
-
-    def __init__(
-        self, layers: int, num_blocks: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        item = torch.empty((), dtype=dtype).element_size()
-        self.num_blocks, self.kv_heads, self.head_dim, self.row = num_blocks, kv_heads, head_dim, head_dim * item
-        self.half = BLOCK_SIZE * kv_heads * self.row
-        self.layer_bytes = 2 * num_blocks * self.half
-        self.backing = torch.empty(layers * self.layer_bytes, dtype=torch.uint8, device=device)
-        self.kv = [
-            self.backing[i * self.layer_bytes : (i + 1) * self.layer_bytes]
-            .view(dtype)
-            .view(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim)
-            for i in range(layers)
-        ]
-
-    def layer_pages(self) -> list[LayerPages]:
-        return [
-            LayerPages(
-                backing=self.backing,
-                base=i * self.layer_bytes,
-                block_stride=self.half,
-                shape=(2, BLOCK_SIZE, self.kv_heads, self.row),
-                strides=(self.num_blocks * self.half, self.kv_heads * self.row, self.row, 1),
-                page_bytes=2 * self.half,
-                num_blocks=self.num_blocks,
-            )
-            for i in range(len(self.kv))
-        ]
-
-    def write(self, cache: Any, block_ids: torch.Tensor) -> None:
-        n = len(block_ids) * BLOCK_SIZE
-        for i, kv in enumerate(self.kv):
-            for j, t in enumerate(layer_kv(cache, i)):
-                kv[j].index_copy_(
-                    0,
-                    block_ids,
-                    t[0, :, :n].transpose(0, 1).reshape(len(block_ids), BLOCK_SIZE, self.kv_heads, self.head_dim),
-                )
 
 
 def build_model(shape: dict[str, int], dev: Dev, dtype: torch.dtype, max_tokens: int) -> Any:

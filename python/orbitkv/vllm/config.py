@@ -123,6 +123,23 @@ _KEYS = {
 }
 
 
+# Settings that take one of a few names: (the names, what they mean, for the error).
+_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "copy_engine": (
+        COPY_ENGINES,
+        "auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always",
+    ),
+    "copy_kernel": (
+        COPY_KERNELS,
+        "triton: one-pass Triton kernel; torch: two-pass index ops; auto: triton where it runs",
+    ),
+    "load_mode": (
+        LOAD_MODES,
+        "async: a hit loads beside the engine's steps; sync: a DRAM hit loads inside the step that uses it",
+    ),
+}
+
+
 def _expect_str(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise OrbitKVConfigError(f"{PREFIX}{key} must be a non-empty string, got {value!r}")
@@ -185,16 +202,18 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
             + f" (known: {', '.join(PREFIX + k for k in sorted(_KEYS))})"
         )
     kwargs: dict[str, Any] = {}
-    if "socket_path" in raw:
-        kwargs["socket_path"] = _expect_str("socket_path", raw["socket_path"])
-    if "token" in raw:
-        kwargs["token"] = _expect_str("token", raw["token"])
-    if "timeout_ms" in raw:
-        kwargs["timeout_ms"] = _expect_int("timeout_ms", raw["timeout_ms"], 1)
-    if "scheduler_timeout_ms" in raw:
-        kwargs["scheduler_timeout_ms"] = _expect_int("scheduler_timeout_ms", raw["scheduler_timeout_ms"], 1)
-    if "load_workers" in raw:
-        kwargs["load_workers"] = _expect_int("load_workers", raw["load_workers"], 1)
+    for key in ("socket_path", "token", "model_identity"):
+        if key in raw:
+            kwargs[key] = _expect_str(key, raw[key])
+    for key in ("timeout_ms", "scheduler_timeout_ms", "load_workers"):
+        if key in raw:
+            kwargs[key] = _expect_int(key, raw[key], 1)
+    for key in ("query_control", "async_lookups"):
+        if key in raw:
+            kwargs[key] = _expect_bool(key, raw[key])
+    for key, (choices, meaning) in _CHOICES.items():
+        if key in raw:
+            kwargs[key] = _expect_choice(key, raw[key], choices, meaning)
     if "mode" in raw:
         try:
             kwargs["mode"] = Mode(raw["mode"])
@@ -204,31 +223,11 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
             ) from None
     if "static_lora_adapters" in raw:
         kwargs["static_lora_adapters"] = _parse_adapters(raw["static_lora_adapters"])
-    if "model_identity" in raw:
-        kwargs["model_identity"] = _expect_str("model_identity", raw["model_identity"])
     if "kv_cache_layout" in raw:
         layout = raw["kv_cache_layout"]
         if layout not in KV_CACHE_LAYOUTS:
             raise OrbitKVConfigError(f"{PREFIX}kv_cache_layout must be one of {list(KV_CACHE_LAYOUTS)}, got {layout!r}")
         kwargs["kv_cache_layout"] = layout
-    if "copy_engine" in raw:
-        kwargs["copy_engine"] = _expect_choice(
-            "copy_engine",
-            raw["copy_engine"],
-            COPY_ENGINES,
-            "auto: native copies for CPU pages, orbitkv.kvcopy for CUDA pages; torch: orbitkv.kvcopy always",
-        )
-    if "copy_kernel" in raw:
-        kwargs["copy_kernel"] = _expect_choice(
-            "copy_kernel",
-            raw["copy_kernel"],
-            COPY_KERNELS,
-            "triton: one-pass Triton kernel; torch: two-pass index ops; auto: triton where it runs",
-        )
-    if "query_control" in raw:
-        kwargs["query_control"] = _expect_bool("query_control", raw["query_control"])
-    if "async_lookups" in raw:
-        kwargs["async_lookups"] = _expect_bool("async_lookups", raw["async_lookups"])
     if "lookup_wait_us" in raw:
         wait = _expect_int("lookup_wait_us", raw["lookup_wait_us"], 0)
         if wait > MAX_LOOKUP_WAIT_US:
@@ -237,11 +236,4 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
                 f"engine's scheduler), got {wait}; use async_lookups=false to wait for every answer"
             )
         kwargs["lookup_wait_us"] = wait
-    if "load_mode" in raw:
-        kwargs["load_mode"] = _expect_choice(
-            "load_mode",
-            raw["load_mode"],
-            LOAD_MODES,
-            "async: a hit loads beside the engine's steps; sync: a DRAM hit loads inside the step that uses it",
-        )
     return OrbitKVSettings(**kwargs)

@@ -80,7 +80,6 @@ class OrbitKVWorker:
         self._engine_session = -1  # session id of the Client the arena view maps
         self._kv_loads: dict[str, KvLoad] = {}
         self._in_step: list[InStepLoad] = []  # in-step copies whose lease waits for completion
-        self._sync_taken: set[str] = set()  # in-step loads acquired since the last worker metadata
         self._kv_saves: list[KvSave] = []
         # The release's runner rewrites blocks before it reports preemptions (vLLM 0.34):
         # each step's saves are then ordered before the next step's device work.
@@ -96,8 +95,7 @@ class OrbitKVWorker:
         self._load_errors: set[int] = set()
         self._epoch = 0
         self._asleep = False  # KV caches unregistered for sleep mode (vLLM 0.33.0)
-        self._saved_batches: set[int] = set()
-        self._stored = self._refused = self._failed_saves = 0
+        self._wm = OrbitKVWorkerMetadata()  # what the next step's worker metadata tells the scheduler
         self.counters: dict[str, int] = {
             "loads": 0,
             "load_failures": 0,
@@ -236,7 +234,7 @@ class OrbitKVWorker:
         """An in-step load, on the step thread before the forward (see the module doc)."""
         started = time.perf_counter()
         self.counters["loads"] += 1
-        self._sync_taken.add(spec.req_id)
+        self._wm.sync_loads.add(spec.req_id)
         if not self.kvcopy:
             self._account_load(self._load(spec), started)  # native copy: done on return
             return
@@ -531,7 +529,7 @@ class OrbitKVWorker:
         for spec in meta.saves:
             self._save_one(spec)
         if meta.save_batch is not None:
-            self._saved_batches.add(meta.save_batch)
+            self._wm.saved_batches.add(meta.save_batch)
             self.counters["save_batches"] += 1
 
     # ---- saves through orbitkv.kvcopy ---------------------------------------------
@@ -561,7 +559,7 @@ class OrbitKVWorker:
                 self._kv_saves.append(rec)
         if batch is not None and self._batch_saves[batch] == 0:
             del self._batch_saves[batch]
-            self._saved_batches.add(batch)
+            self._wm.saved_batches.add(batch)
         engine = self.engine
         if self._saves_before_next_step and after is not None and self._kv_saves and engine is not None:
             # vLLM 0.34's runner zeroes new blocks and applies copy-on-write copies on the
@@ -581,7 +579,7 @@ class OrbitKVWorker:
             ns = self.session.namespace(spec.salt)
             pending = client.begin_save(ns, list(spec.hashes))
         except Exception as exc:
-            self._failed_saves += 1
+            self._wm.failed_saves += 1
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
             if _is_engine_error(exc):
                 raise
@@ -607,7 +605,7 @@ class OrbitKVWorker:
 
     def _abort(self, pending: PendingSave, spec: SaveSpec) -> None:
         """A failed or unproven copy is never visible (L4)."""
-        self._failed_saves += 1
+        self._wm.failed_saves += 1
         logger.warning("orbitkv: save for %s failed; aborting it", spec.req_id, exc_info=True)
         if pending.done:
             return
@@ -637,8 +635,8 @@ class OrbitKVWorker:
                     still.append(rec)
                 continue
             try:
-                self._stored += self.session.client().commit_save(rec.pending)
-                self._refused += sum(1 for st in rec.pending.statuses if st == "refused")
+                self._wm.stored_blocks += self.session.client().commit_save(rec.pending)
+                self._wm.refused_blocks += sum(1 for st in rec.pending.statuses if st == "refused")
                 self.counters["bytes_saved"] += rec.bytes
                 self._latency.add("save_duration", time.perf_counter() - rec.started)
             except Exception as exc:
@@ -655,7 +653,7 @@ class OrbitKVWorker:
                 self._batch_saves[rec.batch] = left
             else:
                 del self._batch_saves[rec.batch]
-                self._saved_batches.add(rec.batch)
+                self._wm.saved_batches.add(rec.batch)
 
     def handle_preemptions(self, meta: OrbitKVConnectorMetadata) -> None:
         """Called before the step's metadata is bound: preempted requests' blocks may be
@@ -690,12 +688,12 @@ class OrbitKVWorker:
             # Leaving the `with` block uncommitted (any error) aborts the save.
             with client.begin_save(ns, list(spec.hashes)) as pending:
                 copied = client.save_pages(pending, layout, kv, ids)
-                self._stored += client.commit_save(pending)
-            self._refused += sum(1 for st in pending.statuses if st == "refused")
+                self._wm.stored_blocks += client.commit_save(pending)
+            self._wm.refused_blocks += sum(1 for st in pending.statuses if st == "refused")
             self.counters["bytes_saved"] += copied
             self._latency.add("save_duration", time.perf_counter() - started)
         except Exception as exc:
-            self._failed_saves += 1
+            self._wm.failed_saves += 1
             logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
             self._connection_failed(exc)
 
@@ -708,17 +706,9 @@ class OrbitKVWorker:
         return with_samples(deltas, samples)
 
     def build_worker_meta(self) -> OrbitKVWorkerMetadata | None:
-        if not (self._saved_batches or self._stored or self._refused or self._failed_saves or self._sync_taken):
+        if self._wm.empty():
             return None
-        wm = OrbitKVWorkerMetadata(
-            saved_batches=self._saved_batches,
-            stored_blocks=self._stored,
-            refused_blocks=self._refused,
-            failed_saves=self._failed_saves,
-            sync_loads=self._sync_taken,
-        )
-        self._saved_batches, self._sync_taken = set(), set()
-        self._stored = self._refused = self._failed_saves = 0
+        wm, self._wm = self._wm, OrbitKVWorkerMetadata()
         return wm
 
     # ---- sleep mode (vLLM 0.33.0: unregister_kv_caches / restore_kv_caches) ----------

@@ -18,6 +18,11 @@ class OrbitKVWorkerMetadata(KVConnectorWorkerMetadata):
     failed_saves: int = 0
     sync_loads: set[str] = field(default_factory=set)
 
+    def empty(self) -> bool:
+        return not (
+            self.saved_batches or self.stored_blocks or self.refused_blocks or self.failed_saves or self.sync_loads
+        )
+
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, OrbitKVWorkerMetadata)
         return OrbitKVWorkerMetadata(

@@ -131,26 +131,34 @@ def layer_kv(cache: Any, i: int) -> tuple[Any, Any]:
 
 
 class PagedKV:
-    """vLLM-style paged KV: one uint8 backing allocation, per layer a
-    `[2, num_blocks, block_size, kv_heads, head_dim]` view (K then V)."""
+    """vLLM-style paged KV (the FlashAttention layout): one uint8 backing allocation, per
+    layer a `[2, num_blocks, block_size, kv_heads, head_dim]` view (K then V). Also used
+    by `benches/qualify_gpu.py`."""
 
-    def __init__(self, shape: Shape, num_blocks: int, device: str) -> None:
+    def __init__(self, layers: int, num_blocks: int, kv_heads: int, head_dim: int, dtype: Any, device: Any) -> None:
         import torch
 
-        self.dtype = getattr(torch, shape.dtype)
-        self.layers, self.num_blocks = shape.layers, num_blocks
-        self.kv_heads, self.head_dim = shape.kv_heads, shape.hidden // shape.heads
+        self.dtype = dtype
+        self.layers, self.num_blocks = layers, num_blocks
+        self.kv_heads, self.head_dim = kv_heads, head_dim
         item = torch.empty((), dtype=self.dtype).element_size()
         self.row = self.head_dim * item  # bytes of one head's vector
         self.half = BLOCK_SIZE * self.kv_heads * self.row  # one block's K (or V) page
         self.layer_bytes = 2 * num_blocks * self.half
-        self.backing = torch.empty(shape.layers * self.layer_bytes, dtype=torch.uint8, device=device)
+        self.backing = torch.empty(layers * self.layer_bytes, dtype=torch.uint8, device=device)
         self.kv = [
             self.backing[i * self.layer_bytes : (i + 1) * self.layer_bytes]
             .view(self.dtype)
             .view(2, num_blocks, BLOCK_SIZE, self.kv_heads, self.head_dim)
-            for i in range(shape.layers)
+            for i in range(layers)
         ]
+
+    @classmethod
+    def of(cls, shape: Shape, num_blocks: int, device: str) -> PagedKV:
+        import torch
+
+        dtype = getattr(torch, shape.dtype)
+        return cls(shape.layers, num_blocks, shape.kv_heads, shape.hidden // shape.heads, dtype, device)
 
     def layer_pages(self) -> list[Any]:
         from orbitkv.kvcopy import LayerPages
@@ -247,7 +255,7 @@ def role_save(a: argparse.Namespace, shape: Shape) -> None:
     prompt = _prompt(shape)
     fp, hashes = _hashes(prompt, shape)
     cache, last, first = _prefill(model, prompt, a.device)
-    pages = PagedKV(shape, 3 * len(hashes), a.device)
+    pages = PagedKV.of(shape, 3 * len(hashes), a.device)
     pages.backing.fill_(0xA5)
     ids = _block_ids(len(hashes), pages.num_blocks, SEED + 2, a.device)
     pages.write(cache, ids)
@@ -286,7 +294,7 @@ def role_restore(a: argparse.Namespace, shape: Shape) -> None:
     model = _model(shape, a.device)
     prompt = _prompt(shape)
     fp, hashes = _hashes(prompt, shape)
-    pages = PagedKV(shape, 4 * len(hashes), a.device)
+    pages = PagedKV.of(shape, 4 * len(hashes), a.device)
     pages.backing.fill_(0x5A)  # sentinel: every page the restore must not touch keeps it
     ids = _block_ids(len(hashes), pages.num_blocks, SEED + 3, a.device)
     client = _native.Client(a.socket)

@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 
-use super::ConfigError;
 use super::args::Args;
+use super::{ConfigError, check};
 pub use crate::events::wire::HashForm;
 
 /// Default number of batches kept for replay.
@@ -38,11 +38,7 @@ pub(super) fn events_settings(a: &mut Args, file: &mut Args) -> Result<Option<Ev
             ("kv_events_int_hashes", int_hashes),
             ("kv_events_hash_form", form_name.is_some()),
         ];
-        if let Some((name, _)) = others.iter().find(|(_, set)| *set) {
-            return Err(ConfigError::Invalid(format!(
-                "{name} is set but kv_events is not: no KV events are published"
-            )));
-        }
+        check::refuse_orphans(&others, "kv_events", "no KV events are published")?;
         return Ok(None);
     };
     check_endpoint("kv_events", &endpoint)?;
@@ -69,12 +65,12 @@ pub(super) fn events_settings(a: &mut Args, file: &mut Args) -> Result<Option<Ev
             form.name()
         )));
     }
-    let buffer = buffer.unwrap_or(DEFAULT_BUFFER);
-    if buffer == 0 || buffer > 1_000_000 {
-        return Err(ConfigError::Invalid(format!(
-            "kv_events_buffer {buffer} must be 1 to 1000000 batches"
-        )));
-    }
+    let buffer = check::bounded(
+        "kv_events_buffer",
+        buffer.unwrap_or(DEFAULT_BUFFER),
+        1..=1_000_000,
+        "batches",
+    )?;
     Ok(Some(EventsSettings {
         endpoint,
         replay,
@@ -145,7 +141,8 @@ mod tests {
         ];
         assert!(err(&same).contains("its own"));
         assert!(
-            err(&["--kv-events", "tcp://127.0.0.1:5557", "--kv-events-buffer", "0"]).contains("1 to 1000000")
+            err(&["--kv-events", "tcp://127.0.0.1:5557", "--kv-events-buffer", "0"])
+                .contains("0 must be 1..=1000000 batches")
         );
         let c = ManagerConfig::from_argv([
             "x",

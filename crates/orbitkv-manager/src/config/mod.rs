@@ -11,6 +11,7 @@
 //! - `token.rs`: the shared-token file.
 
 mod args;
+mod check;
 mod events;
 mod peer;
 mod remote;
@@ -194,11 +195,8 @@ impl ManagerConfig {
                     "max_buffered_bytes {max_buffered_bytes} must be at least 4MiB (one frame of the largest size)"
                 ))
             })?;
-        let millis = |name: &str, v: u64| match v {
-            1..=3_600_000 => Ok(std::time::Duration::from_millis(v)),
-            _ => Err(ConfigError::Invalid(format!(
-                "{name} {v} must be 1..=3600000 milliseconds"
-            ))),
+        let millis = |name: &str, v: u64| {
+            check::bounded(name, v, 1..=3_600_000, "milliseconds").map(std::time::Duration::from_millis)
         };
         let hello_timeout = millis(
             "hello_timeout_ms",
@@ -212,14 +210,9 @@ impl ManagerConfig {
             "frame_timeout_ms",
             a.frame_timeout_ms.or(file.frame_timeout_ms).unwrap_or(10_000),
         )?;
-        let session_spin = match a.session_spin_us.or(file.session_spin_us).unwrap_or(0) {
-            v @ 0..=1000 => std::time::Duration::from_micros(v),
-            v => {
-                return Err(ConfigError::Invalid(format!(
-                    "session_spin_us {v} must be 0..=1000 microseconds"
-                )));
-            }
-        };
+        let spin_us = a.session_spin_us.or(file.session_spin_us).unwrap_or(0);
+        let spin_us = check::bounded("session_spin_us", spin_us, 0..=1000, "microseconds")?;
+        let session_spin = std::time::Duration::from_micros(spin_us);
         let log_level = crate::log::Level::parse(a.log_level.or(file.log_level).as_deref().unwrap_or("info"))
             .ok_or_else(|| ConfigError::Invalid("log_level must be error, warn, info or debug".into()))?;
         let log_format =

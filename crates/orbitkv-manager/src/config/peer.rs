@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::ConfigError;
 use super::args::Args;
+use super::{ConfigError, check};
 
 /// Mutual-TLS files for Manager↔Manager traffic.
 #[derive(Debug, Clone)]
@@ -94,17 +94,9 @@ pub(super) fn peer_settings(a: &mut Args, file: &mut Args) -> Result<Option<Peer
     let mut tp_shard_s = std::mem::take(&mut a.tp_shard_peer);
     tp_shard_s.extend(std::mem::take(&mut file.tp_shard_peer));
     let tp_parallel = a.tp_peer_parallel.or(file.tp_peer_parallel).unwrap_or(8);
-    if !(1..=64).contains(&tp_parallel) {
-        return Err(ConfigError::Invalid(format!(
-            "tp_peer_parallel {tp_parallel} must be 1..=64"
-        )));
-    }
+    let tp_parallel = check::bounded("tp_peer_parallel", tp_parallel, 1..=64, "")?;
     let fill_parallel = a.peer_fill_parallel.or(file.peer_fill_parallel).unwrap_or(4);
-    if !(1..=64).contains(&fill_parallel) {
-        return Err(ConfigError::Invalid(format!(
-            "peer_fill_parallel {fill_parallel} must be 1..=64"
-        )));
-    }
+    let fill_parallel = check::bounded("peer_fill_parallel", fill_parallel, 1..=64, "")?;
     let hash_thread = match a
         .peer_hash_thread
         .take()
@@ -130,11 +122,7 @@ pub(super) fn peer_settings(a: &mut Args, file: &mut Args) -> Result<Option<Peer
             1
         }
     });
-    if !(1..=8).contains(&fill_streams) {
-        return Err(ConfigError::Invalid(format!(
-            "peer_fill_streams {fill_streams} must be 1..=8"
-        )));
-    }
+    let fill_streams = check::bounded("peer_fill_streams", fill_streams, 1..=8, "")?;
     let query_control = a.enable_query_control || file.enable_query_control;
     if !tp_shard_s.is_empty() && !query_control {
         return Err(ConfigError::Invalid(
@@ -221,11 +209,7 @@ pub(super) fn peer_settings(a: &mut Args, file: &mut Args) -> Result<Option<Peer
         }
     }
     let ms = a.peer_timeout_ms.or(file.peer_timeout_ms).unwrap_or(5_000);
-    if !(1..=600_000).contains(&ms) {
-        return Err(ConfigError::Invalid(format!(
-            "peer_timeout_ms {ms} must be 1..=600000 milliseconds"
-        )));
-    }
+    let ms = check::bounded("peer_timeout_ms", ms, 1..=600_000, "milliseconds")?;
     let etcd = match etcd_s {
         None => {
             if etcd_ca.is_some() || etcd_cert.is_some() || etcd_key.is_some() {
@@ -269,15 +253,11 @@ pub(super) fn peer_settings(a: &mut Args, file: &mut Args) -> Result<Option<Peer
                     "etcd endpoints mix http:// and https://: use one scheme for all".into(),
                 ));
             }
-            let client = match (etcd_cert, etcd_key) {
-                (Some(c), Some(k)) => Some((c, k)),
-                (None, None) => None,
-                _ => {
-                    return Err(ConfigError::Invalid(
-                        "an etcd client certificate needs both --etcd-tls-cert and --etcd-tls-key".into(),
-                    ));
-                }
-            };
+            let client = check::cert_and_key(
+                etcd_cert,
+                etcd_key,
+                "an etcd client certificate needs both --etcd-tls-cert and --etcd-tls-key",
+            )?;
             let tls = match (any_tls, etcd_ca) {
                 (true, Some(ca)) => Some(EtcdTlsFiles { ca, client }),
                 (true, None) => {
@@ -301,12 +281,12 @@ pub(super) fn peer_settings(a: &mut Args, file: &mut Args) -> Result<Option<Peer
                 .take()
                 .or(file.etcd_prefix.take())
                 .unwrap_or_else(|| "/orbitkv/".into());
-            let ttl_s = a.etcd_ttl_s.or(file.etcd_ttl_s).unwrap_or(10);
-            if !(2..=3600).contains(&ttl_s) {
-                return Err(ConfigError::Invalid(format!(
-                    "etcd_ttl_s {ttl_s} must be 2..=3600"
-                )));
-            }
+            let ttl_s = check::bounded(
+                "etcd_ttl_s",
+                a.etcd_ttl_s.or(file.etcd_ttl_s).unwrap_or(10),
+                2..=3600,
+                "",
+            )?;
             if advertise.is_none() && listen.is_none() {
                 return Err(ConfigError::Invalid(
                     "etcd membership needs --peer-listen (or --peer-advertise) so peers can reach this Manager".into(),

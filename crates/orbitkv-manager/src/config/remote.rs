@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use orbitkv_remote::store::{RemoteConfig, TlsFiles};
 
-use super::ConfigError;
 use super::args::Args;
+use super::{ConfigError, check};
 
 /// Validated remote-tier settings.
 #[derive(Debug, Clone)]
@@ -46,11 +46,7 @@ pub(super) fn remote_settings(a: &mut Args, file: &mut Args) -> Result<Option<Re
             ("remote_write_queue", write_queue.is_some()),
             ("remote_admit_hits", admit_hits.is_some()),
         ];
-        if let Some((name, _)) = others.iter().find(|(_, set)| *set) {
-            return Err(ConfigError::Invalid(format!(
-                "{name} is set but remote_nodes is not: there is no remote tier to apply it to"
-            )));
-        }
+        check::refuse_orphans(&others, "remote_nodes", "there is no remote tier to apply it to")?;
         return Ok(None);
     };
     let password_file: PathBuf = password_file.ok_or_else(|| {
@@ -58,15 +54,7 @@ pub(super) fn remote_settings(a: &mut Args, file: &mut Args) -> Result<Option<Re
             "remote_nodes needs remote_password_file (the ACL user's password, mode 0600)".into(),
         )
     })?;
-    let client = match (cert, key) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        _ => {
-            return Err(ConfigError::Invalid(
-                "remote_tls_cert and remote_tls_key go together".into(),
-            ));
-        }
-    };
+    let client = check::cert_and_key(cert, key, "remote_tls_cert and remote_tls_key go together")?;
     let tls = match (ca, client) {
         (Some(ca), client) => Some(TlsFiles { ca, client }),
         (None, Some(_)) => {
@@ -76,12 +64,12 @@ pub(super) fn remote_settings(a: &mut Args, file: &mut Args) -> Result<Option<Re
         }
         (None, None) => None,
     };
-    let deadline_ms = deadline_ms.unwrap_or(200);
-    if !(2..=60_000).contains(&deadline_ms) {
-        return Err(ConfigError::Invalid(format!(
-            "remote_deadline_ms {deadline_ms} must be 2 to 60000"
-        )));
-    }
+    let deadline_ms = check::bounded(
+        "remote_deadline_ms",
+        deadline_ms.unwrap_or(200),
+        2..=60_000,
+        "milliseconds",
+    )?;
     let write_queue = write_queue.unwrap_or(4096);
     if write_queue == 0 {
         return Err(ConfigError::Invalid(

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::{ConfigError, parse_size};
+use super::{ConfigError, check, parse_size};
 
 /// Validated SSD-tier settings.
 #[derive(Debug, Clone)]
@@ -36,35 +36,31 @@ pub(super) fn settings(
     write_policy: Option<String>,
 ) -> Result<SsdSettings, ConfigError> {
     let capacity = parse_size(capacity.as_deref().unwrap_or("16GiB"))?;
-    let mode = match mode.as_deref().unwrap_or("direct") {
-        "direct" => orbitkv_ssd::IoMode::Direct,
-        "kernel" => orbitkv_ssd::IoMode::Kernel,
-        m => {
-            return Err(ConfigError::Invalid(format!(
-                "ssd_mode {m:?} must be direct or kernel"
-            )));
-        }
-    };
-    let engine = match engine.as_deref().unwrap_or("auto") {
-        "auto" => orbitkv_ssd::EnginePref::Auto,
-        "uring" | "io_uring" => orbitkv_ssd::EnginePref::Uring,
-        "psync" => orbitkv_ssd::EnginePref::Psync,
-        e => {
-            return Err(ConfigError::Invalid(format!(
-                "ssd_engine {e:?} must be auto, uring or psync"
-            )));
-        }
-    };
+    use orbitkv_ssd::{EnginePref, IoMode};
+    let mode = check::choose(
+        "ssd_mode",
+        mode.as_deref().unwrap_or("direct"),
+        &[("direct", IoMode::Direct), ("kernel", IoMode::Kernel)],
+    )?;
+    let engine = check::choose(
+        "ssd_engine",
+        engine.as_deref().unwrap_or("auto"),
+        &[
+            ("auto", EnginePref::Auto),
+            ("uring", EnginePref::Uring),
+            ("io_uring", EnginePref::Uring),
+            ("psync", EnginePref::Psync),
+        ],
+    )?;
     let admit_hits = admit_hits.unwrap_or(0);
-    let write_policy = match write_policy.as_deref().unwrap_or("evict") {
-        "evict" => orbitkv_core::SpillPolicy::Evict,
-        "eager" => orbitkv_core::SpillPolicy::Eager,
-        p => {
-            return Err(ConfigError::Invalid(format!(
-                "ssd_write_policy {p:?} must be evict or eager"
-            )));
-        }
-    };
+    let write_policy = check::choose(
+        "ssd_write_policy",
+        write_policy.as_deref().unwrap_or("evict"),
+        &[
+            ("evict", orbitkv_core::SpillPolicy::Evict),
+            ("eager", orbitkv_core::SpillPolicy::Eager),
+        ],
+    )?;
     Ok(SsdSettings {
         dir,
         capacity,
