@@ -233,7 +233,13 @@ impl Manager {
                 "orbitkv-remote",
                 Box::new(move || {
                     if let Some(r) = sh.remote.as_ref() {
-                        remote::writer(r, sh.arena(), sh.tier.as_deref(), sh.shutdown());
+                        remote::writer(
+                            r,
+                            sh.arena(),
+                            sh.tier.as_deref(),
+                            &sh.counters.latency.ssd_read,
+                            sh.shutdown(),
+                        );
                     }
                 }),
             )?);

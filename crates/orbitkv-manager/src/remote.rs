@@ -26,6 +26,7 @@ use orbitkv_core::{BlockHash, BlockKey, NsId, SaveStatus, TierKey};
 use orbitkv_remote::store::{Hit, RemoteError, RemoteStore, StoreStats};
 
 use crate::shared::parts::{Arena, Shutdown};
+use crate::stats::latency::Histogram;
 use crate::tier::{InternalSession, Tier, ssd_key, tier_namespace};
 
 /// Most blocks one pipelined read asks for (then committed together).
@@ -226,7 +227,13 @@ fn store_blocks(
 /// lease, copy each out of its slot and write it to the store. Blocks already
 /// gone from this Manager are counted and skipped; a failed write is counted
 /// by the store (and opens its breaker), never retried here.
-pub fn writer(remote: &RemoteTier, arena: Arena<'_>, below: Option<&dyn Tier>, shutdown: &Shutdown) {
+pub fn writer(
+    remote: &RemoteTier,
+    arena: Arena<'_>,
+    below: Option<&dyn Tier>,
+    ssd_read: &Histogram,
+    shutdown: &Shutdown,
+) {
     let mut buf = Vec::new();
     while !shutdown.requested() {
         // With `--remote-admit-hits`, what lookups made due since the last turn.
@@ -258,7 +265,7 @@ pub fn writer(remote: &RemoteTier, arena: Arena<'_>, below: Option<&dyn Tier>, s
             };
             let hit = found.hit_blocks as usize;
             if let Some(lease) = found.lease
-                && let Some(slots) = crate::tier::acquire_internal(arena, below, session.id, lease)
+                && let Some(slots) = crate::tier::acquire_internal(arena, below, ssd_read, session.id, lease)
             {
                 for (slot, h) in slots.iter().zip(&rest[..hit]) {
                     buf.clear();

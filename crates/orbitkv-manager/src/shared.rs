@@ -174,6 +174,7 @@ impl SourceHost for Shared {
             peer: self.peers.as_ref()?,
             arena: self.arena(),
             tier: self.tier.as_deref(),
+            ssd_read: &self.counters.latency.ssd_read,
             config: &self.config,
             clock: self.clock(),
             shutdown: self.shutdown(),

@@ -5,6 +5,7 @@
 use super::PeerTier;
 use crate::config::ManagerConfig;
 use crate::shared::parts::{Arena, Clock, Shutdown};
+use crate::stats::latency::Histogram;
 use crate::tier::Tier;
 
 /// What serving peers reads and changes of this Manager, and nothing else: the
@@ -15,6 +16,8 @@ pub struct Source<'a> {
     pub peer: &'a PeerTier,
     pub arena: Arena<'a>,
     pub tier: Option<&'a dyn Tier>,
+    /// Where staging reads for a peer's fetch are timed (the Manager's `ssd_read`).
+    pub ssd_read: &'a Histogram,
     pub config: &'a ManagerConfig,
     pub clock: Clock,
     pub shutdown: &'a Shutdown,

@@ -3,14 +3,15 @@
 //! releases, generations, stats and fault injection.
 
 use orbitkv_core::{
-    AcquireStep, CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, Retain, SaveId, SaveStatus, SessionId,
+    CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, Retain, SaveId, SaveStatus, SessionId,
 };
 use orbitkv_proto::{ErrorCode, Request, Response, RetainHold, SaveItem};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::shared::Shared;
 use crate::shared::parts::ServerCounters;
 use crate::stats;
+use crate::tier::AcquireFailed;
 
 /// `ReleaseQuiet`: release each lease as `Release` would, answer nothing. A
 /// lease that cannot be released (already ended, another session's) is
@@ -335,55 +336,29 @@ fn acquire_from_dram(shared: &Shared, s: SessionId, lease: u64) -> Option<Respon
     }
 }
 
-/// How long an acquire waits for spills in flight to free DRAM for its staging
-/// reads when every slot is pinned or being spilled, before it fails.
-const STAGING_SPACE_WAIT: Duration = Duration::from_secs(2);
-
-/// Hand out a lease's source slots, staging SSD-only blocks into DRAM first.
-/// A block that fails its integrity checks is dropped (a miss from now on)
+/// Hand out a lease's source slots (`tier::acquire_slots`: SSD-only blocks staged
+/// first). A block that fails its integrity checks is dropped (a miss from now on)
 /// and the restore fails, with the lease retired: no copy was handed out.
-/// With no DRAM for the staging reads, it waits while spills are in flight
-/// (their slots become evictable as each ends), up to [`STAGING_SPACE_WAIT`].
 fn acquire(shared: &Shared, s: SessionId, l: LeaseId) -> Response {
-    let mut no_space_since: Option<Instant> = None;
-    loop {
-        let mut cache = shared.cache().write();
-        match cache.acquire(s, l) {
-            Ok(AcquireStep::Ready(slots)) => {
-                ServerCounters::inc(&shared.counters.leases_acquired);
-                return Response::Slots {
-                    slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
-                };
+    let ssd_read = &shared.counters.latency.ssd_read;
+    match crate::tier::acquire_slots(shared.arena(), shared.tier.as_deref(), ssd_read, s, l) {
+        Ok(slots) => {
+            ServerCounters::inc(&shared.counters.leases_acquired);
+            Response::Slots {
+                slots: slots.iter().map(|x| (x.segment, x.offset)).collect(),
             }
-            Ok(AcquireStep::Wait) => {
-                shared.cache().wait_staged(cache);
-            }
-            Ok(AcquireStep::Lost { blocks }) => {
-                return Response::error(
-                    ErrorCode::RestoreFailed,
-                    format!(
-                        "restore of lease {}: {blocks} block(s) failed integrity checks on SSD and were dropped; lease released",
-                        l.0
-                    ),
-                );
-            }
-            Ok(AcquireStep::Stage(jobs)) => {
-                drop(cache); // the reads run outside the lock; the guard inside reports back
-                let t = Instant::now();
-                crate::tier::stage_for_lease(shared.arena(), shared.tier.as_deref(), jobs);
-                shared.counters.latency.ssd_read.since(t);
-            }
-            Err(e @ CacheError::NoStagingSpace { .. }) => {
-                let since = *no_space_since.get_or_insert_with(Instant::now);
-                if cache.spills_in_flight() > 0 && since.elapsed() < STAGING_SPACE_WAIT {
-                    shared.cache().wait_staged(cache); // woken as moves end, 100 ms at most
-                    continue;
-                }
-                let _ = cache.release(s, l);
-                return Response::error(ErrorCode::RestoreFailed, format!("{e}; lease released"));
-            }
-            Err(e) => return map(Err(e)),
         }
+        Err(AcquireFailed::Lost { blocks }) => Response::error(
+            ErrorCode::RestoreFailed,
+            format!(
+                "restore of lease {}: {blocks} block(s) failed integrity checks on SSD and were dropped; lease released",
+                l.0
+            ),
+        ),
+        Err(AcquireFailed::Cache { err, released: true }) => {
+            Response::error(ErrorCode::RestoreFailed, format!("{err}; lease released"))
+        }
+        Err(AcquireFailed::Cache { err, .. }) => map(Err(err)),
     }
 }
 

@@ -23,11 +23,16 @@ mod peer_slots;
 mod ssd;
 mod write_behind;
 
-use orbitkv_core::{CacheState, SpillJob, StageJob, TierKey};
+use std::time::{Duration, Instant};
+
+use orbitkv_core::{
+    AcquireStep, CacheError, CacheState, LeaseId, LeasedSlot, SessionId, SpillJob, StageJob, TierKey,
+};
 use orbitkv_shm::Segment;
 use orbitkv_ssd::SsdStats;
 
 use crate::shared::parts::{Arena, Cache};
+use crate::stats::latency::Histogram;
 pub use generations::persist_generations;
 pub use peer_slots::{recv_into_save_slot, recv_into_save_slot_hashed, send_leased_slot};
 pub use ssd::{open, ssd_key};
@@ -209,30 +214,76 @@ pub fn tier_namespace(
     Some((tk.ns, generation, block_bytes))
 }
 
-/// A Manager-internal session's lease acquired for copying out (a peer's
-/// fetch, the remote tier's writer): its slots, staging SSD-only blocks first;
-/// `None` when it cannot be served (an error releases it).
-pub fn acquire_internal(
+/// How long an acquire waits for spills in flight to free DRAM for its staging
+/// reads when every slot is pinned or being spilled, before it fails.
+pub const STAGING_SPACE_WAIT: Duration = Duration::from_secs(2);
+
+/// Why [`acquire_slots`] handed out no slots.
+#[derive(Debug)]
+pub enum AcquireFailed {
+    /// Blocks failed their integrity checks on SSD and were dropped (a miss from
+    /// now on); the cache retired the lease.
+    Lost { blocks: usize },
+    /// The cache refused; `released`: the lease was released (no DRAM for the
+    /// staging reads within [`STAGING_SPACE_WAIT`]).
+    Cache { err: CacheError, released: bool },
+}
+
+/// Hand out a lease's source slots, staging SSD-only blocks into DRAM first (each
+/// batch of staging reads timed in `ssd_read`). With no DRAM for the staging reads
+/// it waits while spills are in flight (their slots become evictable as each
+/// ends), up to [`STAGING_SPACE_WAIT`]. Every acquire takes this path: a client's
+/// restore, a peer's fetch and the remote tier's writer.
+pub fn acquire_slots(
     arena: Arena<'_>,
     below: Option<&dyn Tier>,
-    s: orbitkv_core::SessionId,
-    l: orbitkv_core::LeaseId,
-) -> Option<Vec<orbitkv_core::LeasedSlot>> {
+    ssd_read: &Histogram,
+    s: SessionId,
+    l: LeaseId,
+) -> Result<Vec<LeasedSlot>, AcquireFailed> {
+    let mut no_space_since: Option<Instant> = None;
     loop {
         let mut cache = arena.cache.write();
         match cache.acquire(s, l) {
-            Ok(orbitkv_core::AcquireStep::Ready(slots)) => return Some(slots),
-            Ok(orbitkv_core::AcquireStep::Wait) => arena.cache.wait_staged(cache),
-            Ok(orbitkv_core::AcquireStep::Stage(jobs)) => {
-                drop(cache);
+            Ok(AcquireStep::Ready(slots)) => return Ok(slots),
+            Ok(AcquireStep::Wait) => arena.cache.wait_staged(cache),
+            Ok(AcquireStep::Lost { blocks }) => return Err(AcquireFailed::Lost { blocks }),
+            Ok(AcquireStep::Stage(jobs)) => {
+                drop(cache); // the reads run outside the lock; the guard inside reports back
+                let t = Instant::now();
                 stage_for_lease(arena, below, jobs);
+                ssd_read.since(t);
             }
-            Ok(orbitkv_core::AcquireStep::Lost { .. }) => return None,
-            Err(_) => {
+            Err(err @ CacheError::NoStagingSpace { .. }) => {
+                let since = *no_space_since.get_or_insert_with(Instant::now);
+                if cache.spills_in_flight() > 0 && since.elapsed() < STAGING_SPACE_WAIT {
+                    arena.cache.wait_staged(cache); // woken as moves end, 100 ms at most
+                    continue;
+                }
                 let _ = cache.release(s, l);
-                return None;
+                return Err(AcquireFailed::Cache { err, released: true });
             }
+            Err(err) => return Err(AcquireFailed::Cache { err, released: false }),
         }
+    }
+}
+
+/// [`acquire_slots`] for a Manager-internal session's lease (a peer's fetch, the
+/// remote tier's writer): `None` when it cannot be served (the lease is released).
+pub fn acquire_internal(
+    arena: Arena<'_>,
+    below: Option<&dyn Tier>,
+    ssd_read: &Histogram,
+    s: SessionId,
+    l: LeaseId,
+) -> Option<Vec<LeasedSlot>> {
+    match acquire_slots(arena, below, ssd_read, s, l) {
+        Ok(slots) => Some(slots),
+        Err(AcquireFailed::Cache { released: false, .. }) => {
+            let _ = arena.cache.write().release(s, l);
+            None
+        }
+        Err(_) => None,
     }
 }
 
