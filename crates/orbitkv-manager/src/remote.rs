@@ -265,7 +265,8 @@ pub fn writer(
             };
             let hit = found.hit_blocks as usize;
             if let Some(lease) = found.lease
-                && let Some(slots) = crate::tier::acquire_internal(arena, below, ssd_read, session.id, lease)
+                && let Ok(slots) = crate::tier::acquire_slots(arena, below, ssd_read, session.id, lease)
+                    .map_err(|e| e.release_held(arena.cache, session.id, lease))
             {
                 for (slot, h) in slots.iter().zip(&rest[..hit]) {
                     buf.clear();

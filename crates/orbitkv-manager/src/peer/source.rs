@@ -397,7 +397,9 @@ fn send(
 /// Acquire a lease's slots, staging SSD-only blocks first. `None`: the lease
 /// could not be served (it is released).
 fn acquire(src: Source<'_>, s: SessionId, l: LeaseId) -> Option<Vec<LeasedSlot>> {
-    crate::tier::acquire_internal(src.arena, src.tier, src.ssd_read, s, l)
+    crate::tier::acquire_slots(src.arena, src.tier, src.ssd_read, s, l)
+        .map_err(|e| e.release_held(src.arena.cache, s, l))
+        .ok()
 }
 
 /// How long a connection may sit with no frame: [`IDLE`], or

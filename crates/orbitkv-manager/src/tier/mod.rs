@@ -268,22 +268,14 @@ pub fn acquire_slots(
     }
 }
 
-/// [`acquire_slots`] for a Manager-internal session's lease (a peer's fetch, the
-/// remote tier's writer): `None` when it cannot be served (the lease is released).
-pub fn acquire_internal(
-    arena: Arena<'_>,
-    below: Option<&dyn Tier>,
-    ssd_read: &Histogram,
-    s: SessionId,
-    l: LeaseId,
-) -> Option<Vec<LeasedSlot>> {
-    match acquire_slots(arena, below, ssd_read, s, l) {
-        Ok(slots) => Some(slots),
-        Err(AcquireFailed::Cache { released: false, .. }) => {
-            let _ = arena.cache.write().release(s, l);
-            None
+impl AcquireFailed {
+    /// For a Manager-internal session (a peer's fetch, the remote tier's writer),
+    /// which serves nothing from a lease it could not acquire: release it if the
+    /// failure left it held.
+    pub fn release_held(&self, cache: &Cache, s: SessionId, l: LeaseId) {
+        if matches!(self, AcquireFailed::Cache { released: false, .. }) {
+            let _ = cache.write().release(s, l);
         }
-        Err(_) => None,
     }
 }
 
