@@ -24,20 +24,19 @@ Writes bench-results/vllm_inflight_loads.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests" / "vllm"))
+sys.path.insert(0, str(ROOT / "benches"))
 
-import vllm_env  # noqa: E402  (sets the CPU/offline environment before vLLM loads)
+from ab_runs import hit_args, median_of, paired_median, vllm_ab, write_report  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1  # noqa: E402
-from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens, write_tiny_model  # noqa: E402
+from vllm_harness import BLOCK, Engine, make_request, make_vllm_config, prompt_tokens  # noqa: E402
 
 
 def _save(model_dir: Path, sock: str, prompts: list[list[int]]) -> None:
@@ -111,37 +110,24 @@ def run_variant(variant: str, model_dir: Path, sock: str, args: argparse.Namespa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=3)
+    hit_args(ap, "vllm_inflight_loads")
     ap.add_argument("--slots", type=int, default=4, help="max_num_seqs: running slots, all taken by misses")
     ap.add_argument("--inflight", type=int, default=8, help="max_num_inflight_kv_loads")
-    ap.add_argument("--hits", type=int, default=8, help="requests whose prompts another engine saved")
-    ap.add_argument("--hit-blocks", type=int, default=32, help="blocks of each hit prompt")
     ap.add_argument("--busy-tokens", type=int, default=60, help="tokens each busy request generates")
-    ap.add_argument("--step-ms", type=float, default=10.0, help="sleep per step, for the model forward")
-    ap.add_argument("--out", default=str(ROOT / "bench-results" / "vllm_inflight_loads.json"))
     args = ap.parse_args()
     import vllm
 
     if vllm.__version__ != "0.34.0":
         sys.exit(f"needs vLLM 0.34.0 (--max-num-inflight-kv-loads), found {vllm.__version__}")
-    tmp = Path(tempfile.mkdtemp(prefix="okv-inflight-"))
-    model_dir = write_tiny_model(tmp / "tiny-llama")
-    manager = vllm_env.ManagerProcess(tmp / "m.sock", tmp / "manager.log", fault_injection=False, dram_size="256MiB")
-    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
-    try:
-        for rep in range(args.reps):
-            order = ["on", "off"] if rep % 2 == 0 else ["off", "on"]
-            for v in order:
-                seed = 1_000_000 * (rep + 1) + (0 if v == "on" else 500_000)
-                runs[v].append(run_variant(v, model_dir, str(manager.socket_path), args, seed))
-                r = runs[v][-1]
-                print(
-                    f"rep {rep} {v:3}: TTFT median {r['ttft_ms_median']:.1f} ms, {r['ttft_steps_median']} steps, "
-                    f"{r['step_ms_mean']:.2f} ms per step besides the sleep"
-                )
-    finally:
-        manager.stop()
-    paired = [on["ttft_ms_median"] / off["ttft_ms_median"] for on, off in zip(runs["on"], runs["off"], strict=True)]
+    runs = vllm_ab(
+        ["on", "off"],
+        args,
+        run_variant,
+        lambda r: (
+            f"TTFT median {r['ttft_ms_median']:.1f} ms, {r['ttft_steps_median']} steps, "
+            f"{r['step_ms_mean']:.2f} ms per step besides the sleep"
+        ),
+    )
     report = {
         "benchmark": "vllm_inflight_loads",
         "vllm": vllm.__version__,
@@ -151,15 +137,12 @@ def main() -> None:
         "baseline": "off: vLLM's default may_load_async, same run, alternated per repetition",
         "runs": runs,
         "summary": {
-            "on_ttft_ms_median": statistics.median(r["ttft_ms_median"] for r in runs["on"]),
-            "off_ttft_ms_median": statistics.median(r["ttft_ms_median"] for r in runs["off"]),
-            "on_over_off_paired_median": statistics.median(paired),
+            "on_ttft_ms_median": median_of(runs, "on", "ttft_ms_median"),
+            "off_ttft_ms_median": median_of(runs, "off", "ttft_ms_median"),
+            "on_over_off_paired_median": paired_median(runs, "on", "off", "ttft_ms_median"),
         },
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["summary"], indent=1))
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

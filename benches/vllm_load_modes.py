@@ -23,19 +23,18 @@ Writes bench-results/vllm_load_modes.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests" / "vllm"))
+sys.path.insert(0, str(ROOT / "benches"))
 
-import vllm_env  # noqa: E402  (sets the CPU/offline environment before vLLM loads)
-from vllm_harness import BLOCK, Engine, make_vllm_config, prompt_tokens, write_tiny_model  # noqa: E402
+from ab_runs import hit_args, median_of, paired_median, vllm_ab, write_report  # noqa: E402
+from vllm_harness import BLOCK, Engine, make_vllm_config, prompt_tokens  # noqa: E402
 
 MODES = {"async": {}, "sync": {"orbitkv.load_mode": "sync"}}
 
@@ -90,30 +89,17 @@ def run_variant(mode: str, model_dir: Path, sock: str, args: argparse.Namespace,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--hits", type=int, default=8, help="requests whose prompts another engine saved, one at a time")
-    ap.add_argument("--hit-blocks", type=int, default=32, help="blocks of each hit prompt")
+    hit_args(ap, "vllm_load_modes")
     ap.add_argument("--running", type=int, default=2, help="requests decoding beside the hits")
-    ap.add_argument("--step-ms", type=float, default=10.0, help="sleep per step, for the model forward")
-    ap.add_argument("--out", default=str(ROOT / "bench-results" / "vllm_load_modes.json"))
     args = ap.parse_args()
     import vllm
 
-    tmp = Path(tempfile.mkdtemp(prefix="okv-load-modes-"))
-    model_dir = write_tiny_model(tmp / "tiny-llama")
-    manager = vllm_env.ManagerProcess(tmp / "m.sock", tmp / "manager.log", fault_injection=False, dram_size="256MiB")
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    try:
-        for rep in range(args.reps):
-            for mode in list(MODES) if rep % 2 == 0 else list(MODES)[::-1]:
-                seed = 1_000_000 * (rep + 1) + (500_000 if mode == "sync" else 0)
-                r = run_variant(mode, model_dir, str(manager.socket_path), args, seed)
-                runs[mode].append(r)
-                steps, ms = r["ttft_steps_median"], r["ttft_ms_median"]
-                print(f"rep {rep} {mode:5}: first token after {steps} steps, {ms:.1f} ms")
-    finally:
-        manager.stop()
-    paired = [s["ttft_ms_median"] / a["ttft_ms_median"] for s, a in zip(runs["sync"], runs["async"], strict=True)]
+    runs = vllm_ab(
+        list(MODES),
+        args,
+        run_variant,
+        lambda r: f"first token after {r['ttft_steps_median']} steps, {r['ttft_ms_median']:.1f} ms",
+    )
     report = {
         "benchmark": "vllm_load_modes",
         "vllm": vllm.__version__,
@@ -121,17 +107,11 @@ def main() -> None:
         "baseline": "async: the default load mode, same run, alternated per repetition",
         "runs": runs,
         "summary": {
-            "async_ttft_steps_median": statistics.median(r["ttft_steps_median"] for r in runs["async"]),
-            "sync_ttft_steps_median": statistics.median(r["ttft_steps_median"] for r in runs["sync"]),
-            "async_ttft_ms_median": statistics.median(r["ttft_ms_median"] for r in runs["async"]),
-            "sync_ttft_ms_median": statistics.median(r["ttft_ms_median"] for r in runs["sync"]),
-            "sync_over_async_paired_median": statistics.median(paired),
+            **{f"{m}_{k}": median_of(runs, m, k) for m in MODES for k in ("ttft_steps_median", "ttft_ms_median")},
+            "sync_over_async_paired_median": paired_median(runs, "sync", "async", "ttft_ms_median"),
         },
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["summary"], indent=1))
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
