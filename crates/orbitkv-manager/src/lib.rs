@@ -9,11 +9,13 @@ pub mod checksum;
 pub mod config;
 mod events;
 mod framing;
+mod latency;
 pub mod limits;
 #[macro_use]
 pub mod log;
 mod malloc;
 mod metrics;
+mod parts;
 mod peer;
 mod presence;
 mod remote;
@@ -307,7 +309,7 @@ type Job = Box<dyn FnOnce() + Send>;
 /// Start the peer listener and the etcd membership and TP-release threads, as
 /// configured. Each thread keeps `shared` alive and is handed only its parts:
 /// every peer connection's thread its `peer::Source`, the others the
-/// `PeerTier` and the [`shared::parts::Shutdown`] flag.
+/// `PeerTier` and the [`parts::Shutdown`] flag.
 fn start_peers(shared: &Arc<Shared>, spawn: &mut dyn FnMut(&str, Job)) -> std::io::Result<()> {
     let Some(peer) = shared.peers.as_ref() else {
         return Ok(());

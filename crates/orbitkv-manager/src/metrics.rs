@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use crate::shared::parts::Shutdown;
+use crate::parts::Shutdown;
 use crate::stats;
 
 pub fn serve(stats: &stats::View<'_>, shutdown: &Shutdown, listener: TcpListener) {

@@ -25,8 +25,8 @@ use std::time::Duration;
 use orbitkv_core::{BlockHash, BlockKey, NsId, SaveStatus, TierKey};
 use orbitkv_remote::store::{Hit, RemoteError, RemoteStore, StoreStats};
 
-use crate::shared::parts::{Arena, Shutdown};
-use crate::stats::latency::Histogram;
+use crate::latency::Histogram;
+use crate::parts::{Arena, Shutdown};
 use crate::tier::{InternalSession, Tier, ssd_key, tier_namespace};
 
 /// Most blocks one pipelined read asks for (then committed together).

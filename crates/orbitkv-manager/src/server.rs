@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 
+use crate::parts::{Cache, Clock, Quarantine, Shutdown};
 use crate::peer::PeerTier;
 use crate::session;
 use crate::shared::Shared;
-use crate::shared::parts::{Cache, Clock, Quarantine, Shutdown};
 
 const POLL: Timespec = Timespec {
     tv_sec: 0,

@@ -1,5 +1,5 @@
 //! State shared by the Manager's threads, in parts each thread can be handed
-//! alone (`parts.rs`): the cache lock ([`Cache`]), the quarantine
+//! alone (`crate::parts`): the cache lock ([`Cache`]), the quarantine
 //! ([`Quarantine`]), the connection places and frame budget ([`Connections`]),
 //! armed faults ([`Faults`]), the stop flag ([`Shutdown`]) and the clock
 //! ([`Clock`]).
@@ -13,8 +13,6 @@
 //! TP-release threads the `PeerTier`, each with the [`Shutdown`] flag where it
 //! polls it.
 
-pub mod parts;
-
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 
@@ -22,9 +20,9 @@ use orbitkv_core::CacheState;
 use orbitkv_shm::Segment;
 
 use crate::config::ManagerConfig;
+use crate::parts::{Arena, Cache, Clock, Connections, Faults, Quarantine, ServerCounters, Shutdown};
 use crate::peer::{Source, SourceHost};
 use crate::tier::Tier;
-use parts::{Arena, Cache, Clock, Connections, Faults, Quarantine, ServerCounters, Shutdown};
 
 /// Everything the Manager's threads share. The session threads use it whole;
 /// every other thread is handed only its parts (see the module documentation).

@@ -17,9 +17,9 @@ use std::time::Duration;
 use orbitkv_core::{CacheError, NsId, SessionId, TpToken};
 use orbitkv_proto::{ErrorCode, Request, Response, TP_TOKEN_BYTES};
 
+use crate::parts::{Cache, Clock};
 use crate::peer::PeerTier;
 use crate::shared::Shared;
-use crate::shared::parts::{Cache, Clock};
 
 /// A fresh token from the kernel's CSPRNG (never all zeros: zero means "no lease").
 fn draw_token() -> std::io::Result<TpToken> {

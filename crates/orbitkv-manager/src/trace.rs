@@ -14,8 +14,7 @@ use orbitkv_core::{BlockKey, MissReason, NamespaceKey, NsId, SessionId};
 use orbitkv_proto::{HASH_BYTES, Request, Response, SaveItem};
 use serde_json::{Value, json};
 
-use crate::shared::Shared;
-use crate::shared::parts::Clock;
+use crate::parts::{Cache, Clock};
 
 /// Events kept; older ones are dropped (a reader that falls behind is told how many).
 pub const MAX_EVENTS: usize = 4096;
@@ -201,9 +200,9 @@ impl Tracer {
 
     /// Record `req` (as it was before handling) and its `reply`, if the filter
     /// takes it.
-    pub fn observe(&self, shared: &Shared, s: SessionId, pid: i32, req: &Request, reply: &Response) {
+    pub fn observe(&self, cache: &Cache, s: SessionId, pid: i32, req: &Request, reply: &Response) {
         match (req, reply) {
-            (Request::Lookup { ns, hashes }, _) => self.lookup(shared, s, pid, NsId(*ns), hashes, reply),
+            (Request::Lookup { ns, hashes }, _) => self.lookup(cache, s, pid, NsId(*ns), hashes, reply),
             (Request::Acquire { lease }, _) => {
                 let mut g = self.inner();
                 let Some(&granted) = g.leases.get(lease) else {
@@ -222,14 +221,14 @@ impl Tracer {
                 };
                 self.push(&mut g, event);
             }
-            (Request::LookupTp { nss, hashes }, _) => self.lookup_tp(shared, s, pid, nss, hashes, reply),
+            (Request::LookupTp { nss, hashes }, _) => self.lookup_tp(cache, s, pid, nss, hashes, reply),
             (
                 Request::RedeemTp { ns, .. },
                 Response::LookupOk {
                     lease, hit_blocks, ..
                 },
             ) => {
-                let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
+                let Some(fp) = self.namespace_if_traced(cache, Some(pid), NsId(*ns)) else {
                     return;
                 };
                 let event = json!({
@@ -242,7 +241,7 @@ impl Tracer {
             }
             (Request::Release { lease }, _) => self.released(pid, s, &[*lease], false),
             (Request::BeginSave { ns, hashes }, _) => {
-                let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
+                let Some(fp) = self.namespace_if_traced(cache, Some(pid), NsId(*ns)) else {
                     return;
                 };
                 let mut event = json!({
@@ -298,7 +297,7 @@ impl Tracer {
                 self.push(&mut g, event);
             }
             (Request::ResetGeneration { ns }, Response::Generation { generation }) => {
-                let Some(fp) = self.namespace_if_traced(shared, Some(pid), NsId(*ns)) else {
+                let Some(fp) = self.namespace_if_traced(cache, Some(pid), NsId(*ns)) else {
                     return;
                 };
                 let event = json!({
@@ -327,16 +326,8 @@ impl Tracer {
 
     /// A lookup's local miss filled from the tiers below (before its own event):
     /// `missing` blocks asked of peers, then of the remote tier.
-    pub fn filled(
-        &self,
-        shared: &Shared,
-        s: SessionId,
-        ns: NsId,
-        missing: usize,
-        peers: usize,
-        remote: usize,
-    ) {
-        let Some(fp) = self.namespace_if_traced(shared, None, ns) else {
+    pub fn filled(&self, cache: &Cache, s: SessionId, ns: NsId, missing: usize, peers: usize, remote: usize) {
+        let Some(fp) = self.namespace_if_traced(cache, None, ns) else {
             return;
         };
         let event = json!({
@@ -348,7 +339,7 @@ impl Tracer {
 
     /// The namespace's identity when this process (None: not known here) and
     /// namespace are traced.
-    fn traced_namespace(&self, shared: &Shared, pid: Option<i32>, ns: NsId) -> Option<NamespaceKey> {
+    fn traced_namespace(&self, cache: &Cache, pid: Option<i32>, ns: NsId) -> Option<NamespaceKey> {
         let (want_fp, want_pid) = {
             let g = self.inner();
             (g.fingerprint, g.pid)
@@ -358,30 +349,30 @@ impl Tracer {
         {
             return None;
         }
-        let key = shared.cache().read().namespace_key(ns).ok()?;
+        let key = cache.read().namespace_key(ns).ok()?;
         want_fp.is_none_or(|w| w == key.fingerprint.0).then_some(key)
     }
 
     /// [`Self::traced_namespace`]'s fingerprint.
-    fn namespace_if_traced(&self, shared: &Shared, pid: Option<i32>, ns: NsId) -> Option<[u8; HASH_BYTES]> {
-        self.traced_namespace(shared, pid, ns).map(|k| k.fingerprint.0)
+    fn namespace_if_traced(&self, cache: &Cache, pid: Option<i32>, ns: NsId) -> Option<[u8; HASH_BYTES]> {
+        self.traced_namespace(cache, pid, ns).map(|k| k.fingerprint.0)
     }
 
     fn lookup(
         &self,
-        shared: &Shared,
+        cache: &Cache,
         s: SessionId,
         pid: i32,
         ns: NsId,
         hashes: &[[u8; HASH_BYTES]],
         reply: &Response,
     ) {
-        let Some(key) = self.traced_namespace(shared, Some(pid), ns) else {
+        let Some(key) = self.traced_namespace(cache, Some(pid), ns) else {
             return;
         };
         let fp = key.fingerprint.0;
         let stop = {
-            let cache = shared.cache().read();
+            let cache = cache.read();
             match reply {
                 Response::LookupOk {
                     hit_blocks,
@@ -459,7 +450,7 @@ impl Tracer {
     /// the common prefix ends, explained for the first shard that lacks the block.
     fn lookup_tp(
         &self,
-        shared: &Shared,
+        cache: &Cache,
         s: SessionId,
         pid: i32,
         nss: &[u32],
@@ -468,7 +459,7 @@ impl Tracer {
     ) {
         let Some(fp) = nss
             .first()
-            .and_then(|ns| self.namespace_if_traced(shared, Some(pid), NsId(*ns)))
+            .and_then(|ns| self.namespace_if_traced(cache, Some(pid), NsId(*ns)))
         else {
             return;
         };
@@ -484,7 +475,7 @@ impl Tracer {
                 m.insert("hit".into(), (*hit_blocks).into());
                 let hit = *hit_blocks as usize;
                 if let Some(h) = hashes.get(hit) {
-                    let cache = shared.cache().read();
+                    let cache = cache.read();
                     let first_lacking = nss.iter().enumerate().find_map(|(shard, ns)| {
                         match cache.explain_miss(NsId(*ns), h) {
                             Ok(MissReason::VisibleNow) => None,

@@ -5,9 +5,30 @@
 use super::concurrent::HotCounters;
 use super::entries::{Busy, Entry};
 use super::jobs::SpillJob;
-use super::tiers::SpillWalk;
 use super::{BlockRef, CacheState};
 use crate::keys::BlockKey;
+
+/// A walk of DRAM's cold end made in steps of at most `WALK_STEP` positions
+/// (below), so that a large DRAM never holds the cache lock for a whole walk.
+#[derive(Debug)]
+pub(super) struct SpillWalk {
+    /// The policy's cold orders, in listing order, and the one being walked.
+    pub(super) orders: Vec<usize>,
+    pub(super) at: usize,
+    /// Positions of the current order already walked, and the weight listed.
+    pub(super) skip: usize,
+    pub(super) bytes: u64,
+    /// Blocks the first order listed, when there are more (each block is
+    /// listed once).
+    pub(super) first: std::collections::HashSet<BlockKey>,
+    /// Listed blocks not on SSD yet, with a hit and without, in listing order.
+    pub(super) reused: Vec<BlockKey>,
+    pub(super) once: Vec<BlockKey>,
+    /// How many blocks were listed (on SSD or not).
+    pub(super) listed: u64,
+    /// The cache's change count when the walk began.
+    pub(super) stamp: u64,
+}
 
 /// A plan of the `evict` policy's spill queue that listed at most this many
 /// blocks is made again at every call: such a walk takes a few milliseconds.

@@ -5,10 +5,42 @@ use std::net::SocketAddr;
 
 use super::args::Args;
 use super::{ConfigError, check};
-pub use crate::events::wire::HashForm;
 
 /// Default number of batches kept for replay.
 pub const DEFAULT_BUFFER: usize = 10_000;
+
+/// How block hashes (and media) are written, for the engine whose routers read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HashForm {
+    /// vLLM's default: the block hash as bytes.
+    #[default]
+    Bytes,
+    /// vLLM with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the low 64 bits, big-endian,
+    /// as an unsigned int.
+    VllmInt,
+    /// SGLang's: a page hash's first 64 bits, big-endian, as a signed int (its
+    /// `hash_str_to_int64` of the hex page hash), media named as SGLang names them.
+    Sglang,
+}
+
+impl HashForm {
+    pub fn parse(s: &str) -> Option<HashForm> {
+        match s {
+            "bytes" => Some(HashForm::Bytes),
+            "vllm-int" => Some(HashForm::VllmInt),
+            "sglang" => Some(HashForm::Sglang),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HashForm::Bytes => "bytes",
+            HashForm::VllmInt => "vllm-int",
+            HashForm::Sglang => "sglang",
+        }
+    }
+}
 
 /// Validated KV-event settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

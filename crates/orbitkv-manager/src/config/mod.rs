@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use clap::Parser;
 
 pub use args::Args;
-pub use events::EventsSettings;
+pub use events::{EventsSettings, HashForm};
 use peer::peer_settings;
 pub use peer::{EtcdSettings, EtcdTlsFiles, PeerSettings, PeerTlsFiles, is_literal_loopback};
 pub use remote::RemoteSettings;

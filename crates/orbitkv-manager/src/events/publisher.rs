@@ -15,7 +15,7 @@ use super::wire::{self, Change};
 use super::{EventCounters, Sink, topic_of};
 use crate::config::EventsSettings;
 use crate::log;
-use crate::shared::parts::{Cache, Shutdown};
+use crate::parts::{Cache, Shutdown};
 
 /// Changes in one batch at most.
 const BATCH: usize = 1024;

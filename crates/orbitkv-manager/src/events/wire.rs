@@ -7,38 +7,7 @@
 
 use orbitkv_core::BlockHash;
 
-/// How block hashes (and media) are written, for the engine whose routers read them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HashForm {
-    /// vLLM's default: the block hash as bytes.
-    #[default]
-    Bytes,
-    /// vLLM with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the low 64 bits, big-endian,
-    /// as an unsigned int.
-    VllmInt,
-    /// SGLang's: a page hash's first 64 bits, big-endian, as a signed int (its
-    /// `hash_str_to_int64` of the hex page hash), media named as SGLang names them.
-    Sglang,
-}
-
-impl HashForm {
-    pub fn parse(s: &str) -> Option<HashForm> {
-        match s {
-            "bytes" => Some(HashForm::Bytes),
-            "vllm-int" => Some(HashForm::VllmInt),
-            "sglang" => Some(HashForm::Sglang),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            HashForm::Bytes => "bytes",
-            HashForm::VllmInt => "vllm-int",
-            HashForm::Sglang => "sglang",
-        }
-    }
-}
+use crate::config::HashForm;
 
 /// Where a block is served from: vLLM's `MEDIUM_CPU` (the Manager's DRAM) or
 /// `MEDIUM_STORAGE` (its SSD only; vLLM 0.33's name for its file-system tier); SGLang's

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use super::PeerTier;
 use crate::config::EtcdTlsFiles;
-use crate::shared::parts::Shutdown;
+use crate::parts::Shutdown;
 
 /// The HTTPS client configuration for etcd, built at start-up: every problem
 /// with the files is an error naming the file.

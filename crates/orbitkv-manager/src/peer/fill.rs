@@ -13,7 +13,7 @@ use orbitkv_proto::{read_frame, write_frame};
 use super::fill_session::FillSession;
 use super::transport::Conn;
 use super::{DOWN_BACKOFF, PeerError, PeerTier};
-use crate::shared::parts::Arena;
+use crate::parts::Arena;
 
 impl PeerTier {
     /// Fill the blocks of `hashes` (the missing suffix of a lookup in `ns`)

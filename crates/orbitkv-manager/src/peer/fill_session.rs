@@ -8,7 +8,7 @@ use orbitkv_proto::read_frame;
 
 use super::transport::Conn;
 use super::{PeerError, Piece, checksums_alongside};
-use crate::shared::parts::Arena;
+use crate::parts::Arena;
 use crate::tier::InternalSession;
 
 /// The Manager-internal session that owns the save a fill writes into

@@ -12,7 +12,7 @@ use orbitkv_proto::{FrameError, write_frame};
 use super::fill::{check_leased, read_leased, send_and_read_leased, send_request};
 use super::transport::Conn;
 use super::{PeerError, PeerTier, tp};
-use crate::shared::parts::Arena;
+use crate::parts::Arena;
 
 impl PeerTier {
     /// Probe every candidate at once (bounded), fetch from the longest hit,

@@ -29,7 +29,7 @@ use orbitkv_proto::{FrameError, read_frame, write_frame};
 use super::source_context::{Source, SourceHost};
 use super::transport::{self, Conn};
 use crate::config::ManagerConfig;
-use crate::shared::parts::Cache;
+use crate::parts::Cache;
 
 /// Most peer connections served at once.
 const MAX_PEER_CONNECTIONS: u64 = 64;

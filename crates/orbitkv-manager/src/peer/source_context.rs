@@ -4,8 +4,8 @@
 
 use super::PeerTier;
 use crate::config::ManagerConfig;
-use crate::shared::parts::{Arena, Clock, Shutdown};
-use crate::stats::latency::Histogram;
+use crate::latency::Histogram;
+use crate::parts::{Arena, Clock, Shutdown};
 use crate::tier::Tier;
 
 /// What serving peers reads and changes of this Manager, and nothing else: the

@@ -11,7 +11,7 @@ use orbitkv_proto::write_frame;
 use super::fill_session::FillSession;
 use super::transport::Conn;
 use super::{PeerError, PeerTier};
-use crate::shared::parts::Arena;
+use crate::parts::Arena;
 
 /// A split fetch gives each connection at least this many bytes.
 const SPLIT_MIN_BYTES: usize = 8 << 20;

@@ -47,7 +47,7 @@ use orbitkv_proto::{FrameError, read_frame, write_frame};
 use super::source_context::Source;
 use super::transport::Conn;
 use super::{PeerError, PeerTier};
-use crate::shared::parts::{Cache, Shutdown};
+use crate::parts::{Cache, Shutdown};
 
 /// A TP lease this Manager pinned parts of on peers, until its owner ends it.
 #[derive(Debug)]

@@ -8,8 +8,8 @@ use orbitkv_core::{
 use orbitkv_proto::{ErrorCode, Request, Response, RetainHold, SaveItem};
 use std::time::Instant;
 
+use crate::parts::ServerCounters;
 use crate::shared::Shared;
-use crate::shared::parts::ServerCounters;
 use crate::stats;
 use crate::tier::AcquireFailed;
 
@@ -304,7 +304,7 @@ fn lookup(
     if shared.tracer().armed(shared.clock()) {
         shared
             .tracer()
-            .filled(shared, s, ns, rest.len(), from_peers, from_remote);
+            .filled(shared.cache(), s, ns, rest.len(), from_peers, from_remote);
     }
     if from_peers + from_remote == 0 {
         return Ok(first);

@@ -18,8 +18,8 @@ use super::reply::{frame_code, refuse, reply_and_close};
 use super::requests::request_loop;
 use super::{Conn, ConnectionSlot, OpenSession, SessionCtx};
 use crate::framing::{PeerReader, Stall};
+use crate::parts::ServerCounters;
 use crate::shared::Shared;
-use crate::shared::parts::ServerCounters;
 
 /// Constant-time comparison (length is not secret).
 fn token_eq(a: &[u8], b: &[u8]) -> bool {

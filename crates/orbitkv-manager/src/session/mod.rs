@@ -21,8 +21,8 @@ use orbitkv_core::{SessionEnd, SessionId};
 use orbitkv_shm::peer::ProcessHandle;
 
 use crate::framing::PeerReader;
+use crate::parts::{Quarantined, ServerCounters};
 use crate::shared::Shared;
-use crate::shared::parts::{Quarantined, ServerCounters};
 pub use handshake::serve_connection;
 pub use reply::refuse_over_limit;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use orbitkv_proto::{ErrorCode, FrameError, Response, write_frame};
 
-use crate::shared::parts::ServerCounters;
+use crate::parts::ServerCounters;
 
 /// How long a last error reply before closing may block on a peer that does not read.
 const CLOSING_REPLY_TIMEOUT: Duration = Duration::from_millis(100);

@@ -10,9 +10,9 @@ use super::handlers::{handle, map, release_quiet};
 use super::reply::{frame_code, reply, reply_and_close};
 use super::{Conn, SessionCtx};
 use crate::framing::Stall;
+use crate::latency::{Histogram, Latencies};
+use crate::parts::ServerCounters;
 use crate::shared::Shared;
-use crate::shared::parts::ServerCounters;
-use crate::stats::latency::{Histogram, Latencies};
 
 /// Requests that hand out arena addresses, refused to a control-only session so
 /// that it provably never copies (and its leases can be dropped with its connection).
@@ -148,7 +148,9 @@ fn step(shared: &Shared, ctx: SessionCtx, h: &Header, req: Result<Request, Decod
                 hist.since(started);
             }
             if let Some(req) = traced {
-                shared.tracer().observe(shared, session, pid, &req, &reply);
+                shared
+                    .tracer()
+                    .observe(shared.cache(), session, pid, &req, &reply);
             }
             Step::Reply(h.request_id, reply)
         }

@@ -5,7 +5,7 @@
 use orbitkv_core::{Counters, Gauges, HintStats};
 
 use super::{Metric, View, ld};
-use crate::shared::parts::ServerCounters;
+use crate::parts::ServerCounters;
 
 /// Lookups and the leases they grant.
 pub(super) fn lookups(c: &Counters, sc: &ServerCounters) -> Vec<Metric> {

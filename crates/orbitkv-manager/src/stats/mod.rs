@@ -4,11 +4,10 @@
 //! The snapshot is built section by section, each a function named for what it
 //! reports: `cache.rs` (the cache's counters and gauges), `server.rs` (the
 //! server's connections and frames), `tiers.rs` (the SSD tier, the presence
-//! table and the remote tier); `latency.rs` holds the latency histograms, rendered
+//! table and the remote tier); the latency histograms (`crate::latency`) are rendered
 //! after the scalar metrics.
 
 mod cache;
-pub mod latency;
 mod server;
 mod tiers;
 
@@ -18,9 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use orbitkv_shm::Segment;
 
 use crate::config::ManagerConfig;
+use crate::parts::{Cache, Clock, Connections, Quarantine, ServerCounters};
 use crate::peer::PeerTier;
 use crate::presence::Presence;
-use crate::shared::parts::{Cache, Clock, Connections, Quarantine, ServerCounters};
 use crate::tier::Tier;
 use cache::{dram, hints, lookups, saves, sessions, state, tp};
 use server::connections;

@@ -1,7 +1,7 @@
 //! The section of the server's own connection and frame counters.
 
 use super::{Metric, ld};
-use crate::shared::parts::{Connections, ServerCounters};
+use crate::parts::{Connections, ServerCounters};
 
 /// Connections and their frames: limits, deadlines, quiet releases, refusals and
 /// injected faults.

@@ -31,8 +31,8 @@ use orbitkv_core::{
 use orbitkv_shm::Segment;
 use orbitkv_ssd::SsdStats;
 
-use crate::shared::parts::{Arena, Cache};
-use crate::stats::latency::Histogram;
+use crate::latency::Histogram;
+use crate::parts::{Arena, Cache};
 pub use generations::persist_generations;
 pub use peer_slots::{recv_into_save_slot, recv_into_save_slot_hashed, send_leased_slot};
 pub use ssd::{open, ssd_key};

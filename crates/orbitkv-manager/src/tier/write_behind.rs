@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use orbitkv_core::SpillJob;
 
 use super::{SpillGuard, Spilled, Tier};
-use crate::shared::parts::{Arena, Shutdown};
-use crate::stats::latency::Histogram;
+use crate::latency::Histogram;
+use crate::parts::{Arena, Shutdown};
 
 /// Blocks per spill batch: several × the ring depth, so the device never idles.
 const SPILL_BATCH: usize = 64;

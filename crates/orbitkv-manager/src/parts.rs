@@ -2,7 +2,8 @@
 //! the cache lock ([`Cache`]), the arena ([`Arena`]), the quarantine
 //! ([`Quarantine`]), the connection places and frame budget ([`Connections`]),
 //! armed faults ([`Faults`]), the stop flag ([`Shutdown`]), the clock
-//! ([`Clock`]) and the server counters ([`ServerCounters`]). They depend on
+//! ([`Clock`]) and the server counters ([`ServerCounters`], with their latency
+//! histograms from `crate::latency`). They depend on
 //! neither the tiers nor the peer tier (both use them); `Shared` holds one of
 //! each.
 
@@ -35,7 +36,7 @@ pub struct ServerCounters {
     pub quiet_releases: AtomicU64,
     pub quiet_release_failures: AtomicU64,
     /// Latency histograms of the request paths (`/metrics`, `orbitkv status --json`).
-    pub latency: crate::stats::latency::Latencies,
+    pub latency: crate::latency::Latencies,
 }
 
 impl ServerCounters {
