@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from orbitkv.tokens import read_token_file
 
 USAGE = """orbitkv <command> [options]
 
@@ -35,18 +36,6 @@ def _serve(argv: Sequence[str]) -> int:
     return int(_native.serve(["orbitkv serve", *argv]))
 
 
-def _read_token_file(path: str) -> str:
-    """The token in `path`, refusing a file group/others may access (as the Manager does)."""
-    with open(path) as f:
-        mode = os.fstat(f.fileno()).st_mode & 0o7777
-        if mode & 0o077:
-            raise PermissionError(
-                f"token file {path} is accessible by group/others (mode {mode:04o}), so they may read the token; "
-                f"run `chmod 600 {path}`"
-            )
-        return f.read().strip()
-
-
 def _status(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="orbitkv status", description="Show a running Manager's state.")
     p.add_argument("--socket", help="Manager socket (default: $ORBITKV_SOCKET or the per-user default)")
@@ -56,7 +45,7 @@ def _status(argv: Sequence[str]) -> int:
     from orbitkv import _native
 
     try:
-        token = _read_token_file(a.token_file) if a.token_file else None
+        token = read_token_file(a.token_file) if a.token_file else None
     except OSError as e:
         print(f"orbitkv status: {e}", file=sys.stderr)
         return 1

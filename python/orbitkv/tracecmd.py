@@ -96,7 +96,7 @@ def _fingerprint(text: str | None) -> tuple[bytes | None, str | None]:
 
 
 def main(argv: list[str]) -> int:
-    from orbitkv.cli import _read_token_file
+    from orbitkv.tokens import read_token_file
 
     p = argparse.ArgumentParser(prog="orbitkv trace", description=__doc__.split("\n\n")[0])
     p.add_argument("--socket", help="Manager socket (default: $ORBITKV_SOCKET or the per-user default)")
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--seconds {a.seconds:g} must be above 0 and at most {MAX_ARM_MS // 1000}")
         if a.pid < 0 or not 0 < a.interval <= 10:
             raise ValueError("--pid must be >= 0 and --interval above 0 and at most 10")
-        token = _read_token_file(a.token_file) if a.token_file else None
+        token = read_token_file(a.token_file) if a.token_file else None
     except (ValueError, OSError) as e:
         print(f"orbitkv trace: {e}", file=sys.stderr)
         return 2

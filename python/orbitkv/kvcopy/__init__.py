@@ -10,15 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orbitkv.engine.lazy import lazy_attributes
+from orbitkv.kvcopy.errors import CopyEngineError
 
 if TYPE_CHECKING:
     from orbitkv.kvcopy.arena import ArenaView, pinned_segments
-    from orbitkv.kvcopy.engine import CopyEngine, LoadHandle, SaveHandle, slots_array
+    from orbitkv.kvcopy.engine import CopyEngine, slots_array
+    from orbitkv.kvcopy.handles import LoadHandle, SaveHandle
     from orbitkv.kvcopy.layout import LayerPages, layer_pages
-
-
-class CopyEngineError(RuntimeError):
-    """The copy engine cannot work here; the message names what is wrong and the fix."""
 
 
 __all__ = [
@@ -37,8 +35,8 @@ _LAZY = {
     "ArenaView": "orbitkv.kvcopy.arena",
     "pinned_segments": "orbitkv.kvcopy.arena",
     "CopyEngine": "orbitkv.kvcopy.engine",
-    "LoadHandle": "orbitkv.kvcopy.engine",
-    "SaveHandle": "orbitkv.kvcopy.engine",
+    "LoadHandle": "orbitkv.kvcopy.handles",
+    "SaveHandle": "orbitkv.kvcopy.handles",
     "slots_array": "orbitkv.kvcopy.engine",
     "LayerPages": "orbitkv.kvcopy.layout",
     "layer_pages": "orbitkv.kvcopy.layout",

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from orbitkv.kvcopy import CopyEngineError
+from orbitkv.kvcopy.errors import CopyEngineError
 
 CUDA_HOST_REGISTER_PORTABLE = 1
 CUDA_HOST_REGISTER_MAPPED = 2

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from orbitkv.kvcopy.arena import memcpy_async
+from orbitkv.kvcopy.handles import LoadHandle, SaveHandle
 
 if TYPE_CHECKING:
-    from orbitkv.kvcopy.engine import CopyEngine, LoadHandle, SaveHandle
+    from orbitkv.kvcopy.engine import CopyEngine
 
 CHUNK_BYTES = 64 << 20  # one staging buffer: this many bytes of whole blocks (at least one block)
 RING = 3  # staging buffers per direction
@@ -127,8 +128,6 @@ class DmaPath:
         e._launch(li, lambda elem: buffer.view(e._dtype(elem)), self.stage_slots[:count], ids, self.align, to_pages)
 
     def load(self, segs: np.ndarray, offs: np.ndarray, ids: np.ndarray, check: Callable[[slice], None]) -> LoadHandle:
-        from orbitkv.kvcopy.engine import LoadHandle
-
         e = self.e
         n_layers = e.num_layers
         ready = e._take_events(n_layers)
@@ -169,8 +168,6 @@ class DmaPath:
         after: torch.cuda.Event | None,
         check: Callable[[slice], None],
     ) -> SaveHandle:
-        from orbitkv.kvcopy.engine import SaveHandle
-
         e = self.e
         ready, done = e._take_events(2)
         packed: list[torch.cuda.Event] = []

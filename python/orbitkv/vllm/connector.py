@@ -27,8 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
+import orbitkv.vllm.compat as compat
 from orbitkv.engine.identity import fingerprint
-from orbitkv.vllm import compat
 from orbitkv.vllm.config import OrbitKVSettings, parse_settings
 from orbitkv.vllm.failures import ensure_recompute_policy
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata

@@ -19,8 +19,8 @@ from vllm.v1.kv_cache_interface import (
     get_kv_cache_spec_kind,
 )
 
+import orbitkv.vllm.compat as compat
 from orbitkv.engine.identity import model_config_digest, static_lora_identity
-from orbitkv.vllm import compat
 from orbitkv.vllm.block_hashes import BlockHashError, block_hash_identity, check_hash_algo
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.errors import UnsupportedProfileError
