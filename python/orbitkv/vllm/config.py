@@ -44,16 +44,6 @@ COPY_ENGINES = ("auto", "torch")
 #   dma    - the GPU's copy engines (cudaMemcpyAsync of whole blocks through a staging
 #            ring), pages placed on the device by the Triton kernel; refused like triton.
 COPY_KERNELS = ("auto", "torch", "triton", "dma")
-# `orbitkv.load_mode`: when a hit's KV is copied into the engine's pages.
-#   async - the request waits in WAITING_FOR_REMOTE_KVS while its load runs beside the
-#           engine's steps and is scheduled once a worker reported it (one engine step or
-#           more after its admission); no step ever waits for a load;
-#   sync  - a hit held wholly in DRAM loads inside the step that computes the rest of its
-#           prompt: the workers acquire it before the forward and the forward's stream
-#           waits for the copy (no extra engine step: lower time to first token, while
-#           the other requests of that step wait for the copy too); a hit with blocks on
-#           SSD still loads asynchronously.
-LOAD_MODES = ("async", "sync")
 
 
 @dataclass(frozen=True)
@@ -88,7 +78,10 @@ class OrbitKVSettings:
     # step (~7 ms for an 8B model on an H200), so the default waits up to 1 ms; 0 never
     # waits (the scheduler thread never blocks on the Manager).
     lookup_wait_us: int = 1000
-    load_mode: str = "async"
+    # How long, in all, one worker step may wait for the loads in flight to complete so
+    # that they are reported in that step (their requests then run in the next step
+    # instead of the one after). 0: never wait (a load is reported by a later step).
+    load_wait_us: int = 0
 
     @property
     def loads(self) -> bool:
@@ -103,6 +96,7 @@ class OrbitKVSettings:
 
 
 MAX_LOOKUP_WAIT_US = 100_000
+MAX_LOAD_WAIT_US = 1_000_000
 
 _KEYS = {
     "socket_path",
@@ -119,7 +113,7 @@ _KEYS = {
     "query_control",
     "async_lookups",
     "lookup_wait_us",
-    "load_mode",
+    "load_wait_us",
 }
 
 
@@ -132,10 +126,6 @@ _CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "copy_kernel": (
         COPY_KERNELS,
         "triton: one-pass Triton kernel; torch: two-pass index ops; auto: triton where it runs",
-    ),
-    "load_mode": (
-        LOAD_MODES,
-        "async: a hit loads beside the engine's steps; sync: a DRAM hit loads inside the step that uses it",
     ),
 }
 
@@ -236,4 +226,11 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
                 f"engine's scheduler), got {wait}; use async_lookups=false to wait for every answer"
             )
         kwargs["lookup_wait_us"] = wait
+    if "load_wait_us" in raw:
+        wait = _expect_int("load_wait_us", raw["load_wait_us"], 0)
+        if wait > MAX_LOAD_WAIT_US:
+            raise OrbitKVConfigError(
+                f"{PREFIX}load_wait_us must be at most {MAX_LOAD_WAIT_US} (1 s: longer stalls the engine), got {wait}"
+            )
+        kwargs["load_wait_us"] = wait
     return OrbitKVSettings(**kwargs)

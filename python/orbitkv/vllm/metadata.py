@@ -18,9 +18,6 @@ class LoadSpec:
     # Query control (TP, contract T1): the scheduler's TP lease token; each worker
     # redeems its own shard's part with it instead of looking up again.
     token: bytes | None = None
-    # orbitkv.load_mode = "sync": vLLM runs the request in this very step; the workers
-    # load before the forward and order the forward's stream after the copy.
-    sync: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,7 @@ Per request:
     answer (its lease pinning the hit) is taken on a later step. A lookup that fails
     (the Manager died meanwhile) is a miss;
   * a hit is loaded asynchronously: vLLM parks the request in
-    `WAITING_FOR_REMOTE_KVS` until a worker reports it in `finished_recving`. With
-    `orbitkv.load_mode = "sync"` a hit held wholly in DRAM (no block on SSD at lookup
-    time) is answered `load_async=False` instead: vLLM schedules the request in the same
-    step, the workers acquire and copy it before that step's forward (worker.py), and the
-    scheduler's lease is released once that step's output says the workers took it
-    (`OrbitKVWorkerMetadata.sync_loads`); a block they could not load comes back in
-    `invalid_block_ids` and vLLM recomputes from it;
+    `WAITING_FOR_REMOTE_KVS` until a worker reports it in `finished_recving`;
   * the lease from the lookup pins the hit until that report (L1/L2), and is released
     at once when vLLM does not select the hit (`num_external_tokens == 0`), on
     preemption, and on finish/abort of a request that is not loading;
@@ -75,11 +69,6 @@ class _ReqState:
     pending: PendingLookup | Future[Lease | TpLease] | None = None  # a background lookup not yet taken
     pending_since: float = 0.0  # perf_counter() when it started
     loading: bool = False
-    # orbitkv.load_mode = "sync": the last answer offered the hit for a load inside the
-    # step (sync_offer), and such a load was planned whose step output has not come back
-    # yet (sync_loading; the lease still pins the hit for the workers' acquire).
-    sync_offer: bool = False
-    sync_loading: bool = False
     load_done: bool = False  # a load just drained; the next alloc call is its follow-up
     preemptions: int = 0  # request.num_preemptions when the last lookup was made
     load_block_ids: tuple[int, ...] = ()
@@ -145,7 +134,6 @@ class OrbitKVScheduler:
             "manager_errors": 0,
             "resets": 0,
             "delayed_frees": 0,
-            "sync_loads": 0,
         }
         self.counters.update(
             {"presence_misses": 0, "async_lookups": 0, "lookups_answered_in_step": 0, "stale_lookups": 0}
@@ -377,8 +365,8 @@ class OrbitKVScheduler:
         presence table (no message) says its first block is certainly absent; a request
         whose prefix the engine holds itself gets its answer at the lookup (a miss)."""
         st = self._state(request)
-        if st.bypass is not None or not self.settings.loads or self.settings.load_mode == "sync":
-            return False  # sync: a hit loads in the step that admits the request
+        if st.bypass is not None or not self.settings.loads:
+            return False
         if (request.kv_transfer_params or {}).get("do_remote_prefill"):
             return False  # another connector owns this request's incoming KV (V5)
         if (request.num_tokens - 1) // self.block_size < 1 or not request.block_hashes:
@@ -414,17 +402,11 @@ class OrbitKVScheduler:
         elif st.pending is not None and self._collect(st) is None:
             return None, False  # still in flight
         hit = st.hit_blocks
-        st.sync_offer = hit > 0 and self._loads_in_step(st)
-        return hit * self.block_size, hit > 0 and not st.sync_offer
-
-    def _loads_in_step(self, st: _ReqState) -> bool:
-        """orbitkv.load_mode = "sync" and every block of the hit was in DRAM at lookup
-        time: staging from SSD would hold the step, so such a hit loads asynchronously."""
-        return self.settings.load_mode == "sync" and st.lease is not None and not st.lease.ssd_blocks
+        return hit * self.block_size, hit > 0
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         st = self._state(request)
-        if st.loading or st.sync_loading:
+        if st.loading:
             return
         if st.load_done:
             st.load_done = False  # second call, after the async load completed
@@ -456,19 +438,11 @@ class OrbitKVScheduler:
                 hashes=tuple(request.block_hashes[start : start + n]),
                 block_ids=tuple(block_ids),
                 token=token_of(st.lease),
-                sync=st.sync_offer,
             )
         )
+        st.loading = True
         st.load_block_ids = tuple(block_ids)
         self.counters["loads_started"] += 1
-        if st.sync_offer:
-            # Scheduled in this step: the workers load before its forward. The blocks
-            # loaded are not saved again; the lease waits for the step's output.
-            st.sync_loading = True
-            st.save_from = start + n
-            self.counters["sync_loads"] += 1
-        else:
-            st.loading = True
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OrbitKVConnectorMetadata:
         self._wait_left = self.settings.lookup_wait_us / 1e6  # the next step's wait budget
@@ -482,7 +456,6 @@ class OrbitKVScheduler:
                 # reuse by the workers' handle_preemptions, and no longer hold its finish.
                 # (The worker drops the request from its own bookkeeping in the same order.)
                 st.saving = False
-                st.sync_loading = False
             if st is not None and not st.loading:
                 self._release(st)
                 st.lease_start = -1  # resumed requests look up again from their new hit
@@ -560,29 +533,10 @@ class OrbitKVScheduler:
             self._sending.discard(req_id)  # its saves completed: vLLM frees the blocks now
         wm = connector_output.kv_connector_worker_meta
         if isinstance(wm, OrbitKVWorkerMetadata):
-            self._sync_loads_taken(wm.sync_loads, invalid)
             self._pending_save_batches -= wm.saved_batches
             self.counters["saved_blocks"] += wm.stored_blocks
             self.counters["refused_blocks"] += wm.refused_blocks
             self.counters["failed_saves"] += wm.failed_saves
-
-    def _sync_loads_taken(self, req_ids: set[str], invalid: set[int]) -> None:
-        """The workers ran the steps that loaded these requests in step (load_mode sync):
-        they hold leases of their own now, so the scheduler's is released. Blocks they
-        could not load are in `invalid` (vLLM recomputes from the first of them)."""
-        for req_id in req_ids:
-            st = self._reqs.get(req_id)
-            if st is None or not st.sync_loading:
-                continue  # finished or preempted meanwhile: its lease went then
-            st.sync_loading = False
-            self._release(st)
-            bad = [i for i, b in enumerate(st.load_block_ids) if b in invalid]
-            if bad:
-                self.counters["loads_failed"] += 1
-                # vLLM recomputes from the first bad block: save what it computes again.
-                st.save_from = st.saved_upto = st.lease_start + bad[0]
-            else:
-                self.counters["loads_finished"] += 1
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         st = self._reqs.get(request.request_id)
@@ -612,7 +566,7 @@ class OrbitKVScheduler:
         owners = {
             "requests": len(self._reqs),
             "leases": sum(1 for s in self._reqs.values() if s.lease is not None),
-            "loads": sum(1 for s in self._reqs.values() if s.loading or s.sync_loading),
+            "loads": sum(1 for s in self._reqs.values() if s.loading),
             "lookups": sum(1 for s in self._reqs.values() if s.pending is not None) + len(self._orphans),
             "saves": len(self._pending_save_batches),
             "sending": len(self._sending),

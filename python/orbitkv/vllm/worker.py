@@ -13,13 +13,6 @@ worker is a thin caller of the copy engine and both directions are asynchronous:
   * loads: the pool thread looks up and acquires (Manager round trips); the step thread
     issues `CopyEngine.load` and reports the request in `finished_recving` only once the
     handle's `query()` is True, releasing its load lease then (never before);
-  * in-step loads (`LoadSpec.sync`, orbitkv.load_mode = "sync"): vLLM calls
-    `start_load_kv` before the step's forward; the step thread acquires, issues the copy
-    and makes the current stream wait for it (`LoadHandle.wait`), so the forward - eager
-    or a CUDA graph's replay - reads the pages after the copy. Blocks it could not load
-    go to `get_block_ids_with_load_errors` of this very step (vLLM recomputes them); the
-    lease is released once the copy is seen complete; the request is named in the
-    worker metadata (`sync_loads`) so the scheduler releases its own lease;
   * saves: `wait_for_save` records an event after the forward and issues
     `CopyEngine.save(after=event)` per SaveSpec without waiting; each step polls the
     handles, commits completed copies (aborts failed ones: L4) and reports a finished
@@ -33,6 +26,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,7 +40,7 @@ from orbitkv.vllm.layout import BlockGeometry, CpuPages, LayoutError, block_geom
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
 from orbitkv.vllm.native import ManagerSession, page_layout
 from orbitkv.vllm.stats import WORKER_KEYS, CounterDeltas, LatencySamples, OrbitKVConnectorStats, with_samples
-from orbitkv.vllm.worker_jobs import Acquired, InStepLoad, KvLoad, KvSave, LoadOutcome, ReqSaves
+from orbitkv.vllm.worker_jobs import Acquired, KvLoad, KvSave, LoadOutcome, ReqSaves
 from orbitkv.vllm.worker_meta import OrbitKVWorkerMetadata
 
 if TYPE_CHECKING:
@@ -54,6 +48,19 @@ if TYPE_CHECKING:
     from orbitkv.kvcopy import ArenaView, CopyEngine, LayerPages
 
 logger = logging.getLogger("orbitkv.vllm")
+
+
+LOAD_POLL_S = 0.0002  # how often orbitkv.load_wait_us looks at the copies in flight
+
+
+def _copied(ld: KvLoad) -> bool:
+    """The load's acquire returned and its copy (if any) completed or failed."""
+    if ld.acquired is None:
+        return False
+    try:
+        return ld.handle is None or ld.handle.query()
+    except Exception:
+        return True  # failed: reported by _collect_loads
 
 
 def _is_engine_error(exc: BaseException) -> bool:
@@ -79,7 +86,6 @@ class OrbitKVWorker:
         self._device: torch.device | None = None
         self._engine_session = -1  # session id of the Client the arena view maps
         self._kv_loads: dict[str, KvLoad] = {}
-        self._in_step: list[InStepLoad] = []  # in-step copies whose lease waits for completion
         self._kv_saves: list[KvSave] = []
         # The release's runner rewrites blocks before it reports preemptions (vLLM 0.34):
         # each step's saves are then ordered before the next step's device work.
@@ -219,9 +225,6 @@ class OrbitKVWorker:
         for spec in meta.loads:
             if spec.req_id in self._loads or spec.req_id in self._kv_loads:
                 raise AssertionError(f"orbitkv: a load for {spec.req_id} is already in flight")
-            if spec.sync:
-                self._load_in_step(spec)
-                continue
             if self.kvcopy:
                 self._kv_loads[spec.req_id] = KvLoad(self._pool.submit(self._acquire, spec))
             else:
@@ -229,66 +232,6 @@ class OrbitKVWorker:
             self.counters["loads"] += 1
             self._load_started[spec.req_id] = time.perf_counter()
         self._issue_loads()
-
-    def _load_in_step(self, spec: LoadSpec) -> None:
-        """An in-step load, on the step thread before the forward (see the module doc)."""
-        started = time.perf_counter()
-        self.counters["loads"] += 1
-        self._wm.sync_loads.add(spec.req_id)
-        if not self.kvcopy:
-            self._account_load(self._load(spec), started)  # native copy: done on return
-            return
-        assert self._pool is not None
-        late = self._pool.submit(self._acquire, spec)
-        try:
-            # A stalled Manager holds the step at most as long as it may hold the scheduler's.
-            acq = late.result(timeout=self.settings.scheduler_timeout_ms / 1e3)
-        except TimeoutError:
-            logger.warning(
-                "orbitkv: the Manager did not stage %s within orbitkv.scheduler_timeout_ms=%d; vLLM recomputes it",
-                spec.req_id,
-                self.settings.scheduler_timeout_ms,
-            )
-            # Never copied: whatever the acquire pins when it returns is released then.
-            self._in_step.append(InStepLoad(Acquired(LoadOutcome(spec.req_id)), late=late))
-            self._account_load(LoadOutcome(spec.req_id, list(spec.block_ids), total_failure=True), started)
-            return
-        job = InStepLoad(acq)
-        if len(acq.slots):
-            try:
-                job.handle = self._kv_engine().load(acq.slots, acq.block_ids)
-                job.handle.wait()  # the forward, queued next on this stream, reads after the copy
-                acq.out.bytes_copied = len(acq.slots) * self.session.block_bytes
-            except Exception as exc:
-                logger.warning("orbitkv: issuing the in-step restore for %s failed", spec.req_id, exc_info=True)
-                acq.out.total_failure = True
-                acq.out.failed_block_ids = list(acq.block_ids) + acq.out.failed_block_ids
-                if _is_engine_error(exc):
-                    self._release_load_lease(acq)
-                    raise
-        self._account_load(acq.out, started)  # the step thread's part: acquire and issue
-        self._in_step.append(job)
-        self._reap_in_step()
-
-    def _reap_in_step(self) -> None:
-        """Release the leases of in-step loads whose copy completed (no host wait)."""
-        pending: list[InStepLoad] = []
-        for job in self._in_step:
-            if job.late is not None:
-                if not job.late.done():
-                    pending.append(job)
-                    continue
-                job.acquired = job.late.result()  # _acquire returns its failures
-            try:
-                if job.handle is not None and not job.handle.query():
-                    pending.append(job)
-                    continue
-            except Exception:
-                # The forward already ran on these pages: a failed device copy is a CUDA
-                # fault the engine's own next synchronisation reports.
-                logger.error("orbitkv: in-step restore for %s failed on the device", job.acquired.out.req_id)
-            self._release_load_lease(job.acquired)
-        self._in_step = pending
 
     # ---- loads through orbitkv.kvcopy ---------------------------------------------
 
@@ -381,11 +324,11 @@ class OrbitKVWorker:
             self._connection_failed(exc)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """A no-op, correctly: an asynchronous load is reported in finished_recving only
-        once `LoadHandle.query()` was True, so vLLM runs its request after the copy; an
-        in-step load made the current stream wait for the whole copy in `start_load_kv`,
-        before the forward was queued (per-layer waits here would not run when vLLM
-        replays a full CUDA graph, which a one-token prefill after a hit may use)."""
+        """A no-op, correctly: every OrbitKV load is asynchronous (the scheduler answers
+        load_async=True), so vLLM runs a request only after its load was reported in
+        finished_recving, i.e. after `LoadHandle.query()` was True - its pages are
+        complete before any forward reads them. (Loads inside the step, load_async=False,
+        are not offered: see docs/adapters.md, "Why every load is asynchronous".)"""
         return None
 
     def _load(self, spec: LoadSpec) -> LoadOutcome:
@@ -450,7 +393,7 @@ class OrbitKVWorker:
         """kvcopy: after a broken connection, once nothing is in flight, drain the engine,
         unpin the old arena and drop the session; the next transfer connects again and
         maps (and pins) the new Manager's arena."""
-        if not self._broken or self._kv_loads or self._kv_saves or self._in_step:
+        if not self._broken or self._kv_loads or self._kv_saves:
             return
         self._broken = False
         if self.engine is not None:
@@ -461,12 +404,29 @@ class OrbitKVWorker:
         self.session.drop_client()
         logger.warning("orbitkv: Manager connection lost; the arena view was released, the next transfer reconnects")
 
+    def _wait_for_loads(self) -> None:
+        """`orbitkv.load_wait_us`: before this step's results are collected, wait up to
+        that long for the loads in flight to complete, so that a load started in this step
+        is reported in this step's output and its request runs in the next step (not the
+        one after). A load still copying when the wait ends is reported in a later step."""
+        budget = self.settings.load_wait_us / 1e6
+        if budget <= 0 or not (self._loads or self._kv_loads):
+            return
+        deadline = time.perf_counter() + budget
+        if not self.kvcopy:
+            wait_futures(list(self._loads.values()), timeout=budget)
+            return
+        wait_futures([ld.future for ld in self._kv_loads.values()], timeout=budget)
+        self._issue_loads()
+        while time.perf_counter() < deadline and not all(_copied(ld) for ld in self._kv_loads.values()):
+            time.sleep(LOAD_POLL_S)
+
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        self._wait_for_loads()
         results = KVConnectorTransferResults()
         if self.kvcopy:
             for out in self._collect_loads():
                 self._report_load(results, out)
-            self._reap_in_step()
             self._poll_saves()
             self._rebind_if_broken()
             self._finishing |= finished_req_ids & self._save_reqs.keys()
@@ -766,7 +726,6 @@ class OrbitKVWorker:
             if ld.acquired is not None:
                 self._release_load_lease(ld.acquired)
         self._kv_loads.clear()
-        self._reap_in_step()  # the engine drained: every in-step copy has completed
         if self._arena is not None:
             self._arena.close()
             self._arena = None

@@ -44,18 +44,6 @@ class KvLoad:
 
 
 @dataclass
-class InStepLoad:
-    """An in-step load (`LoadSpec.sync`) after its copy was issued before the forward:
-    its lease is released once `handle.query()` is True (None: nothing was copied). An
-    acquire that did not return in time (`late`) is never copied: its lease is released
-    once it returns."""
-
-    acquired: Acquired
-    handle: LoadHandle | None = None
-    late: Future[Acquired] | None = None
-
-
-@dataclass
 class ReqSaves:
     """Saves issued for one request since its last preemption."""
 

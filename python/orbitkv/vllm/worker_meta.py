@@ -9,19 +9,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerM
 
 @dataclass
 class OrbitKVWorkerMetadata(KVConnectorWorkerMetadata):
-    """Save batches (one per scheduler step with saves) whose copies have drained, and
-    the requests whose in-step loads (`LoadSpec.sync`) this step's workers acquired."""
+    """Save batches (one per scheduler step with saves) whose copies have drained."""
 
     saved_batches: set[int] = field(default_factory=set)
     stored_blocks: int = 0
     refused_blocks: int = 0
     failed_saves: int = 0
-    sync_loads: set[str] = field(default_factory=set)
 
     def empty(self) -> bool:
-        return not (
-            self.saved_batches or self.stored_blocks or self.refused_blocks or self.failed_saves or self.sync_loads
-        )
+        return not (self.saved_batches or self.stored_blocks or self.refused_blocks or self.failed_saves)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, OrbitKVWorkerMetadata)
@@ -30,5 +26,4 @@ class OrbitKVWorkerMetadata(KVConnectorWorkerMetadata):
             stored_blocks=self.stored_blocks + other.stored_blocks,
             refused_blocks=self.refused_blocks + other.refused_blocks,
             failed_saves=self.failed_saves + other.failed_saves,
-            sync_loads=self.sync_loads | other.sync_loads,
         )

@@ -174,7 +174,7 @@ def test_restores_consumed_right_after_wait_layer_or_wait_see_the_restored_bytes
             dst_idx = torch.tensor(dst_ids, device=DEV)
             dst_raw.zero_()  # on the current stream; the load is ordered after it
             load = dst.load(slots, dst_ids)
-            whole = rep % 2 == 1  # odd reps: one wait for the whole load (in-step loads)
+            whole = rep % 2 == 1  # odd reps: one device-side wait for the whole load
             if whole:
                 load.wait()
             sums = []

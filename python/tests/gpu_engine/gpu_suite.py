@@ -355,14 +355,14 @@ def roles_for(mode: str) -> list[Role]:
         else []
     )
     if not eager:
-        # in-step loads (orbitkv.load_mode = "sync") under CUDA graphs: the forward's
-        # stream waits for the copy, a one-token prefill may replay a full graph
+        # loads reported in the step that starts them (orbitkv.load_wait_us): the worker
+        # waits for the copy before it reports, under CUDA graphs
         roles.append(
             Role(
-                "reader_sync",
+                "reader_wait",
                 [gen("full", FULL, per_prompt_counters=True), gen("partial", PARTIAL, per_prompt_counters=True)],
                 env={"ORBITKV_COPY_KERNEL": "dma"},
-                settings={"orbitkv.load_mode": "sync"},
+                settings={"orbitkv.load_wait_us": 200_000},
             )
         )
     roles.append(

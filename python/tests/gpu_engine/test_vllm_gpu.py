@@ -86,18 +86,18 @@ def test_partial_hit_is_bit_identical_to_vllms_partial_prefix_hit(suite: Suite, 
         same(got, want, f"{mode} partial[{i}]")
 
 
-def test_in_step_loads_under_cuda_graphs_are_bit_identical(suite: Suite) -> None:
-    """`orbitkv.load_mode = "sync"` in compile mode: each hit loads inside the step that
-    computes the rest of its prompt (a fresh process, after the `reader` role's hits),
-    full and partial, bit for bit vLLM's own prefix hit."""
+def test_loads_reported_in_their_step_under_cuda_graphs_are_bit_identical(suite: Suite) -> None:
+    """`orbitkv.load_wait_us` in compile mode: each hit's load is reported in the step that
+    starts it (a fresh process, before the `reader` role), full and partial, bit for bit
+    vLLM's own prefix hit."""
     run = suite("compile")
     for tag, prompts, ref_tag, prefix in (("full", FULL, "full_hit", None), ("partial", PARTIAL, "partial_hit", 1000)):
         for i, (got, want, p) in enumerate(
-            zip(run.outputs("reader_sync", tag), run.outputs("ref", ref_tag), prompts, strict=True)
+            zip(run.outputs("reader_wait", tag), run.outputs("ref", ref_tag), prompts, strict=True)
         ):
-            assert got["num_cached_tokens"] == hit_tokens(p, prefix), f"sync {tag}[{i}]: {got['num_cached_tokens']}"
-            assert got["manager"]["hit_blocks_total"] > 0, f"sync {tag}[{i}]: the Manager served no block"
-            same(got, want, f"sync {tag}[{i}]")
+            assert got["num_cached_tokens"] == hit_tokens(p, prefix), f"wait {tag}[{i}]: {got['num_cached_tokens']}"
+            assert got["manager"]["hit_blocks_total"] > 0, f"wait {tag}[{i}]: the Manager served no block"
+            same(got, want, f"wait {tag}[{i}]")
 
 
 def test_torch_kernel_and_restore_after_vllm_evicted_the_prefix_from_hbm(suite: Suite) -> None:

@@ -78,7 +78,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
             "orbitkv.copy_kernel": "triton",
             "orbitkv.query_control": True,
             "orbitkv.lookup_wait_us": 0,
-            "orbitkv.load_mode": "sync",
+            "orbitkv.load_wait_us": 20_000,
         }
     )
     assert s.mode is Mode.SAVE_ONLY and not s.loads
@@ -92,7 +92,7 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
     assert (s.query_control, default.query_control) == (True, False)
     assert (s.copy_kernel, default.copy_kernel) == ("triton", "auto")
     assert (s.lookup_wait_us, default.lookup_wait_us) == (0, 1000)
-    assert (s.load_mode, default.load_mode) == ("sync", "async")
+    assert (s.load_wait_us, default.load_wait_us) == (20_000, 0)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,8 @@ def test_settings_defaults_and_every_key(tmp_path: Path) -> None:
         ({"orbitkv.lookup_wait_us": -1}, "orbitkv.lookup_wait_us must be an integer >= 0"),
         ({"orbitkv.lookup_wait_us": 0.5}, "orbitkv.lookup_wait_us must be an integer >= 0"),
         ({"orbitkv.lookup_wait_us": 100_001}, "orbitkv.lookup_wait_us must be at most 100000"),
-        ({"orbitkv.load_mode": "eager"}, "orbitkv.load_mode must be one of ['async', 'sync']"),
+        ({"orbitkv.load_wait_us": -1}, "orbitkv.load_wait_us must be an integer >= 0"),
+        ({"orbitkv.load_wait_us": 1_000_001}, "orbitkv.load_wait_us must be at most 1000000"),
     ],
 )
 def test_settings_rejections_name_the_key(extra: dict, needle: str) -> None:

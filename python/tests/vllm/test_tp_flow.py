@@ -88,37 +88,6 @@ def assert_nothing_held(e: TPEngine, m: ManagerProcess) -> None:
     assert held == dict.fromkeys(held, 0), held
 
 
-def full_tp_hit(e: TPEngine, m: ManagerProcess, *, in_step: bool) -> None:
-    """A fresh request for the saved PROMPT (HBM emptied): one TP lookup, every rank
-    redeems its part (no lookup of its own) and holds 96 restored + 4 computed tokens byte
-    for byte, the TP lease completes. `in_step` (`orbitkv.load_mode = "sync"`): the load
-    and the prefill run in the step that admits the request; else it waits for the load."""
-    e.reset_hbm()
-    before = m.stats()
-    r = make_request(PROMPT)
-    e.scheduler.add_request(r)
-    so = e.step_admitting(r)
-    meta = so.kv_connector_metadata
-    assert isinstance(meta, OrbitKVConnectorMetadata) and so.has_sync_kv_loads is in_step
-    (spec,) = meta.loads
-    assert len(spec.block_ids) == FULL_BLOCKS and spec.token is not None and len(spec.token) == 16
-    assert spec.sync is in_step
-    if in_step:
-        assert r.num_computed_tokens == len(PROMPT) and len(r.output_token_ids) == 1
-    else:
-        assert e.scheduler.requests[r.request_id].status == RequestStatus.WAITING_FOR_REMOTE_KVS
-        e.run_until(prefill_done(e, r.request_id, len(PROMPT)), what="prefill after the TP load")
-    e.check_pages(r, len(PROMPT))
-    e.run_to_completion([r.request_id])
-    e.run_until(lambda: r.request_id not in e.scheduler.requests, what="release of the blocks")
-    after = m.stats()
-    delta = {k: after[k] - before[k] for k in ("tp_lookups_total", "lookups_total", "tp_parts_redeemed_total")}
-    # One Manager call for all ranks; each rank redeemed its part, none looked up again.
-    assert delta == {"tp_lookups_total": 1, "lookups_total": 0, "tp_parts_redeemed_total": e.tp}, delta
-    # The ranks' releases are quiet and may still be queued in their clients.
-    m.settled_stats(tp_leases_completed_total=before["tp_leases_completed_total"] + 1)
-
-
 def cold_miss_then_full_hit(e: TPEngine, m: ManagerProcess) -> None:
     block_bytes = e.connector.block_bytes
     run(e, PROMPT)
@@ -129,7 +98,26 @@ def cold_miss_then_full_hit(e: TPEngine, m: ManagerProcess) -> None:
     assert m.stats()["dram_visible_blocks"] == e.tp * FULL_BLOCKS, "each rank saved its own shard"
     assert_nothing_held(e, m)
 
-    full_tp_hit(e, m, in_step=False)
+    e.reset_hbm()
+    before = m.stats()
+    r = make_request(PROMPT)
+    e.scheduler.add_request(r)
+    so = e.step_admitting(r)
+    assert e.scheduler.requests[r.request_id].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    meta = so.kv_connector_metadata
+    assert isinstance(meta, OrbitKVConnectorMetadata)
+    (spec,) = meta.loads
+    assert len(spec.block_ids) == FULL_BLOCKS and spec.token is not None and len(spec.token) == 16
+    e.run_until(prefill_done(e, r.request_id, len(PROMPT)), what="prefill after the TP load")
+    e.check_pages(r, len(PROMPT))  # 96 restored + 4 computed tokens, byte for byte, every rank
+    e.run_to_completion([r.request_id])
+    e.run_until(lambda: r.request_id not in e.scheduler.requests, what="release of the blocks")
+    after = m.stats()
+    delta = {k: after[k] - before[k] for k in ("tp_lookups_total", "lookups_total", "tp_parts_redeemed_total")}
+    # One Manager call for all ranks; each rank redeemed its part, none looked up again.
+    assert delta == {"tp_lookups_total": 1, "lookups_total": 0, "tp_parts_redeemed_total": e.tp}, delta
+    # The ranks' releases are quiet and may still be queued in their clients.
+    m.settled_stats(tp_leases_completed_total=before["tp_leases_completed_total"] + 1)
     for w in e.call("counters"):
         assert w["bytes_restored"] == FULL_BLOCKS * block_bytes and w["load_failures"] == 0, w
     c = counters(e)
@@ -259,23 +247,3 @@ def test_tp_full_hit_through_the_copy_engine(model_dir: Path, qc_manager: Manage
     finally:
         e.shutdown()
     assert_nothing_held(e, qc_manager)
-
-
-@pytest.mark.parametrize("copy", ["native", "torch"])
-def test_tp_in_step_load_redeemed_by_every_rank_before_the_forward(
-    model_dir: Path, qc_manager: ManagerProcess, copy: str
-) -> None:
-    """`orbitkv.load_mode = "sync"` at TP 2: the hit runs in the step that admits it, each
-    rank redeems its part of the one TP lease and copies before that step's forward, and
-    the scheduler's lease ends once the step's output came back from every rank."""
-    m = qc_manager
-    extra = {"orbitkv.load_mode": "sync", **({"orbitkv.copy_engine": "torch"} if copy == "torch" else {})}
-    e = TPEngine.build(model_dir, str(m.socket_path), 2, extra=extra)
-    try:
-        run(e, PROMPT)
-        full_tp_hit(e, m, in_step=True)
-        c = counters(e)
-        assert (c["sync_loads"], c["loads_finished"], c["loads_failed"], c["manager_errors"]) == (1, 1, 0, 0), c
-    finally:
-        e.shutdown()
-    assert_nothing_held(e, m)

@@ -1,23 +1,23 @@
-"""In-step loads (`orbitkv.load_mode = "sync"`) against asynchronous loads (CPU).
+"""`orbitkv.load_wait_us` against reporting loads a step later (CPU).
 
 A fresh engine (the released vLLM `Scheduler`, OrbitKV's worker role over real CPU KV
 pages, a real Manager process) serves requests whose prompts another engine saved, one
 at a time, beside `--running` requests that keep decoding. Two variants, alternated per
 repetition, in the same run:
-  * `async` - the default: the request waits in WAITING_FOR_REMOTE_KVS while its load runs
-              beside the steps, and is scheduled once a worker reported it;
-  * `sync`  - `orbitkv.load_mode = "sync"`: the load runs inside the step that admits the
-              request, before its forward.
+  * `nowait` - the default: a load started in a step is reported by a later step's
+               results, and its request prefills in the step after that;
+  * `wait`   - `orbitkv.load_wait_us = 100000`: the worker lets the step's loads complete
+               before it reports, so the request prefills in the next step.
 Each step sleeps `--step-ms` to stand for the model's forward (there is no model on a CPU
 box). Reported per hit: engine steps and milliseconds from its arrival to its first
-token, median per variant, and the sync/async ratio of the medians (paired by
+token, median per variant, and the wait/nowait ratio of the medians (paired by
 repetition). What this measures is the number of engine steps a hit costs; the copy
 itself is a host memcpy here, so the GPU's figure needs `benches/engine_ttft.py
---orbitkv-variant 'sync={"orbitkv.load_mode": "sync"}'`.
+--orbitkv-variant 'wait={"orbitkv.load_wait_us": 200000}'`.
 
 Run inside a vLLM venv (scripts/vllm-venv.sh PIN) with the native wheel:
-    python benches/vllm_load_modes.py [--reps 3] [--hits 8] [--step-ms 10]
-Writes bench-results/vllm_load_modes.json.
+    python benches/vllm_load_wait.py [--reps 3] [--hits 8] [--step-ms 10]
+Writes bench-results/vllm_load_wait.json.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 from ab_runs import hit_args, median_of, paired_median, vllm_ab, write_report  # noqa: E402
 from vllm_harness import BLOCK, Engine, make_vllm_config, prompt_tokens  # noqa: E402
 
-MODES = {"async": {}, "sync": {"orbitkv.load_mode": "sync"}}
+MODES = {"nowait": {}, "wait": {"orbitkv.load_wait_us": 100_000}}
 
 
 def first_token_after(e: Engine, req_id: str, step_s: float, limit: int = 1000) -> tuple[float, int]:
@@ -80,7 +80,6 @@ def run_variant(mode: str, model_dir: Path, sock: str, args: argparse.Namespace,
             "ttft_ms_median": statistics.median(ms),
             "ttft_steps_median": statistics.median(steps),
             "hit_blocks": side["hit_blocks"],
-            "sync_loads": side["sync_loads"],
             "loads_failed": side["loads_failed"],
         }
     finally:
@@ -89,7 +88,7 @@ def run_variant(mode: str, model_dir: Path, sock: str, args: argparse.Namespace,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    hit_args(ap, "vllm_load_modes")
+    hit_args(ap, "vllm_load_wait")
     ap.add_argument("--running", type=int, default=2, help="requests decoding beside the hits")
     args = ap.parse_args()
     import vllm
@@ -101,14 +100,14 @@ def main() -> None:
         lambda r: f"first token after {r['ttft_steps_median']} steps, {r['ttft_ms_median']:.1f} ms",
     )
     report = {
-        "benchmark": "vllm_load_modes",
+        "benchmark": "vllm_load_wait",
         "vllm": vllm.__version__,
         "workload": {k: getattr(args, k) for k in ("hits", "hit_blocks", "running", "step_ms")},
-        "baseline": "async: the default load mode, same run, alternated per repetition",
+        "baseline": "nowait: loads reported by a later step (the default), same run, alternated per repetition",
         "runs": runs,
         "summary": {
             **{f"{m}_{k}": median_of(runs, m, k) for m in MODES for k in ("ttft_steps_median", "ttft_ms_median")},
-            "sync_over_async_paired_median": paired_median(runs, "sync", "async", "ttft_ms_median"),
+            "wait_over_nowait_paired_median": paired_median(runs, "wait", "nowait", "ttft_ms_median"),
         },
     }
     write_report(args.out, report)
