@@ -130,6 +130,16 @@ _CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+# Waits in microseconds: (the most allowed, why).
+_WAITS: dict[str, tuple[int, str]] = {
+    "lookup_wait_us": (
+        MAX_LOOKUP_WAIT_US,
+        "100 ms: longer stalls the engine's scheduler; use async_lookups=false to wait for every answer",
+    ),
+    "load_wait_us": (MAX_LOAD_WAIT_US, "1 s: longer stalls the engine"),
+}
+
+
 def _expect_str(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise OrbitKVConfigError(f"{PREFIX}{key} must be a non-empty string, got {value!r}")
@@ -218,19 +228,9 @@ def parse_settings(extra_config: Mapping[str, Any] | None) -> OrbitKVSettings:
         if layout not in KV_CACHE_LAYOUTS:
             raise OrbitKVConfigError(f"{PREFIX}kv_cache_layout must be one of {list(KV_CACHE_LAYOUTS)}, got {layout!r}")
         kwargs["kv_cache_layout"] = layout
-    if "lookup_wait_us" in raw:
-        wait = _expect_int("lookup_wait_us", raw["lookup_wait_us"], 0)
-        if wait > MAX_LOOKUP_WAIT_US:
-            raise OrbitKVConfigError(
-                f"{PREFIX}lookup_wait_us must be at most {MAX_LOOKUP_WAIT_US} (100 ms: longer stalls the "
-                f"engine's scheduler), got {wait}; use async_lookups=false to wait for every answer"
-            )
-        kwargs["lookup_wait_us"] = wait
-    if "load_wait_us" in raw:
-        wait = _expect_int("load_wait_us", raw["load_wait_us"], 0)
-        if wait > MAX_LOAD_WAIT_US:
-            raise OrbitKVConfigError(
-                f"{PREFIX}load_wait_us must be at most {MAX_LOAD_WAIT_US} (1 s: longer stalls the engine), got {wait}"
-            )
-        kwargs["load_wait_us"] = wait
+    for key, (maximum, why) in _WAITS.items():
+        if key in raw:
+            kwargs[key] = _expect_int(key, raw[key], 0)
+            if kwargs[key] > maximum:
+                raise OrbitKVConfigError(f"{PREFIX}{key} must be at most {maximum} ({why}), got {kwargs[key]}")
     return OrbitKVSettings(**kwargs)
