@@ -656,6 +656,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--socket", help="the socket path you will serve on [the per-user default]")
     p.add_argument("--ssd-dir", help="the SSD tier's directory, to measure direct I/O there")
     p.add_argument("--ssd-bytes", default="1GiB", help="bytes written and read under --ssd-dir [1GiB]")
+    p.add_argument("--ssd-capacity", help="the SSD tier capacity you will run, as `orbitkv serve` [its default, 16GiB]")
     p.add_argument("--block-size", default="2MiB", help="block size of every transfer [2MiB]")
     p.add_argument("--copy-bytes", default="256MiB", help="bytes per round of the copy measurements [256MiB]")
     p.add_argument("--device", default="auto", help="auto (CUDA if torch sees it), cpu, cuda or cuda:N [auto]")
@@ -680,6 +681,11 @@ def main(argv: list[str]) -> int:
     flags = ["--dram-size", a.dram_size, "--hugepages", a.hugepages]
     if a.segment_size:
         flags += ["--segment-size", a.segment_size]
+    if a.ssd_capacity:
+        if not a.ssd_dir:
+            print("orbitkv qualify: --ssd-capacity needs --ssd-dir (the SSD tier's directory)", file=sys.stderr)
+            return 2
+        flags += ["--ssd-capacity", a.ssd_capacity]
 
     def progress(msg: str) -> None:
         print(f"orbitkv qualify: {msg}", file=sys.stderr, flush=True)

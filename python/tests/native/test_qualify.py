@@ -18,6 +18,7 @@ pytestmark = pytest.mark.native
 
 NAMES = ["socket_dir", "memlock", "hugepages", "ssd_direct_io", "manager", "arena_copy", "gpu_pin", "copy_engine"]
 SMALL = ["--dram-size", "64MiB", "--copy-bytes", "8MiB", "--block-size", "1MiB", "--ssd-bytes", "8MiB", "--reps", "1"]
+SSD_CAPACITY = ["--ssd-capacity", "64MiB"]  # the tier's default (16 GiB) needs that much free disk
 
 
 def qualify(*args: str, prefix: list[str] | None = None) -> tuple[int, dict[str, Any], str]:
@@ -61,7 +62,7 @@ def test_a_host_that_can_run_orbitkv_gets_its_figures(tmp_path: Path) -> None:
     ssd = direct_io_dir(tmp_path)
     private = tmp_path / "run"
     private.mkdir(mode=0o700)
-    rc, doc, err = qualify(*SMALL, "--socket", str(private / "m.sock"), "--ssd-dir", str(ssd))
+    rc, doc, err = qualify(*SMALL, *SSD_CAPACITY, "--socket", str(private / "m.sock"), "--ssd-dir", str(ssd))
     items = by_name(doc)
     assert "starting a Manager: --dram-size 64MiB" in err
     assert items["socket_dir"]["verdict"] == "ok" and "mode 0700" in items["socket_dir"]["found"]
@@ -110,6 +111,18 @@ def test_a_manager_that_would_not_start_reports_its_own_refusal(tmp_path: Path) 
     assert "multiple of 4096" in items["manager"]["found"], items["manager"]["found"]
     for name in ("arena_copy", "gpu_pin", "copy_engine"):
         assert items[name]["verdict"] == "skip" and "did not start" in items[name]["found"]
+
+
+def test_an_ssd_capacity_beyond_the_free_disk_fails_the_manager_item(tmp_path: Path) -> None:
+    """The SSD tier's capacity is the Manager's (`--ssd-capacity`, as `orbitkv serve`): one
+    that does not fit in the directory's free space is the tier's own refusal."""
+    ssd = direct_io_dir(tmp_path)
+    private = tmp_path / "run"
+    too_big = ["--ssd-dir", str(ssd), "--ssd-capacity", "100000GiB"]
+    rc, doc, _ = qualify(*SMALL, "--socket", str(private / "m.sock"), *too_big)
+    manager = by_name(doc)["manager"]
+    assert rc == 1 and manager["verdict"] == "fail"
+    assert "--ssd-capacity 100000GiB" in manager["found"] and "does not fit" in manager["found"], manager["found"]
 
 
 def test_too_few_huge_pages_fail_with_how_many_to_reserve(tmp_path: Path) -> None:
@@ -165,6 +178,7 @@ def test_a_memlock_limit_below_the_arena_is_reported_without_cap_ipc_lock(tmp_pa
         (["--block-size", "1000"], "must be a positive multiple of 4 KiB"),
         (["--device", "tpu"], "--device 'tpu' must be auto, cpu, cuda or cuda:N"),
         (["--reps", "0"], "--reps 0 must be at least 1"),
+        (["--ssd-capacity", "1GiB"], "--ssd-capacity needs --ssd-dir"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(args: list[str], message: str) -> None:
