@@ -3,9 +3,8 @@
 //! ([`Quarantine`]), the connection places and frame budget ([`Connections`]),
 //! armed faults ([`Faults`]), the stop flag ([`Shutdown`]), the clock
 //! ([`Clock`]) and the server counters ([`ServerCounters`], with their latency
-//! histograms from `crate::latency`). They depend on
-//! neither the tiers nor the peer tier (both use them); `Shared` holds one of
-//! each.
+//! histograms from `crate::latency`). They depend on neither the tiers nor the
+//! peer tier (both use them); `Shared` holds one of each.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -60,17 +60,6 @@ class LoadHandle(_Handle):
         s = stream if stream is not None else torch.cuda.current_stream(self._engine.device)
         s.wait_event(events[len(events) - self._engine.num_layers + i])  # layer i's "ready" event
 
-    def wait(self, stream: torch.cuda.Stream | None = None) -> None:
-        """Make `stream` (default: the current stream) wait for the whole load - a
-        device-side wait on its completion event, no host synchronisation. Work queued on
-        `stream` afterwards, a CUDA graph's replay included, reads the loaded pages. A
-        no-op once the load is known complete, and on CPU (copied before `load` returned)."""
-        events = self._events
-        if events is None:
-            return
-        s = stream if stream is not None else torch.cuda.current_stream(self._engine.device)
-        s.wait_event(events[-1])
-
     def query(self) -> bool:
         """Every layer's copy has completed (safe to release the lease)."""
         return super().query()

@@ -450,12 +450,7 @@ class OrbitKVWorker:
 
     def _report_load(self, results: KVConnectorTransferResults, out: LoadOutcome) -> None:
         results.finished_recving.add(out.req_id)
-        self._account_load(out, self._load_started.pop(out.req_id, None))
-        if out.total_failure:
-            results.failed_recving.add(out.req_id)
-
-    def _account_load(self, out: LoadOutcome, started: float | None) -> None:
-        """Counters, the duration sample and the failed blocks of one load."""
+        started = self._load_started.pop(out.req_id, None)
         if started is not None:
             took = time.perf_counter() - started
             self.load_seconds += took
@@ -465,6 +460,8 @@ class OrbitKVWorker:
         if out.failed_block_ids or out.total_failure:
             self.counters["load_failures"] += 1
             self._load_errors.update(out.failed_block_ids)
+        if out.total_failure:
+            results.failed_recving.add(out.req_id)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

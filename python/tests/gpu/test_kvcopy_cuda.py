@@ -151,7 +151,7 @@ def _slots_not_holding(slot_bytes, value: int) -> list[int]:  # type: ignore[no-
     return (~ok).nonzero().flatten().tolist()
 
 
-def test_restores_consumed_right_after_wait_layer_or_wait_see_the_restored_bytes(manager_factory) -> None:  # type: ignore[no-untyped-def]
+def test_restores_consumed_right_after_wait_layer_see_the_restored_bytes(manager_factory) -> None:  # type: ignore[no-untyped-def]
     s = BIG
     c, arena = _big(manager_factory)
     try:
@@ -174,13 +174,9 @@ def test_restores_consumed_right_after_wait_layer_or_wait_see_the_restored_bytes
             dst_idx = torch.tensor(dst_ids, device=DEV)
             dst_raw.zero_()  # on the current stream; the load is ordered after it
             load = dst.load(slots, dst_ids)
-            whole = rep % 2 == 1  # odd reps: one device-side wait for the whole load
-            if whole:
-                load.wait()
             sums = []
             for i, v in enumerate(dst_views.values()):
-                if not whole:
-                    load.wait_layer(i)  # then immediately consume layer i on the current stream
+                load.wait_layer(i)  # then immediately consume layer i on the current stream
                 sums.append(v[dst_idx].view(torch.int64).sum())
             got = torch.stack(sums)
             assert torch.equal(got, expected), f"rep {rep}: layers {(got != expected).nonzero().flatten().tolist()}"
