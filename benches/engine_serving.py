@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "python" / "tests" / "gpu_engine"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 from engine_ttft import parse_variants, write_model  # noqa: E402
-from gpu_suite import Manager, connector_config, run_driver  # noqa: E402
+from gpu_suite import BLOCK, Manager, connector_config, run_driver  # noqa: E402
 from trace_replay import generate  # noqa: E402
 
 
@@ -72,7 +72,12 @@ def main() -> int:
     ap.add_argument("--tokens-per-id", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--hbm-blocks", type=int, default=2048, help="vLLM's KV cache in 16-token blocks")
+    ap.add_argument(
+        "--hbm-blocks",
+        type=int,
+        default=2048,
+        help="vLLM's KV cache in 16-token blocks (the same tokens in the release's own block size)",
+    )
     ap.add_argument("--host-gib", type=float, default=24.0, help="OrbitKV's arena and OffloadingConnector's CPU bytes")
     ap.add_argument("--mode", choices=("eager", "compile"), default="compile")
     ap.add_argument("--systems", default="none,offloading,orbitkv")
@@ -97,7 +102,8 @@ def main() -> int:
         "load_format": "dummy",
         "max_model_len": longest + args.max_tokens + 16,
         "max_num_batched_tokens": 8192,
-        "num_gpu_blocks_override": args.hbm_blocks,
+        # The same HBM tokens whatever the release's block size (64 from vLLM 0.34.0).
+        "num_gpu_blocks_override": args.hbm_blocks * 16 // BLOCK,
         "gpu_memory_utilization": 0.6,
         "seed": 0,
         "enforce_eager": args.mode == "eager",
@@ -113,6 +119,7 @@ def main() -> int:
     base = {"model": str(model), "metrics": True, "phases": [warm, phase]}
     out: dict[str, Any] = {
         "args": {k: str(v) for k, v in vars(args).items()},
+        "block_size": BLOCK,
         "trace_requests": len(trace),
         "unique_ids": len({b for r in trace for b in r}),
         "systems": {},

@@ -54,11 +54,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests" / "gpu_engine"))
 
-from gpu_suite import Manager, connector_config, run_driver  # noqa: E402
+from gpu_suite import BLOCK, Manager, connector_config, run_driver  # noqa: E402
 
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 KV_BYTES_PER_TOKEN = LAYERS * 2 * KV_HEADS * HEAD_DIM * 2  # K and V, bf16
-BLOCK = 16
+# BLOCK: vLLM's default block size for the installed release (16; 64 from 0.34.0).
 
 DMA_PROBE = r"""
 import json, sys, time, torch
@@ -204,6 +204,7 @@ def main() -> int:
         "lengths": lengths,
         "reps": args.reps,
         "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+        "block_size": BLOCK,
         "tp": args.tp,
         "started": time.strftime("%FT%TZ", time.gmtime()),
     }
