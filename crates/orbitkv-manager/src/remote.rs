@@ -10,7 +10,8 @@
 //!   pipelined groups of at most 8 MiB of blocks until the first miss
 //!   ([`RemoteTier::fill`]; the blocks of a group after a miss are read but not
 //!   stored), each verified block written into a Manager-internal save,
-//!   committed in batches of 16; the lookup then runs again, as after a peer fill.
+//!   committed in batches of 16 and pinned (`tier::FillPins`) until the lookup,
+//!   which then runs again as after a peer fill, holds them.
 //!
 //! Every block in the store carries its full key and checksums
 //! (`orbitkv_remote::value`): anything else reads as a miss. A store that does
@@ -27,7 +28,7 @@ use orbitkv_remote::store::{Hit, RemoteError, RemoteStore, StoreStats};
 
 use crate::latency::Histogram;
 use crate::parts::{Arena, Shutdown};
-use crate::tier::{InternalSession, Tier, ssd_key, tier_namespace};
+use crate::tier::{FillPins, InternalSession, Tier, ssd_key, tier_namespace};
 
 /// Most blocks one pipelined read asks for (then committed together).
 const FILL_BATCH: usize = 16;
@@ -132,19 +133,23 @@ impl RemoteTier {
     }
 
     /// Fill the blocks of `hashes` (a lookup's missing suffix in `ns`) from the
-    /// store into DRAM. Returns how many leading blocks the store held and
-    /// this Manager stored (visible now); any failure ends the fill there.
-    pub fn fill(&self, arena: Arena<'_>, ns: NsId, hashes: &[BlockHash]) -> usize {
+    /// store into DRAM, each committed group pinned in `pins`. Returns how many
+    /// leading blocks the store held and this Manager stored (visible now); any
+    /// failure ends the fill there.
+    pub fn fill(&self, arena: Arena<'_>, pins: &mut FillPins<'_>, ns: NsId, hashes: &[BlockHash]) -> usize {
         let Some((tier_ns, generation, block_bytes)) =
             hashes.first().and_then(|h| tier_namespace(arena, ns, h))
         else {
             return 0;
         };
+        // One pipelined read per group, its leading run of hits committed (and pinned in
+        // `pins`) before the next read: at most one group's replies (<= 8 MiB, or one
+        // block) are held at a time (16 blocks of 4 MiB held together outgrew the
+        // allocator's per-thread heap, which was then unmapped and faulted in again at
+        // every fill: half the read rate). Reading group k+1 on a second thread while
+        // group k is copied was tried (2026-12-06) and not kept: no faster on the 2-core
+        // VM, where the cluster's six servers share the cores.
         let mut stored = 0;
-        // One pipelined read per group, its leading run of hits committed before the next
-        // read: at most one group's replies (≤ 8 MiB, or one block) are held at a time
-        // (16 blocks of 4 MiB held together outgrew the allocator's per-thread heap, which
-        // was then unmapped and faulted in again at every fill: half the read rate).
         for group in hashes.chunks(pipeline_blocks(block_bytes)) {
             let keys: Vec<_> = group
                 .iter()
@@ -162,14 +167,19 @@ impl RemoteTier {
                 .into_iter()
                 .map_while(Result::ok)
                 .collect();
-            if got.is_empty() || store_blocks(arena, ns, &group[..got.len()], &got, block_bytes).is_none() {
+            if got.is_empty() {
                 break;
             }
-            stored += got.len();
+            let Some((committed, held)) =
+                store_blocks(arena, pins, ns, &group[..got.len()], &got, block_bytes)
+            else {
+                break;
+            };
+            stored += held;
             self.counters
                 .filled
-                .fetch_add(got.len() as u64, Ordering::Relaxed);
-            if got.len() < group.len() {
+                .fetch_add(u64::from(committed), Ordering::Relaxed);
+            if held < group.len() {
                 break;
             }
         }
@@ -202,25 +212,35 @@ impl RemoteTier {
     }
 }
 
-/// Write the verified payloads of `hashes` into a save of an internal session
-/// and commit it; `None` when the cache refused the save.
+/// Write the verified payloads of `hashes` into a save of the fill's session (`pins`),
+/// commit it and pin the blocks: the blocks committed and the leading run of `hashes`
+/// now held (short of all when the cache refused some for room); `None` when the cache
+/// refused the save.
 fn store_blocks(
     arena: Arena<'_>,
+    pins: &mut FillPins<'_>,
     ns: NsId,
     hashes: &[BlockHash],
     hits: &[Hit],
     block_bytes: u64,
-) -> Option<u32> {
-    let session = InternalSession::open(arena);
-    let (save, items) = arena.cache.write().begin_save(session.id, ns, hashes).ok()?;
+) -> Option<(u32, usize)> {
+    let (save, items) = {
+        let mut cache = arena.cache.write();
+        let s = pins.session(&mut cache);
+        cache.begin_save(s, ns, hashes).ok()?
+    };
     let len = usize::try_from(block_bytes).ok()?;
     for (st, hit) in items.iter().zip(hits) {
         if let SaveStatus::Allocated(slot) = st {
             // The payload was verified against this block's key, length and checksum.
+            // On failure the save stays open until the fill's session ends (aborted then).
             crate::tier::recv_into_save_slot(arena.segments, slot, len, &mut hit.payload()).ok()?;
         }
     }
-    arena.cache.write().commit_save(session.id, save).ok()
+    let mut cache = arena.cache.write();
+    let s = pins.session(&mut cache);
+    let committed = cache.commit_save(s, save).ok()?;
+    Some((committed, pins.pin(&mut cache, ns, hashes)))
 }
 
 /// The writer thread: take queued blocks, pin them under an internal session's

@@ -87,9 +87,10 @@ def test_partial_hit_is_bit_identical_to_vllms_partial_prefix_hit(suite: Suite, 
 
 
 def test_loads_reported_in_their_step_under_cuda_graphs_are_bit_identical(suite: Suite) -> None:
-    """`orbitkv.load_wait_us` in compile mode: each hit's load is reported in the step that
-    starts it (a fresh process, before the `reader` role), full and partial, bit for bit
-    vLLM's own prefix hit."""
+    """`orbitkv.load_wait_us` in compile mode (the worker holds a step's results until its
+    loads are copied, so that each is reported in the step that starts it; a fresh
+    process, before the `reader` role): full and partial hits bit for bit vLLM's own
+    prefix hit. The step count itself is measured by benches/vllm_load_wait.py."""
     run = suite("compile")
     for tag, prompts, ref_tag, prefix in (("full", FULL, "full_hit", None), ("partial", PARTIAL, "partial_hit", 1000)):
         for i, (got, want, p) in enumerate(

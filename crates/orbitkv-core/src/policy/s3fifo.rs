@@ -380,10 +380,19 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         // Each live element can be rotated at most MAX_FREQ+1 times in main and
         // once from small to main before it is either evicted or proven pinned.
         let mut budget = (self.small.len() + self.main.len()) * (MAX_FREQ as usize + 3) + 8;
+        // Pinned entries met in a row in each queue: once a queue has gone round with
+        // every entry pinned, the victim comes from the other one (a small queue of
+        // pinned blocks, e.g. a fill's pinned head, must not make eviction fail while
+        // main holds unpinned ones).
+        let (mut small_pinned, mut main_pinned) = (0usize, 0usize);
         while budget > 0 {
             budget -= 1;
-            let from_small =
-                !self.small.is_empty() && (self.small_bytes >= self.small_target || self.main.is_empty());
+            let small_ok = !self.small.is_empty() && small_pinned < self.small.len();
+            let main_ok = !self.main.is_empty() && main_pinned < self.main.len();
+            if !small_ok && !main_ok {
+                return None;
+            }
+            let from_small = small_ok && (self.small_bytes >= self.small_target || !main_ok);
             let e = if from_small {
                 self.small.pop_front()?
             } else {
@@ -397,12 +406,15 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             let key = s.key;
             if pinned(&key) {
                 if from_small {
+                    small_pinned += 1;
                     self.small.push_back(e);
                 } else {
+                    main_pinned += 1;
                     self.main.push_back(e);
                 }
                 continue;
             }
+            (small_pinned, main_pinned) = (0, 0);
             if from_small {
                 if s.freq() > 0 {
                     s.set_freq(0);

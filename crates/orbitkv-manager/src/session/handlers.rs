@@ -11,7 +11,7 @@ use std::time::Instant;
 use crate::parts::ServerCounters;
 use crate::shared::Shared;
 use crate::stats;
-use crate::tier::AcquireFailed;
+use crate::tier::{AcquireFailed, FillPins};
 
 /// `ReleaseQuiet`: release each lease as `Release` would, answer nothing. A
 /// lease that cannot be released (already ended, another session's) is
@@ -284,8 +284,10 @@ fn lookup(
     if hit >= hashes.len() || (shared.peers.is_none() && shared.remote.is_none()) {
         return Ok(first);
     }
-    // Below DRAM and SSD: peers, then the remote tier, each for what is still missing.
+    // Below DRAM and SSD: peers, then the remote tier, each for what is still missing;
+    // what they store stays pinned until the second lookup holds it (`FillPins`).
     let rest = &hashes[hit..];
+    let mut pins = FillPins::new(shared.arena());
     let from_peers = shared.peers.as_ref().map_or(0, |p| {
         let t = Instant::now();
         let n = p.fill(shared.arena(), ns, rest);
@@ -295,7 +297,10 @@ fn lookup(
     let from_remote = match shared.remote.as_ref() {
         Some(r) if from_peers < rest.len() => {
             let t = Instant::now();
-            let n = r.fill(shared.arena(), ns, &rest[from_peers..]);
+            if from_peers > 0 {
+                pins.pin(&mut shared.cache().write(), ns, &rest[..from_peers]);
+            }
+            let n = r.fill(shared.arena(), &mut pins, ns, &rest[from_peers..]);
             shared.counters.latency.remote_fill.since(t);
             n
         }
@@ -314,6 +319,8 @@ fn lookup(
     if let Some(l) = first.lease {
         let _ = cache.release(s, l);
     }
+    drop(cache);
+    drop(pins); // takes the lock itself
     second
 }
 

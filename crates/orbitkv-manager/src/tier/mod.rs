@@ -195,6 +195,57 @@ impl Drop for InternalSession<'_> {
     }
 }
 
+/// The blocks one lookup's fills stored (peers, then the remote tier), pinned until
+/// the lookup that follows the fills holds them: a fill commits group after group, and
+/// fresh blocks are the policy's first victims (S3-FIFO's small queue), so without the
+/// pins a later group's allocation (or the remote fill after a peer fill) could evict
+/// the head of the chain being filled and the second lookup would miss what was just
+/// read. A session is opened only at the first pin; dropping this ends it (its leases
+/// released): after the caller's second lookup, and with no cache lock held.
+pub struct FillPins<'a> {
+    arena: Arena<'a>,
+    session: Option<orbitkv_core::SessionId>,
+}
+
+impl<'a> FillPins<'a> {
+    pub fn new(arena: Arena<'a>) -> Self {
+        FillPins { arena, session: None }
+    }
+
+    /// The session the pins (and a fill's saves) belong to, opened at the first call
+    /// under the caller's exclusive lock.
+    pub fn session(&mut self, cache: &mut orbitkv_core::CacheState) -> orbitkv_core::SessionId {
+        *self.session.get_or_insert_with(|| cache.open_session())
+    }
+
+    /// Pin the leading run of `hashes` visible in `ns` (no hit counted, the policy not
+    /// touched: `CacheState::pin_for_copy`), with the caller's exclusive lock; how many
+    /// blocks that run holds.
+    pub fn pin(
+        &mut self,
+        cache: &mut orbitkv_core::CacheState,
+        ns: orbitkv_core::NsId,
+        hashes: &[orbitkv_core::BlockHash],
+    ) -> usize {
+        let s = self.session(cache);
+        cache
+            .pin_for_copy(s, ns, hashes)
+            .map_or(0, |r| r.hit_blocks as usize)
+    }
+}
+
+impl Drop for FillPins<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.session {
+            let _ = self
+                .arena
+                .cache
+                .write()
+                .end_session(s, orbitkv_core::SessionEnd::Clean);
+        }
+    }
+}
+
 /// What a tier below DRAM keys namespace `ns`'s blocks by: its namespace key,
 /// current generation and block size (`first`: any of its hashes). `None`
 /// when `ns` is not registered.

@@ -265,3 +265,26 @@ fn removed_then_reinserted_is_not_evicted_twice() {
     assert_eq!(p.evict_one(|_| false), Some(1));
     assert_eq!(p.evict_one(|_| false), None);
 }
+
+#[test]
+fn a_small_queue_of_pinned_entries_gives_the_victim_from_main() {
+    let mut p = S3Fifo::new(100);
+    for k in 0..4u32 {
+        p.insert(k, 10);
+        p.touch(&k);
+    }
+    // 0..4 go to main as small passes its share; 10..14 then fill small, all pinned.
+    while p.main.is_empty() {
+        p.insert(100, 10);
+        let v = p.evict_one(|_| false);
+        assert_eq!(v, Some(100), "the untouched newcomer leaves first");
+    }
+    for k in 10..14u32 {
+        p.insert(k, 10);
+    }
+    let pinned = |k: &u32| (10..14).contains(k);
+    let v = p.evict_one(pinned).expect("main holds unpinned entries");
+    assert!((0..4).contains(&v), "victim {v} from main");
+    // Everything pinned: no victim.
+    assert_eq!(p.evict_one(|_| true), None);
+}
