@@ -143,14 +143,7 @@ fn blocks_evicted_from_dram_and_from_ssd_come_back_from_the_cluster() {
     let dir = ssd.path().to_str().expect("utf8");
     let tiered = manager_with(
         &cluster,
-        &[
-            "--ssd-dir",
-            dir,
-            "--ssd-capacity",
-            "4MiB",
-            "--ssd-mode",
-            "kernel",
-        ],
+        &["--ssd-dir", dir, "--ssd-capacity", "4MiB", "--ssd-mode", "kernel"],
     );
     evicted_locally_served_from_the_cluster(&tiered, 60, "DRAM and SSD");
     assert!(stat(&tiered, "ssd_spilled_blocks_total") > 0);
