@@ -40,6 +40,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With `ORBITKV_GPU_ENGINE_OUT` set, each test's verdict is appended to `verdicts.jsonl`
+    there as soon as it is known: a run cut short (a device session's time running out)
+    keeps the verdicts of the tests that finished, which pytest prints only at the end."""
+    d = os.environ.get("ORBITKV_GPU_ENGINE_OUT")
+    here = Path(__file__).resolve().parent
+    if not d or not (here / Path(report.nodeid.split("::")[0]).name).is_file():
+        return
+    if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
+        return
+    import json
+
+    Path(d).mkdir(parents=True, exist_ok=True)
+    line = {"test": report.nodeid, "when": report.when, "outcome": report.outcome, "seconds": report.duration}
+    if report.outcome == "failed":
+        line["error"] = str(report.longrepr)[-2000:]
+    with open(Path(d) / "verdicts.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 @pytest.fixture(scope="session")
 def engine_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where every engine role writes its plan, log and JSON result."""
