@@ -146,9 +146,7 @@ impl RemoteTier {
         // `pins`) before the next read: at most one group's replies (<= 8 MiB, or one
         // block) are held at a time (16 blocks of 4 MiB held together outgrew the
         // allocator's per-thread heap, which was then unmapped and faulted in again at
-        // every fill: half the read rate). Reading group k+1 on a second thread while
-        // group k is copied was tried (2026-12-06) and not kept: no faster on the 2-core
-        // VM, where the cluster's six servers share the cores.
+        // every fill: half the read rate).
         let mut stored = 0;
         for group in hashes.chunks(pipeline_blocks(block_bytes)) {
             let keys: Vec<_> = group

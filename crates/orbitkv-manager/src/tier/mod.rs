@@ -180,8 +180,15 @@ pub struct InternalSession<'a> {
 
 impl<'a> InternalSession<'a> {
     pub fn open(arena: Arena<'a>) -> Self {
-        let id = arena.cache.write().open_session();
-        InternalSession { arena, id }
+        Self::open_locked(arena, &mut arena.cache.write())
+    }
+
+    /// [`InternalSession::open`] for a caller that holds the exclusive lock.
+    pub fn open_locked(arena: Arena<'a>, cache: &mut orbitkv_core::CacheState) -> Self {
+        InternalSession {
+            arena,
+            id: cache.open_session(),
+        }
     }
 }
 
@@ -204,7 +211,7 @@ impl Drop for InternalSession<'_> {
 /// released): after the caller's second lookup, and with no cache lock held.
 pub struct FillPins<'a> {
     arena: Arena<'a>,
-    session: Option<orbitkv_core::SessionId>,
+    session: Option<InternalSession<'a>>,
 }
 
 impl<'a> FillPins<'a> {
@@ -215,7 +222,10 @@ impl<'a> FillPins<'a> {
     /// The session the pins (and a fill's saves) belong to, opened at the first call
     /// under the caller's exclusive lock.
     pub fn session(&mut self, cache: &mut orbitkv_core::CacheState) -> orbitkv_core::SessionId {
-        *self.session.get_or_insert_with(|| cache.open_session())
+        let arena = self.arena;
+        self.session
+            .get_or_insert_with(|| InternalSession::open_locked(arena, cache))
+            .id
     }
 
     /// Pin the leading run of `hashes` visible in `ns` (no hit counted, the policy not
@@ -231,18 +241,6 @@ impl<'a> FillPins<'a> {
         cache
             .pin_for_copy(s, ns, hashes)
             .map_or(0, |r| r.hit_blocks as usize)
-    }
-}
-
-impl Drop for FillPins<'_> {
-    fn drop(&mut self) {
-        if let Some(s) = self.session {
-            let _ = self
-                .arena
-                .cache
-                .write()
-                .end_session(s, orbitkv_core::SessionEnd::Clean);
-        }
     }
 }
 
