@@ -8,7 +8,8 @@
 #      own cached venv under .cache/venvs, git-ignored (8.5 / 9.5 / 9.5 GB; a cold build
 #      takes ~4 min a pin on this 2-core box; pip keeps no second copy of the wheels; on a
 #      short disk the least recently used venvs are removed to make room for the next
-#      one, scripts/venv-lib.sh) — see docs/adapters.md
+#      one, scripts/venv-lib.sh) — see docs/adapters.md; then the torch-only tests (copy
+#      engine on CPU pages, Triton interpreter) in one of those venvs, the wheel installed
 #   5. the SGLang adapter suite on each qualified pin (0.5.21, 0.5.23), each in its own
 #      cached venv (~2-4 min / 5.3 and 6.0 GB the first time) — see docs/adapters.md
 set -euo pipefail
@@ -86,10 +87,10 @@ ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -
 
 echo "== vLLM adapter suite on 0.31.0, 0.33.0 and 0.34.0 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
 ORBITKV_WHEEL="$whl" python/tests/vllm/run.sh -q -p no:warnings
-echo "== SGLang adapter suite on 0.5.21 and 0.5.23 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
-ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings
-# The torch-only tests need a torch stack, not a particular vLLM: any pin's venv still
-# cached (a short disk keeps only the last ones built), else 0.31.0's, built.
+# The torch-only tests need a torch stack, not a particular vLLM. They run right after the
+# vLLM suite, while its venvs are still cached (on a short disk the SGLang venvs built next
+# evict them, least recently used first): any pin's venv, else 0.31.0's, built. The wheel is
+# installed into it here, since a venv built just now has never seen it.
 VLLM_VENV=""
 for pin in 0.34.0 0.33.0 0.31.0; do
     VLLM_VENV="$(ORBITKV_VENV_REUSE_ONLY=1 scripts/vllm-venv.sh "$pin" 2>/dev/null | tail -n 1 || true)"
@@ -97,6 +98,8 @@ for pin in 0.34.0 0.33.0 0.31.0; do
 done
 [[ -x "$VLLM_VENV/bin/python" ]] || VLLM_VENV="$(scripts/vllm-venv.sh 2>/dev/null | tail -n 1 || true)"
 if [[ -x "$VLLM_VENV/bin/python" ]]; then
+    echo "== installing $(basename "$whl") into $VLLM_VENV"
+    "$VLLM_VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$whl"
     echo "== native tests that need torch (inside the vLLM venv)"
     "$VLLM_VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings python/tests/native/test_torch_buffers.py
     echo "== the copy engine on CPU pages (orbitkv.kvcopy; inside the vLLM venv, without importing vLLM)"
@@ -107,3 +110,5 @@ if [[ -x "$VLLM_VENV/bin/python" ]]; then
 else
     echo "== SKIPPING the torch tests (test_torch_buffers, with_torch, gpu): no vLLM venv could be provided (see the vLLM suite's reason above)"
 fi
+echo "== SGLang adapter suite on 0.5.21 and 0.5.23 (cached venvs; skipped with a printed reason only if the platform cannot install a pin)"
+ORBITKV_WHEEL="$whl" python/tests/sglang/run.sh -q -p no:warnings
