@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -67,6 +67,29 @@ class _Layer:
     pages: LayerPages
     offset: int  # byte offset of this layer's page inside a cached block
     elem: int  # widest element size the page side allows (alignment of base, strides, backing)
+
+
+class _Batch(NamedTuple):
+    """A validated load or save: its int64 arrays, the check of each of its ranges
+    (`BatchChecks`) and the ranges themselves (`CopyEngine._batches`)."""
+
+    segs: np.ndarray
+    offs: np.ndarray
+    ids: np.ndarray
+    check: Callable[[slice], None]
+    ranges: list[slice]
+
+    def at(self, r: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The arrays of range `r`."""
+        return self.segs[r], self.offs[r], self.ids[r]
+
+
+def _seg_groups(segs: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(segment, positions of its slots) for each segment of a range."""
+    uniq = np.unique(segs)
+    if uniq.size == 1:  # the common case: no per-segment selection needed
+        return [(int(uniq[0]), np.arange(segs.size))]
+    return [(int(seg), np.flatnonzero(segs == seg)) for seg in uniq]
 
 
 @dataclass(frozen=True)
@@ -247,23 +270,11 @@ class CopyEngine:
         and its widest element size, the one copies from aligned slots use."""
         index = torch.zeros(1, dtype=torch.int64, device=self.device)
         seg = min(self.arena.sizes)
+        segment = functools.partial(self._flat, "seg", seg)
         with torch.cuda.stream(self.load_stream):
-            for li, layer in enumerate(self._layers):
-                elem = max(e for e in self._runs[li] if layer.offset % e == 0)
+            for li in range(self.num_layers):
                 for to_pages in (True, False):
-                    self._triton.copy_runs(
-                        self._flat("seg", seg, elem),
-                        self._flat("layer", li, elem),
-                        index,
-                        index,
-                        layer_off=layer.offset,
-                        page_base=layer.pages.base,
-                        block_stride=layer.pages.block_stride,
-                        runs=self._runs[li][elem],
-                        elem=elem,
-                        to_pages=to_pages,
-                        warm_up=True,
-                    )
+                    self._launch(li, segment, index, index, max(_DTYPES), to_pages, warm_up=True)
         self.load_stream.synchronize()
 
     @staticmethod
@@ -308,13 +319,14 @@ class CopyEngine:
 
     # -- validation and index planning -------------------------------------------------
 
-    def _validate(
-        self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int], *, load: bool
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[slice], None]]:
-        """The batch as int64 arrays and the check of each of its ranges (`BatchChecks`)."""
+    def _prepare(self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int], *, load: bool) -> _Batch:
+        """A load's or save's start: the batch as int64 arrays with the check of each of
+        its ranges (`BatchChecks`), refused during CUDA graph capture."""
         checks = BatchChecks(self.arena.sizes, self.block_bytes, self.num_blocks)
         segs, offs, ids = checks.arrays(slots, block_ids)
-        return segs, offs, ids, (checks.for_load if load else checks.for_save)(segs, offs, ids)
+        check = (checks.for_load if load else checks.for_save)(segs, offs, ids)
+        self._check_not_capturing()
+        return _Batch(segs, offs, ids, check, self._batches(ids.size))
 
     def _batches(self, n: int) -> list[slice]:
         """Consecutive block ranges of a batch, each at most CHUNK_BYTES per layer: a
@@ -335,11 +347,7 @@ class CopyEngine:
             cursor += a.size
             return slice(cursor - a.size, cursor)
 
-        uniq = np.unique(segs)
-        if uniq.size == 1:  # the common case: no per-segment selection needed
-            groups = [(int(uniq[0]), np.arange(segs.size))]
-        else:
-            groups = [(int(seg), np.flatnonzero(segs == seg)) for seg in uniq]
+        groups = _seg_groups(segs)
         id_slices = {seg: put(ids[pos]) for seg, pos in groups}
         for li, layer in enumerate(self._layers):
             page = layer.pages.page_bytes
@@ -411,18 +419,14 @@ class CopyEngine:
         """Arena slots -> pages of `block_ids`, layer by layer on the load stream, an event
         per layer. On CUDA the copy is ordered after the work already queued on the current
         stream (which may still read the destination pages)."""
-        segs, offs, ids, check = self._validate(slots, block_ids, load=True)
-        self._check_not_capturing()
-        batches = self._batches(ids.size)
+        batch = self._prepare(slots, block_ids, load=True)
         if not self._cuda:
-            for b in batches:
-                check(b)
-            self._copy_on_cpu(segs, offs, ids, batches, self._load_part, to_pages=True)
+            self._copy_on_cpu(batch, self._load_part, to_pages=True)
             return LoadHandle(self, None)
         if self._dma is not None:
-            return self._dma.load(segs, offs, ids, check)
+            return self._dma.load(batch.segs, batch.offs, batch.ids, batch.check)
         if self.kernel == "triton":
-            return self._load_one_pass(segs, offs, ids, batches, check)
+            return self._load_one_pass(batch)
         n = self.num_layers
         ready = self._take_events(n)  # one per layer, recorded once its pages hold the bytes
         gathered: list[torch.cuda.Event] = []  # one per part (load stream)
@@ -430,30 +434,20 @@ class CopyEngine:
         place.wait_stream(torch.cuda.current_stream(self.device))  # the pages may still be read
         plans: list[tuple[list[list[_Part]], torch.Tensor]] = []
         for li in range(n):
-            for bi, b in enumerate(batches):
+            for bi, b in enumerate(batch.ranges):
                 if li == 0:  # checked and planned here, while the earlier ranges' copies run
-                    self._check_or_unwind(check, b, bi > 0, gathered + ready, load=True)
-                    by_layer, host = self._plan(segs[b], offs[b], ids[b])
+                    self._check_or_unwind(batch.check, b, bi > 0, gathered + ready, load=True)
+                    by_layer, host = self._plan(*batch.at(b))
                     with torch.cuda.stream(load):
                         idx = self._indices(host)
                     idx.record_stream(place)
                     plans.append((by_layer, idx))
                 by_layer, idx = plans[bi]
                 for part in by_layer[li]:
-                    ev = self._take_events(1)[0]
-                    gathered.append(ev)
-                    with torch.cuda.stream(load):
-                        staging = self._gather_part(part, idx)
-                        ev.record(load)
-                    place.wait_event(ev)
-                    with torch.cuda.stream(place):
-                        staging.record_stream(place)  # not reused by the load stream before placed
-                        self._place_part(part, idx, staging)
-                    del staging
+                    self._relay(part, idx, gathered, load, self._gather_part, place, self._place_part)
             ready[li].record(place)
         handle = LoadHandle(self, gathered + ready)
-        with self._lock:
-            self._inflight.append(handle)
+        self._track(handle)
         return handle
 
     def _check_or_unwind(
@@ -472,27 +466,50 @@ class CopyEngine:
             self._give_back(events)
             raise
 
+    def _relay(
+        self,
+        part: _Part,
+        idx: torch.Tensor,
+        events: list[torch.cuda.Event],
+        first: torch.cuda.Stream,
+        stage: Callable[[_Part, torch.Tensor], torch.Tensor],
+        second: torch.cuda.Stream,
+        unstage: Callable[[_Part, torch.Tensor, torch.Tensor], None],
+    ) -> None:
+        """One part through a staging buffer: `stage` fills it on stream `first` (an event,
+        appended to `events`, recorded after), `unstage` empties it on stream `second` once
+        that event is reached."""
+        ev = self._take_events(1)[0]
+        events.append(ev)
+        with torch.cuda.stream(first):
+            staging = stage(part, idx)
+            ev.record(first)
+        second.wait_event(ev)
+        with torch.cuda.stream(second):
+            staging.record_stream(second)  # not reused by the first stream before emptied
+            unstage(part, idx, staging)
+
     def _copy_on_cpu(
         self,
-        segs: np.ndarray,
-        offs: np.ndarray,
-        ids: np.ndarray,
-        batches: list[slice],
+        batch: _Batch,
         copy_part: Callable[[_Part, torch.Tensor], None],
         *,
         to_pages: bool,
     ) -> None:
-        """CPU pages: each range planned, then copied part by part, synchronously (the
-        Triton kernel here only under its interpreter)."""
+        """CPU pages: every range checked first (nothing is copied if one fails), then each
+        planned and copied part by part, synchronously (the Triton kernel here only under
+        its interpreter)."""
+        for b in batch.ranges:
+            batch.check(b)
         if self.kernel == "triton":
-            for b in batches:
-                groups, host = self._plan_one_pass(segs[b], offs[b], ids[b])
+            for b in batch.ranges:
+                groups, host = self._plan_one_pass(*batch.at(b))
                 idx = torch.from_numpy(host)
                 for li in range(self.num_layers):
                     self._copy_layer_one_pass(li, groups, idx, to_pages=to_pages)
             return
-        for b in batches:
-            by_layer, host = self._plan(segs[b], offs[b], ids[b])
+        for b in batch.ranges:
+            by_layer, host = self._plan(*batch.at(b))
             idx = torch.from_numpy(host)
             for part in itertools.chain.from_iterable(by_layer):
                 copy_part(part, idx)
@@ -519,43 +536,29 @@ class CopyEngine:
         caller recorded once the pages were written; None: the current stream's work so far).
         The caller must not overwrite the pages, nor commit the slots, before the handle's
         `query()` is True."""
-        segs, offs, ids, check = self._validate(slots, block_ids, load=False)
-        self._check_not_capturing()
-        batches = self._batches(ids.size)
+        batch = self._prepare(slots, block_ids, load=False)
         if not self._cuda:
-            for b in batches:
-                check(b)
-            self._copy_on_cpu(segs, offs, ids, batches, self._save_part, to_pages=False)
+            self._copy_on_cpu(batch, self._save_part, to_pages=False)
             return SaveHandle(self, None)
         if self._dma is not None:
-            return self._dma.save(segs, offs, ids, after, check)
+            return self._dma.save(batch.segs, batch.offs, batch.ids, after, batch.check)
         if self.kernel == "triton":
-            return self._save_one_pass(segs, offs, ids, batches, after, check)
+            return self._save_one_pass(batch, after)
         ready, done = self._take_events(2)
         packed: list[torch.cuda.Event] = []  # one per part (pack stream)
         pack, stream = self.pack_stream, self.save_stream
         self._wait_for_pages(pack, after, ready)
-        for bi, b in enumerate(batches):  # checked and planned while the earlier ranges' copies run
-            self._check_or_unwind(check, b, bi > 0, [ready, done, *packed], load=False)
-            by_layer, host = self._plan(segs[b], offs[b], ids[b])
+        for bi, b in enumerate(batch.ranges):  # checked and planned while the earlier ranges' copies run
+            self._check_or_unwind(batch.check, b, bi > 0, [ready, done, *packed], load=False)
+            by_layer, host = self._plan(*batch.at(b))
             with torch.cuda.stream(pack):
                 idx = self._indices(host)
             idx.record_stream(stream)
             for part in itertools.chain.from_iterable(by_layer):
-                ev = self._take_events(1)[0]
-                packed.append(ev)
-                with torch.cuda.stream(pack):
-                    staging = self._pack_part(part, idx)
-                    ev.record(pack)
-                stream.wait_event(ev)
-                with torch.cuda.stream(stream):
-                    staging.record_stream(stream)  # not reused by the pack stream before written
-                    self._write_part(part, idx, staging)
-                del staging
+                self._relay(part, idx, packed, pack, self._pack_part, stream, self._write_part)
         done.record(stream)
         handle = SaveHandle(self, [ready, *packed, done])
-        with self._lock:
-            self._inflight.append(handle)
+        self._track(handle)
         return handle
 
     # -- the one-pass (Triton) kernel -------------------------------------------------
@@ -584,11 +587,7 @@ class CopyEngine:
             host = np.zeros(at + ids.size, dtype=np.int64)
             host[: rel.size], host[at:] = rel, ids
             return [(self._base_seg, align, slice(0, rel.size), slice(at, at + ids.size))], host
-        uniq = np.unique(segs)
-        if uniq.size == 1:
-            groups = [(int(uniq[0]), np.arange(segs.size))]
-        else:
-            groups = [(int(seg), np.flatnonzero(segs == seg)) for seg in uniq]
+        groups = _seg_groups(segs)
         out: list[tuple[int, int, slice, slice]] = []
         chunks: list[np.ndarray] = []
         cursor = 0
@@ -618,10 +617,13 @@ class CopyEngine:
         ids: torch.Tensor,
         align: int,
         to_pages: bool,
+        *,
+        warm_up: bool = False,
     ) -> None:
         """One launch of the one-pass kernel for layer li, on the current stream: blocks at
         byte offsets `slots` of `arena(elem)` (slots aligned to `align`) <-> pages `ids`,
-        in the widest element size both sides allow."""
+        in the widest element size both sides allow (`warm_up`: the kernel compiled, nothing
+        moved)."""
         layer = self._layers[li]
         runs = self._runs[li]
         elem = max(e for e in runs if align % e == 0 and layer.offset % e == 0)
@@ -636,16 +638,10 @@ class CopyEngine:
             runs=runs[elem],
             elem=elem,
             to_pages=to_pages,
+            warm_up=warm_up,
         )
 
-    def _load_one_pass(
-        self,
-        segs: np.ndarray,
-        offs: np.ndarray,
-        ids: np.ndarray,
-        batches: list[slice],
-        check: Callable[[slice], None],
-    ) -> LoadHandle:
+    def _load_one_pass(self, batch: _Batch) -> LoadHandle:
         """Arena -> pages on the load stream, layer by layer (a "ready" event each)."""
         ready = self._take_events(self.num_layers)
         load = self.load_stream
@@ -653,43 +649,33 @@ class CopyEngine:
         plans: list[tuple[list[tuple[int, int, slice, slice]], torch.Tensor]] = []
         with torch.cuda.stream(load):
             for li in range(self.num_layers):
-                for bi, b in enumerate(batches):
+                for bi, b in enumerate(batch.ranges):
                     if li == 0:  # checked and planned here, while the earlier ranges' copies run
-                        self._check_or_unwind(check, b, bi > 0, ready, load=True)
-                        groups, host = self._plan_one_pass(segs[b], offs[b], ids[b])
+                        self._check_or_unwind(batch.check, b, bi > 0, ready, load=True)
+                        groups, host = self._plan_one_pass(*batch.at(b))
                         plans.append((groups, self._indices(host)))
                     groups, idx = plans[bi]
                     self._copy_layer_one_pass(li, groups, idx, to_pages=True)
                 ready[li].record(load)
         handle = LoadHandle(self, ready)
-        with self._lock:
-            self._inflight.append(handle)
+        self._track(handle)
         return handle
 
-    def _save_one_pass(
-        self,
-        segs: np.ndarray,
-        offs: np.ndarray,
-        ids: np.ndarray,
-        batches: list[slice],
-        after: torch.cuda.Event | None,
-        check: Callable[[slice], None],
-    ) -> SaveHandle:
+    def _save_one_pass(self, batch: _Batch, after: torch.cuda.Event | None) -> SaveHandle:
         """Pages -> arena on the save stream, after `after` (or the current stream's work)."""
         ready, done = self._take_events(2)
         stream = self.save_stream
         self._wait_for_pages(stream, after, ready)
         with torch.cuda.stream(stream):
-            for bi, b in enumerate(batches):  # checked and planned while the earlier ranges' copies run
-                self._check_or_unwind(check, b, bi > 0, [ready, done], load=False)
-                groups, host = self._plan_one_pass(segs[b], offs[b], ids[b])
+            for bi, b in enumerate(batch.ranges):  # checked and planned while the earlier ranges' copies run
+                self._check_or_unwind(batch.check, b, bi > 0, [ready, done], load=False)
+                groups, host = self._plan_one_pass(*batch.at(b))
                 idx = self._indices(host)
                 for li in range(self.num_layers):
                     self._copy_layer_one_pass(li, groups, idx, to_pages=False)
         done.record(stream)
         handle = SaveHandle(self, [ready, done])
-        with self._lock:
-            self._inflight.append(handle)
+        self._track(handle)
         return handle
 
     def _save_part(self, part: _Part, idx: torch.Tensor) -> None:
