@@ -1,15 +1,11 @@
 //! One snapshot of every counter and gauge, rendered as JSON (`orbitkv
 //! status`, the Stats request) or Prometheus text (`/metrics`).
 //!
-//! The snapshot is built section by section, each a function named for what it
-//! reports: `cache.rs` (the cache's counters and gauges), `server.rs` (the
-//! server's connections and frames), `tiers.rs` (the SSD tier, the presence
-//! table and the remote tier); the latency histograms (`crate::latency`) are rendered
-//! after the scalar metrics.
+//! The snapshot (`snapshot.rs`) is one table of the scalar metrics, a line
+//! each, grouped by what they report; the latency histograms
+//! (`crate::latency`) are rendered after them.
 
-mod cache;
-mod server;
-mod tiers;
+mod snapshot;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,9 +17,7 @@ use crate::parts::{Cache, Clock, Connections, Quarantine, ServerCounters};
 use crate::peer::PeerTier;
 use crate::presence::Presence;
 use crate::tier::Tier;
-use cache::{dram, hints, lookups, saves, sessions, state, tp};
-use server::connections;
-use tiers::{kv_events, presence_table, remote_tier, ssd_tier};
+pub use snapshot::snapshot;
 
 /// (name, help, kind, value). `kind` is "counter" or "gauge".
 type Metric = (&'static str, &'static str, &'static str, u64);
@@ -44,33 +38,6 @@ pub struct View<'a> {
     pub config: &'a ManagerConfig,
     pub clock: Clock,
     pub metrics_addr: Option<SocketAddr>,
-}
-
-pub fn snapshot(v: &View<'_>) -> Vec<Metric> {
-    // Each source read once, under its own lock, before any section is built.
-    let (c, g, h) = {
-        let cache = v.cache.write();
-        (cache.counters().clone(), cache.gauges(), cache.hint_stats())
-    };
-    let unprovable = v.quarantine.unprovable();
-    let sc = v.counters;
-    let ssd = v.tier.map(|t| t.status().stats).unwrap_or_default();
-    let presence = v.presence.map(|p| p.stats());
-    [
-        lookups(&c, sc),
-        saves(&c),
-        sessions(&c, sc),
-        connections(v.connections, sc),
-        dram(&g),
-        tp(&c, &g),
-        hints(&h),
-        state(v, &g, unprovable),
-        ssd_tier(&c, &g, &ssd),
-        presence_table(presence),
-        remote_tier(v.remote.map(|r| r.stats())),
-        kv_events(v.events),
-    ]
-    .concat()
 }
 
 fn ld(a: &AtomicU64) -> u64 {
