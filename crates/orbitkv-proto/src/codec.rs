@@ -105,6 +105,21 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
 
+    /// As `count`, and refused (`Invalid`) when zero: a list that must name
+    /// at least one element.
+    pub(crate) fn count_some(
+        &mut self,
+        field: &'static str,
+        limit: usize,
+        elem: usize,
+    ) -> Result<usize, DecodeError> {
+        let n = self.count(field, limit, elem)?;
+        if n == 0 {
+            return Err(DecodeError::Invalid { field, value: 0 });
+        }
+        Ok(n)
+    }
+
     /// A counted list of block hashes (at most `MAX_HASHES`).
     pub(crate) fn hashes(&mut self) -> Result<Vec<[u8; HASH_BYTES]>, DecodeError> {
         let n = self.count("hashes", crate::MAX_HASHES, HASH_BYTES)?;

@@ -438,13 +438,7 @@ pub fn decode_request(kind: u16, body: &[u8]) -> Result<Request, DecodeError> {
             token: r.tp_token("token")?,
         },
         0x10 => {
-            let n = r.count("leases", MAX_QUIET_RELEASES, 8)?;
-            if n == 0 {
-                return Err(DecodeError::Invalid {
-                    field: "leases",
-                    value: 0,
-                });
-            }
+            let n = r.count_some("leases", MAX_QUIET_RELEASES, 8)?;
             let mut leases = Vec::with_capacity(n);
             for _ in 0..n {
                 leases.push(r.u64("lease")?);

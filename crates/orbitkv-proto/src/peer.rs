@@ -102,6 +102,66 @@ impl BlockQuery {
     }
 }
 
+/// What a `TpPin` asks for: the common prefix of `hashes` over `shards` (of
+/// the namespace `(fingerprint, shard, salt)` at `generation`), pinned under
+/// a TP lease named `token`, whose parts this Manager's workers redeem; parts
+/// never redeemed end after `ttl_ms` at the latest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpPinQuery {
+    pub token: [u8; TP_TOKEN_BYTES],
+    pub fingerprint: [u8; 32],
+    pub salt: [u8; 32],
+    pub block_bytes: u64,
+    pub generation: u64,
+    pub ttl_ms: u64,
+    pub shards: Vec<u32>,
+    pub hashes: Vec<[u8; HASH_BYTES]>,
+}
+
+impl TpPinQuery {
+    fn encode(&self, w: &mut Writer) {
+        w.raw(&self.token)
+            .raw(&self.fingerprint)
+            .raw(&self.salt)
+            .u64(self.block_bytes)
+            .u64(self.generation)
+            .u64(self.ttl_ms)
+            .u32s(&self.shards)
+            .hashes(&self.hashes);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<TpPinQuery, DecodeError> {
+        let token = r.tp_token("token")?;
+        let fingerprint = r.hash("fingerprint")?;
+        let salt = r.hash("salt")?;
+        let block_bytes = block_bytes(r)?;
+        let generation = r.u64("generation")?;
+        let ttl_ms = r.u64("ttl_ms")?;
+        let n = r.count_some("shards", MAX_TP_SHARDS, 4)?;
+        let mut shards = Vec::with_capacity(n);
+        for _ in 0..n {
+            let s = r.u32("shard")?;
+            if s as usize >= MAX_TP_SHARDS {
+                return Err(DecodeError::Invalid {
+                    field: "shard",
+                    value: u64::from(s),
+                });
+            }
+            shards.push(s);
+        }
+        Ok(TpPinQuery {
+            token,
+            fingerprint,
+            salt,
+            block_bytes,
+            generation,
+            ttl_ms,
+            shards,
+            hashes: r.hashes()?,
+        })
+    }
+}
+
 /// Reader → source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerRequest {
@@ -116,20 +176,8 @@ pub enum PeerRequest {
     Probe(BlockQuery),
     /// Send the blocks of the probed `lease`: answered as a `Fetch` is.
     Send { lease: u64 },
-    /// Pin the common prefix of `hashes` over `shards` (of the namespace
-    /// `(fingerprint, shard, salt)` at `generation`) under a TP lease named
-    /// `token`, whose parts this Manager's workers redeem; parts never
-    /// redeemed end after `ttl_ms` at the latest.
-    TpPin {
-        token: [u8; TP_TOKEN_BYTES],
-        fingerprint: [u8; 32],
-        salt: [u8; 32],
-        block_bytes: u64,
-        generation: u64,
-        ttl_ms: u64,
-        shards: Vec<u32>,
-        hashes: Vec<[u8; HASH_BYTES]>,
-    },
+    /// Pin a TP lease's part (see `TpPinQuery`).
+    TpPin(TpPinQuery),
     /// Keep only the first `blocks` blocks of the TP lease `token` pinned
     /// (the common prefix over every Manager); `0` ends it.
     TpSettle {
@@ -167,7 +215,7 @@ impl PeerRequest {
             PeerRequest::Done { .. } => PEER_DONE,
             PeerRequest::Probe(_) => PEER_PROBE,
             PeerRequest::Send { .. } => PEER_SEND,
-            PeerRequest::TpPin { .. } => PEER_TP_PIN,
+            PeerRequest::TpPin(_) => PEER_TP_PIN,
             PeerRequest::TpSettle { .. } => PEER_TP_SETTLE,
             PeerRequest::TpRelease { .. } => PEER_TP_RELEASE,
         }
@@ -180,25 +228,7 @@ impl PeerRequest {
             PeerRequest::Done { lease, stored } => {
                 w.u64(*lease).u8(u8::from(*stored));
             }
-            PeerRequest::TpPin {
-                token,
-                fingerprint,
-                salt,
-                block_bytes,
-                generation,
-                ttl_ms,
-                shards,
-                hashes,
-            } => {
-                w.raw(token)
-                    .raw(fingerprint)
-                    .raw(salt)
-                    .u64(*block_bytes)
-                    .u64(*generation)
-                    .u64(*ttl_ms)
-                    .u32s(shards)
-                    .hashes(hashes);
-            }
+            PeerRequest::TpPin(q) => q.encode(&mut w),
             PeerRequest::TpSettle { token, blocks } => {
                 w.raw(token).u32(*blocks);
             }
@@ -262,6 +292,19 @@ fn block_bytes(r: &mut Reader<'_>) -> Result<u64, DecodeError> {
     Ok(v)
 }
 
+/// A reply's block count: at most `MAX_HASHES` (no request asks for more).
+fn blocks(r: &mut Reader<'_>) -> Result<u32, DecodeError> {
+    let v = r.u32("blocks")?;
+    if v as usize > MAX_HASHES {
+        return Err(DecodeError::TooMany {
+            field: "blocks",
+            count: v as usize,
+            limit: MAX_HASHES,
+        });
+    }
+    Ok(v)
+}
+
 /// Decode what a reader sent to a source. Never panics; rejects trailing bytes.
 pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, DecodeError> {
     let mut r = Reader::new(body);
@@ -285,43 +328,7 @@ pub fn decode_peer_request(kind: u16, body: &[u8]) -> Result<PeerRequest, Decode
             };
             PeerRequest::Done { lease, stored }
         }
-        PEER_TP_PIN => {
-            let token = r.tp_token("token")?;
-            let fingerprint = r.hash("fingerprint")?;
-            let salt = r.hash("salt")?;
-            let block_bytes = block_bytes(&mut r)?;
-            let generation = r.u64("generation")?;
-            let ttl_ms = r.u64("ttl_ms")?;
-            let n = r.count("shards", MAX_TP_SHARDS, 4)?;
-            if n == 0 {
-                return Err(DecodeError::Invalid {
-                    field: "shards",
-                    value: 0,
-                });
-            }
-            let mut shards = Vec::with_capacity(n);
-            for _ in 0..n {
-                let s = r.u32("shard")?;
-                if s as usize >= MAX_TP_SHARDS {
-                    return Err(DecodeError::Invalid {
-                        field: "shard",
-                        value: u64::from(s),
-                    });
-                }
-                shards.push(s);
-            }
-            let hashes = r.hashes()?;
-            PeerRequest::TpPin {
-                token,
-                fingerprint,
-                salt,
-                block_bytes,
-                generation,
-                ttl_ms,
-                shards,
-                hashes,
-            }
-        }
+        PEER_TP_PIN => PeerRequest::TpPin(TpPinQuery::decode(&mut r)?),
         PEER_TP_SETTLE => PeerRequest::TpSettle {
             token: r.tp_token("token")?,
             blocks: r.u32("blocks")?,
@@ -341,14 +348,7 @@ pub fn decode_peer_response(kind: u16, body: &[u8]) -> Result<PeerResponse, Deco
     let resp = match kind {
         PEER_LEASED => {
             let lease = r.u64("lease")?;
-            let blocks = r.u32("blocks")?;
-            if blocks as usize > MAX_HASHES {
-                return Err(DecodeError::TooMany {
-                    field: "blocks",
-                    count: blocks as usize,
-                    limit: MAX_HASHES,
-                });
-            }
+            let blocks = blocks(&mut r)?;
             let block_bytes = block_bytes(&mut r)?;
             PeerResponse::Leased {
                 lease,
@@ -365,14 +365,7 @@ pub fn decode_peer_response(kind: u16, body: &[u8]) -> Result<PeerResponse, Deco
             PeerResponse::Sent { checksums }
         }
         PEER_TP_PINNED => {
-            let blocks = r.u32("blocks")?;
-            if blocks as usize > MAX_HASHES {
-                return Err(DecodeError::TooMany {
-                    field: "blocks",
-                    count: blocks as usize,
-                    limit: MAX_HASHES,
-                });
-            }
+            let blocks = blocks(&mut r)?;
             let n = r.count("ssd_blocks", MAX_HASHES, 4)?;
             let mut ssd_blocks = Vec::with_capacity(n);
             for _ in 0..n {
@@ -420,7 +413,7 @@ mod tests {
                 lease: 5,
                 stored: true,
             },
-            PeerRequest::TpPin {
+            PeerRequest::TpPin(TpPinQuery {
                 token: [4; 16],
                 fingerprint: [1; 32],
                 salt: [2; 32],
@@ -429,7 +422,7 @@ mod tests {
                 ttl_ms: 1000,
                 shards: vec![1, 3],
                 hashes: vec![[9; 32]],
-            },
+            }),
             PeerRequest::TpSettle {
                 token: [4; 16],
                 blocks: 2,
@@ -500,15 +493,17 @@ mod tests {
 
     #[test]
     fn refuses_tp_pins_without_shards_or_past_the_shard_limit_and_lying_ssd_indices() {
-        let pin = |shards: Vec<u32>| PeerRequest::TpPin {
-            token: [1; 16],
-            fingerprint: [1; 32],
-            salt: [0; 32],
-            block_bytes: 4096,
-            generation: 0,
-            ttl_ms: 10,
-            shards,
-            hashes: vec![],
+        let pin = |shards: Vec<u32>| {
+            PeerRequest::TpPin(TpPinQuery {
+                token: [1; 16],
+                fingerprint: [1; 32],
+                salt: [0; 32],
+                block_bytes: 4096,
+                generation: 0,
+                ttl_ms: 10,
+                shards,
+                hashes: vec![],
+            })
         };
         for shards in [vec![], vec![MAX_TP_SHARDS as u32]] {
             let p = pin(shards);

@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use orbitkv_core::{BlockHash, BlockKey, CacheError, NamespaceKey, NsId, SessionId, TpLookupResult, TpToken};
-use orbitkv_proto::peer::{PeerRequest, PeerResponse, decode_peer_response};
+use orbitkv_proto::peer::{PeerRequest, PeerResponse, TpPinQuery, decode_peer_response};
 use orbitkv_proto::{FrameError, read_frame, write_frame};
 
 use super::source_context::Source;
@@ -483,7 +483,7 @@ fn pin_request(
     shards: Vec<u32>,
     hashes: &[BlockHash],
 ) -> PeerRequest {
-    PeerRequest::TpPin {
+    PeerRequest::TpPin(TpPinQuery {
         token: token.0,
         fingerprint: key.fingerprint.0,
         salt: key.salt,
@@ -492,7 +492,7 @@ fn pin_request(
         ttl_ms,
         shards,
         hashes: hashes.to_vec(),
-    }
+    })
 }
 
 /// Send one request and read its reply, each within `timeout`.
@@ -511,16 +511,7 @@ fn exchange(conn: &mut Conn, req: &PeerRequest, timeout: Duration) -> Result<Pee
 pub(super) fn serve(src: Source<'_>, s: SessionId, req: PeerRequest) -> PeerResponse {
     let (config, cache) = (src.config, src.arena.cache);
     match req {
-        PeerRequest::TpPin {
-            token,
-            fingerprint,
-            salt,
-            block_bytes,
-            generation,
-            ttl_ms,
-            shards,
-            hashes,
-        } => {
+        PeerRequest::TpPin(pin) => {
             if !config.enable_query_control {
                 return PeerResponse::Error {
                     message: "tensor-parallel query control is off on this Manager; start it with --enable-query-control".into(),
@@ -528,17 +519,17 @@ pub(super) fn serve(src: Source<'_>, s: SessionId, req: PeerRequest) -> PeerResp
             }
             src.peer.tp.served_pins.fetch_add(1, Ordering::Relaxed);
             let own = u64::try_from(config.tp_lease_ttl.as_millis()).unwrap_or(u64::MAX);
-            let expires = src.clock.now_ms().saturating_add(ttl_ms.min(own));
+            let expires = src.clock.now_ms().saturating_add(pin.ttl_ms.min(own));
             let mut cache = cache.write();
-            let mut nss = Vec::with_capacity(shards.len());
-            for shard in shards {
+            let mut nss = Vec::with_capacity(pin.shards.len());
+            for shard in pin.shards {
                 let key = NamespaceKey {
-                    fingerprint: orbitkv_core::Fingerprint(fingerprint),
+                    fingerprint: orbitkv_core::Fingerprint(pin.fingerprint),
                     shard,
-                    salt,
+                    salt: pin.salt,
                 };
-                match cache.register_namespace(key, block_bytes) {
-                    Ok((ns, g)) if g == generation => nss.push(ns),
+                match cache.register_namespace(key, pin.block_bytes) {
+                    Ok((ns, g)) if g == pin.generation => nss.push(ns),
                     // Another block size or generation: nothing here is that shard's block.
                     _ => {
                         return PeerResponse::TpPinned {
@@ -548,7 +539,7 @@ pub(super) fn serve(src: Source<'_>, s: SessionId, req: PeerRequest) -> PeerResp
                     }
                 }
             }
-            match cache.lookup_tp_part(s, None, &nss, &hashes, TpToken(token), expires) {
+            match cache.lookup_tp_part(s, None, &nss, &pin.hashes, TpToken(pin.token), expires) {
                 Ok(r) => PeerResponse::TpPinned {
                     blocks: r.hit_blocks,
                     ssd_blocks: r.ssd_blocks,
