@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,36 @@ KEY_SCHEME = "sglang-storage-sha256/namespace-seed-v1"
 
 class UnsupportedProfileError(OrbitKVSGLangConfigError):
     """The SGLang configuration uses something this adapter cannot serve correctly."""
+
+
+def require_release(module: str, pinned: str) -> None:
+    """Refuse any installed SGLang but the release `module` is written for."""
+    installed = version("sglang")
+    if installed != pinned:
+        raise UnsupportedProfileError(f"{module} needs sglang=={pinned}, found {installed}")
+
+
+def request_feature_checks(params: Any, mem: Any) -> list[tuple[bool, str]]:
+    """The profile checks both releases make on the same settings (each release's
+    `check_profile` adds its own before and after them)."""
+    from sglang.srt.runtime_context import get_serving
+
+    return [
+        (
+            hasattr(params.req_to_token_pool, "req_to_c128_sidecar"),
+            "C128 sidecar (NPU DeepSeek-V4) components are not supported",
+        ),
+        (bool(params.is_eagle), "EAGLE speculative decoding (bigram keys) is not qualified"),
+        (bool(mem.enable_session_radix_cache), "--enable-session-radix-cache (radix sessions) is rejected"),
+        (bool(get_serving().enable_streaming_session), "--enable-streaming-session (resumable sessions) is rejected"),
+    ]
+
+
+def refuse_first(subject: str, checks: list[tuple[bool, str]]) -> None:
+    """Raise `UnsupportedProfileError` for the first failed (bad, why) check, naming its setting."""
+    for bad, why in checks:
+        if bad:
+            raise UnsupportedProfileError(f"OrbitKV SGLang {subject}: {why}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -182,28 +213,31 @@ def _model_identity(server_args: Any, settings: SGLangSettings) -> Any:
 
 
 def namespace_for(
-    engine: str,
+    pinned: str,
     server_args: Any,
     settings: SGLangSettings,
     geometry: PoolGeometry,
     tp: tuple[int, int],
-    pp: tuple[int, int],
-    lora: Any,
+    params: Any,
 ) -> bytes:
-    """The namespace fingerprint of one scheduler process (K1): the engine pin, the model,
-    the pool geometry, the key scheme, its TP and PP position, the attention backend and
-    the LoRA identity."""
+    """The namespace fingerprint of one scheduler process (K1): the engine pin (`pinned`,
+    the SGLang release), the model, the pool geometry, the key scheme, its TP and PP
+    position (PP from the cache `params`), the attention backend and the LoRA identity
+    (from SGLang's resolved runtime configuration)."""
+    from sglang.srt.runtime_context import get_lora
+
+    pp = (params.pp_rank, params.pp_size)
     return namespace_fingerprint(
         {
             "schema": SCHEMA,
-            "engine": engine,
+            "engine": f"sglang=={pinned}",
             "model": _model_identity(server_args, settings),
             "kv": geometry.identity,
             "keys": KEY_SCHEME,
             "tp": [int(tp[0]), int(tp[1])],
             "pp": [int(pp[0]), int(pp[1])],
             "attention_backend": getattr(server_args, "attention_backend", None),
-            "lora": lora_identity(lora),
+            "lora": lora_identity(get_lora()),
         }
     )
 
@@ -390,6 +424,13 @@ class LinkerCore:
         except Exception as exc:
             self._failed(q.session, "releasing a lease", exc)
 
+    def _release_query(self, rid: str) -> None:
+        """Release the staged hit (lookup lease) of `rid` that no load consumed, if any."""
+        q = self._queries.pop(rid, None)
+        if q is not None:
+            self._release(q)
+            self.stats["query_leases_released"] += 1
+
     # -- lookup (match) ----------------------------------------------------------------
 
     def _kv_keys(self, transfers: list[PoolTransfer]) -> list[str] | None:
@@ -405,9 +446,7 @@ class LinkerCore:
             # scheduling round): keep its staged hit instead of a new Manager round trip.
             return list(range(1, len(old.keys) + 1))
         if old is not None:  # a re-match with another tail replaces its previous hit
-            del self._queries[rid]
-            self._release(old)
-            self.stats["query_leases_released"] += 1
+            self._release_query(rid)
         if not keys:
             return []
         s = self._connect()
@@ -518,8 +557,7 @@ class LinkerCore:
         if markers is None:
             return
         for rid in [r for r in self._queries if r not in markers]:
-            self._release(self._queries.pop(rid))
-            self.stats["query_leases_released"] += 1
+            self._release_query(rid)
 
     # -- offload --------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ runs and completes normally.
 
 from __future__ import annotations
 
-from importlib.metadata import version
 from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import PoolTransfer
@@ -42,6 +41,9 @@ from orbitkv.sglang._shared import (
     logger,
     lora_identity,
     namespace_for,
+    refuse_first,
+    request_feature_checks,
+    require_release,
     screen_match,
 )
 from orbitkv.sglang.config import SGLangSettings, parse_settings
@@ -85,10 +87,7 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
     def cancel_queued_load(self, rid: str) -> bool:
         # Never cancel for real on 0.5.21: a cancelled load's pages stay in the tree
         # unloaded. A queued load runs and completes; an unconsumed lookup lease is freed.
-        q = self._queries.pop(rid, None)
-        if q is not None:
-            self._release(q)
-            self.stats["query_leases_released"] += 1
+        self._release_query(rid)
         if any(ld.rid == rid for ld in self._queued):
             self.stats["cancel_refused"] += 1
         return False
@@ -150,11 +149,9 @@ class _suppress:
 
 def check_profile(ctx: Any) -> None:
     """Reject every setting the adapter cannot serve, naming it (before any Manager call)."""
-    from sglang.srt.runtime_context import get_disagg, get_memory, get_serving
+    from sglang.srt.runtime_context import get_disagg, get_memory
 
-    installed = version("sglang")
-    if installed != PINNED_SGLANG:
-        raise UnsupportedProfileError(f"orbitkv.sglang.v0_5_21 needs sglang=={PINNED_SGLANG}, found {installed}")
+    require_release(__name__, PINNED_SGLANG)
     mem = get_memory()
     checks: list[tuple[bool, str]] = [
         (
@@ -167,13 +164,7 @@ def check_profile(ctx: Any) -> None:
         (bool(ctx.is_hybrid_swa), "hybrid sliding-window models (SWA component) are not supported"),
         (bool(ctx.is_hybrid_ssm), "hybrid recurrent (Mamba/SSM) models are not supported"),
         (bool(getattr(ctx, "is_dsa", False)), "DSA (sparse-attention indexer) models are not supported"),
-        (
-            hasattr(ctx.params.req_to_token_pool, "req_to_c128_sidecar"),
-            "C128 sidecar (NPU DeepSeek-V4) components are not supported",
-        ),
-        (bool(ctx.params.is_eagle), "EAGLE speculative decoding (bigram keys) is not qualified"),
-        (bool(mem.enable_session_radix_cache), "--enable-session-radix-cache (radix sessions) is rejected"),
-        (bool(get_serving().enable_streaming_session), "--enable-streaming-session (resumable sessions) is rejected"),
+        *request_feature_checks(ctx.params, mem),
         (
             get_disagg().disaggregation_mode not in (None, "null"),
             f"--disaggregation-mode {get_disagg().disaggregation_mode}: P/D with OrbitKV is not qualified "
@@ -183,31 +174,19 @@ def check_profile(ctx: Any) -> None:
         (int(ctx.params.pp_size) != 1, f"pipeline parallelism (pp_size={ctx.params.pp_size}) is not qualified"),
         (int(ctx.params.attn_cp_size) != 1, "attention context parallelism is not qualified"),
     ]
-    for bad, why in checks:
-        if bad:
-            raise UnsupportedProfileError(f"OrbitKV SGLang backend: {why}")
+    refuse_first("backend", checks)
 
 
 def build_tree_cache(ctx: Any, settings: SGLangSettings | None = None) -> OrbitKVRadixCache:
     """The `--radix-cache-backend orbitkv` factory for sglang 0.5.21."""
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.runtime_context import get_lora
 
     check_profile(ctx)
     settings = settings if settings is not None else parse_settings()
     params = ctx.params
     kvcache = params.token_to_kv_pool_allocator.get_kvcache()
     geometry = describe_pool(kvcache, int(params.page_size))
-    server_args = ctx.server_args
-    fp = namespace_for(
-        f"sglang=={PINNED_SGLANG}",
-        server_args,
-        settings,
-        geometry,
-        (ctx.tp_rank, ctx.tp_size),
-        (params.pp_rank, params.pp_size),
-        get_lora(),
-    )
+    fp = namespace_for(PINNED_SGLANG, ctx.server_args, settings, geometry, (ctx.tp_rank, ctx.tp_size), params)
     params.tree_components = (ComponentType.FULL,)
     cache = OrbitKVRadixCache(params)
     linker = OrbitKVLinker(settings, fp, geometry)

@@ -30,7 +30,6 @@ Differences from 0.5.21 (verified against the installed 0.5.23 source):
 
 from __future__ import annotations
 
-from importlib.metadata import version
 from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
@@ -46,6 +45,9 @@ from orbitkv.sglang._shared import (
     logger,
     lora_identity,
     namespace_for,
+    refuse_first,
+    request_feature_checks,
+    require_release,
     screen_match,
 )
 from orbitkv.sglang.config import SGLangSettings, parse_settings
@@ -75,11 +77,9 @@ __all__ = [
 def check_profile(server_args: Any, params: Any, components: Any) -> None:
     """Reject every setting the adapter cannot serve, naming it (before any Manager call)."""
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel, get_serving
+    from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel
 
-    installed = version("sglang")
-    if installed != PINNED_SGLANG:
-        raise UnsupportedProfileError(f"orbitkv.sglang.v0_5_23 needs sglang=={PINNED_SGLANG}, found {installed}")
+    require_release(__name__, PINNED_SGLANG)
     mem = get_memory()
     comps = set(components or ())
     others = sorted(c.name for c in comps - {ComponentType.FULL})
@@ -93,13 +93,7 @@ def check_profile(server_args: Any, params: Any, components: Any) -> None:
         (ComponentType.FULL not in comps, "the cache has no FULL component"),
         (bool(mem.enable_hierarchical_cache), "--enable-hierarchical-cache (HiCache host tier) is not supported"),
         (bool(getattr(mem, "enable_linker_mla_dedup", False)), "--enable-linker-mla-dedup is not supported"),
-        (
-            hasattr(params.req_to_token_pool, "req_to_c128_sidecar"),
-            "C128 sidecar (NPU DeepSeek-V4) components are not supported",
-        ),
-        (bool(params.is_eagle), "EAGLE speculative decoding (bigram keys) is not qualified"),
-        (bool(mem.enable_session_radix_cache), "--enable-session-radix-cache (radix sessions) is rejected"),
-        (bool(get_serving().enable_streaming_session), "--enable-streaming-session (resumable sessions) is rejected"),
+        *request_feature_checks(params, mem),
         (
             get_disagg().disaggregation_mode not in (None, "null"),
             f"--disaggregation-mode {get_disagg().disaggregation_mode}: P/D with OrbitKV is not qualified",
@@ -108,9 +102,7 @@ def check_profile(server_args: Any, params: Any, components: Any) -> None:
         (int(params.pp_size) != 1, f"pipeline parallelism (pp_size={params.pp_size}) is not qualified"),
         (int(getattr(params, "attn_cp_size", 1) or 1) != 1, "attention context parallelism is not qualified"),
     ]
-    for bad, why in checks:
-        if bad:
-            raise UnsupportedProfileError(f"OrbitKV SGLang linker: {why}")
+    refuse_first("linker", checks)
 
 
 class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
@@ -129,7 +121,7 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
         extra_config: dict[str, Any] | None = None,
         forward_stream: Any = None,
     ) -> None:
-        from sglang.srt.runtime_context import get_lora, get_parallel
+        from sglang.srt.runtime_context import get_parallel
 
         check_profile(server_args, params, components)
         from orbitkv.sglang.plugin import hooks_applied
@@ -144,15 +136,7 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()
         geometry = describe_pool(kvcache, int(params.page_size))
         par = get_parallel()
-        fp = namespace_for(
-            f"sglang=={PINNED_SGLANG}",
-            server_args,
-            settings,
-            geometry,
-            (par.tp_rank, par.tp_size),
-            (params.pp_rank, params.pp_size),
-            get_lora(),
-        )
+        fp = namespace_for(PINNED_SGLANG, server_args, settings, geometry, (par.tp_rank, par.tp_size), params)
         self._setup(settings, fp, geometry, int(params.page_size), kvcache, forward_stream)
         logger.info(
             "orbitkv: linker on a %s pool (%d pages of %d bytes per block), namespace %s",
@@ -210,10 +194,7 @@ class OrbitKVLinker(LinkerCore, UnifiedCacheLinker):
     def cancel_queued_load(self, rid: str) -> bool:
         # 0.5.23: a queued load targets slots private to the aborted request, which
         # SGLang frees; a load that has not started is dropped for real.
-        q = self._queries.pop(rid, None)
-        if q is not None:
-            self._release(q)
-            self.stats["query_leases_released"] += 1
+        self._release_query(rid)
         for ld in list(self._queued):
             if ld.rid == rid:
                 self._queued.remove(ld)
