@@ -99,6 +99,12 @@ def wait_for(pred: Any, what: str, proc: subprocess.Popen[bytes] | None, log: st
     raise Unavailable(f"{what} did not come up within {timeout:.0f} s")
 
 
+def spawn(args: list[str], log: str, cwd: str | None = None) -> subprocess.Popen[bytes]:
+    """A server process writing its stdout and stderr to `log` (which `wait_for` shows if it exits)."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
+
+
 def stop(proc: subprocess.Popen[bytes] | None) -> None:
     from orbitkv.launch import stop_process
 
@@ -243,28 +249,26 @@ class RedisServer:
         d = tempfile.mkdtemp(prefix="redis-", dir=work)
         self.port = free_port()
         log = os.path.join(d, "redis.log")
-        with open(log, "wb") as f:
-            self.proc = subprocess.Popen(
-                [
-                    exe,
-                    "--bind",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    d,
-                    "--protected-mode",
-                    "yes",
-                    "--loglevel",
-                    "warning",
-                ],
-                stdout=f,
-                stderr=subprocess.STDOUT,
-            )
+        self.proc = spawn(
+            [
+                exe,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                d,
+                "--protected-mode",
+                "yes",
+                "--loglevel",
+                "warning",
+            ],
+            log,
+        )
 
         def up() -> bool:
             try:
@@ -388,26 +392,18 @@ class Mooncake(System):
         bindir = os.path.dirname(mooncake.__file__)
         self.d = tempfile.mkdtemp(prefix="mooncake-", dir=work)
         rpc, meta, metrics = free_port(), free_port(), free_port()
-        self.procs: list[subprocess.Popen[bytes]] = []
         mlog = os.path.join(self.d, "master.log")
-        with open(mlog, "wb") as f:
-            self.procs.append(
-                subprocess.Popen(
-                    [
-                        os.path.join(bindir, "mooncake_master"),
-                        "--rpc_address=127.0.0.1",
-                        f"--rpc_port={rpc}",
-                        "--enable_http_metadata_server=true",
-                        "--http_metadata_server_host=127.0.0.1",
-                        f"--http_metadata_server_port={meta}",
-                        "--metrics_host=127.0.0.1",
-                        f"--metrics_port={metrics}",
-                    ],
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.d,
-                )
-            )
+        master = [
+            os.path.join(bindir, "mooncake_master"),
+            "--rpc_address=127.0.0.1",
+            f"--rpc_port={rpc}",
+            "--enable_http_metadata_server=true",
+            "--http_metadata_server_host=127.0.0.1",
+            f"--http_metadata_server_port={meta}",
+            "--metrics_host=127.0.0.1",
+            f"--metrics_port={metrics}",
+        ]
+        self.procs: list[subprocess.Popen[bytes]] = [spawn(master, mlog, cwd=self.d)]
 
         def listening(port: int) -> Any:
             def up() -> bool:
@@ -426,23 +422,16 @@ class Mooncake(System):
         if not self.local_segment:
             slog = os.path.join(self.d, "store.log")
             port = free_port()
-            with open(slog, "wb") as f:
-                self.procs.append(
-                    subprocess.Popen(
-                        [
-                            os.path.join(bindir, "mooncake_client"),
-                            "--host=127.0.0.1",
-                            f"--port={port}",
-                            f"--global_segment_size={segment}",
-                            f"--master_server_address=127.0.0.1:{rpc}",
-                            f"--metadata_server={metadata}",
-                            "--protocol=tcp",
-                        ],
-                        stdout=f,
-                        stderr=subprocess.STDOUT,
-                        cwd=self.d,
-                    )
-                )
+            client = [
+                os.path.join(bindir, "mooncake_client"),
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--global_segment_size={segment}",
+                f"--master_server_address=127.0.0.1:{rpc}",
+                f"--metadata_server={metadata}",
+                "--protocol=tcp",
+            ]
+            self.procs.append(spawn(client, slog, cwd=self.d))
             wait_for(listening(port), "mooncake_client (store process)", self.procs[1], slog)
         self.store = MooncakeDistributedStore()
         rc = self.store.setup(
@@ -521,12 +510,9 @@ class OrbitKV(System):
         seg = max(256 * MiB, max_size)
         dram = -(-(working_set + 2 * max_size) // seg) * seg
         log = os.path.join(self.d, "manager.log")
-        with open(log, "wb") as f:
-            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                serve_command(sock, "--dram-size", str(dram), "--segment-size", str(seg)),
-                stdout=f,
-                stderr=subprocess.STDOUT,
-            )
+        self.proc: subprocess.Popen[bytes] | None = spawn(
+            serve_command(sock, "--dram-size", str(dram), "--segment-size", str(seg)), log
+        )
 
         def up() -> bool:
             try:
@@ -711,13 +697,27 @@ def summarise(points: list[dict[str, Any]], size: int) -> dict[str, Any]:
     return out
 
 
-def plot_gbps(doc: dict[str, Any], path: str) -> None:
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (the Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    return plt
+
+
+def _save_figure(fig: Any, doc: dict[str, Any], path: str) -> None:
+    """`fig` under the machine's summary, written to `path` as PNG."""
+    fig.suptitle(doc["machine"]["summary"], fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def plot_gbps(doc: dict[str, Any], path: str) -> None:
+    fig, axes = _pyplot().subplots(2, 2, figsize=(12, 9))
     cells = [
         (axes[r][c], op, metric, ylabel)
         for r, (metric, ylabel) in enumerate(
@@ -746,20 +746,11 @@ def plot_gbps(doc: dict[str, Any], path: str) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(doc["machine"]["summary"], fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    _save_figure(fig, doc, path)
 
 
 def plot_latency(doc: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = _pyplot().subplots(1, 2, figsize=(12, 4.5))
     key = str(LATENCY_SIZE)
     for ax, op in ((axes[0], "put"), (axes[1], "get")):
         for name, s in doc["systems"].items():
@@ -783,11 +774,7 @@ def plot_latency(doc: dict[str, Any], path: str) -> None:
         ax.set_title(f"{op} latency CDF, {size_name(LATENCY_SIZE)} blocks, one client")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(doc["machine"]["summary"], fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    _save_figure(fig, doc, path)
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -811,6 +798,16 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_views(doc: dict[str, Any], a: argparse.Namespace) -> None:
+    """The Markdown table and the plots of `doc` that the command line asks for."""
+    if a.markdown:
+        Path(a.markdown).write_text(markdown(doc))
+    if a.png_gbps:
+        plot_gbps(doc, a.png_gbps)
+    if a.png_latency:
+        plot_latency(doc, a.png_latency)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help=f"comma-separated subset of {ALL_SYSTEMS}")
@@ -830,13 +827,7 @@ def main() -> int:
     ap.add_argument("--replot", default=None, help="only redraw the plots / table from this JSON")
     a = ap.parse_args()
     if a.replot:
-        doc0 = json.loads(Path(a.replot).read_text())
-        if a.markdown:
-            Path(a.markdown).write_text(markdown(doc0))
-        if a.png_gbps:
-            plot_gbps(doc0, a.png_gbps)
-        if a.png_latency:
-            plot_latency(doc0, a.png_latency)
+        write_views(json.loads(Path(a.replot).read_text()), a)
         return 0
     if a.quick:
         a.sizes, a.reps, a.warmup, a.bytes_per_point, a.min_ops = "64KiB,1MiB", 1, 0, "4MiB", 4
@@ -917,18 +908,16 @@ def main() -> int:
         return s["points"][key][metric] if s.get("status") == "ok" and key in s["points"] else None
 
     ratios: dict[str, Any] = {}
-    for peer in ("redis-c", "mooncake", "memcpy"):
-        for op in ("put", "get"):
-            for metric, label in ((f"{op}_gbps", ""), (f"{op}_gbps_at_p50", " (p50 latency)")):
-                o, p = g("orbitkv-mapped", metric), g(peer, metric)
-                if o is not None and p:
-                    ratios[f"orbitkv-mapped/{peer} {op} @1MiB{label}"] = o / p
-    for peer in ("redis-c", "redis-py", "mooncake", "mooncake-local", "memcpy"):
-        for op in ("put", "get"):
-            for metric, label in ((f"{op}_gbps", ""), (f"{op}_gbps_at_p50", " (p50 latency)")):
-                o, p = g("orbitkv", metric), g(peer, metric)
-                if o is not None and p:
-                    ratios[f"orbitkv/{peer} {op} @1MiB{label}"] = o / p
+    for ours, peers in (
+        ("orbitkv-mapped", ("redis-c", "mooncake", "memcpy")),
+        ("orbitkv", ("redis-c", "redis-py", "mooncake", "mooncake-local", "memcpy")),
+    ):
+        for peer in peers:
+            for op in ("put", "get"):
+                for metric, label in ((f"{op}_gbps", ""), (f"{op}_gbps_at_p50", " (p50 latency)")):
+                    o, p = g(ours, metric), g(peer, metric)
+                    if o is not None and p:
+                        ratios[f"{ours}/{peer} {op} @1MiB{label}"] = o / p
     doc["ratios"] = ratios
     wrong = [s["points"][str(z)]["wrong_bytes"] for s in doc["systems"].values() if s["status"] == "ok" for z in sizes]
     doc["wrong_bytes"] = sum(w for w in wrong if w is not None)
@@ -938,12 +927,7 @@ def main() -> int:
     print(f"wrote {a.out} ({doc['wrong_bytes']} wrong bytes)")
     for k, v in ratios.items():
         print(f"  {k}: {v:.2f}x")
-    if a.markdown:
-        Path(a.markdown).write_text(markdown(doc))
-    if a.png_gbps:
-        plot_gbps(doc, a.png_gbps)
-    if a.png_latency:
-        plot_latency(doc, a.png_latency)
+    write_views(doc, a)
     return 1 if doc["wrong_bytes"] else 0
 
 
