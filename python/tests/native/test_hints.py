@@ -33,6 +33,15 @@ def restore(c: Any, ns: Any, hs: list[bytes]) -> bytes | None:
         return bytes(out)
 
 
+def save_two_chains(c: Any, ns: Any, first: int, second: int, n: int) -> tuple[list[bytes], list[bytes], bytes]:
+    """Chains tagged `first` then `second`, `n` blocks each, saved in that order; the first one's bytes."""
+    a, b = chain(first, n), chain(second, n)
+    data = os.urandom(n * BLOCK)
+    c.save(ns, a, data)
+    c.save(ns, b, os.urandom(n * BLOCK))
+    return a, b, data
+
+
 def flood(c: Any, ns: Any, blocks: int, tag: int = 200) -> None:
     """Save `blocks` new blocks, 8 per chain."""
     for i in range(blocks // 8):
@@ -46,10 +55,7 @@ def test_a_kept_chain_outlives_a_flood_byte_exact_and_its_deadline_ends_it(manag
     m = manager_factory("--dram-size", "2MiB", "--segment-size", "2MiB", "--cache-policy", "lru")
     with m.client() as c:
         ns = c.register_namespace(FP, BLOCK)
-        kept, plain = chain(1, 4), chain(2, 4)
-        data = os.urandom(4 * BLOCK)
-        c.save(ns, kept, data)
-        c.save(ns, plain, os.urandom(4 * BLOCK))
+        kept, plain, data = save_two_chains(c, ns, 1, 2, 4)
         assert c.retain(ns, kept, keep_for_s=2.0) == (4, 0, 0)
         flood(c, ns, 96)
         assert restore(c, ns, kept) == data
@@ -81,10 +87,7 @@ def test_done_blocks_leave_before_older_unhinted_ones(manager_factory: Any) -> N
     m = manager_factory("--dram-size", "1MiB", "--segment-size", "1MiB", "--cache-policy", "lru")
     with m.client() as c:
         ns = c.register_namespace(FP, BLOCK)
-        old, new = chain(4, 6), chain(5, 6)
-        old_data = os.urandom(6 * BLOCK)
-        c.save(ns, old, old_data)
-        c.save(ns, new, os.urandom(6 * BLOCK))
+        old, new, old_data = save_two_chains(c, ns, 4, 5, 6)
         assert c.retain(ns, new, done=True) == (6, 0, 0)
         c.save(ns, chain(6, 6), os.urandom(6 * BLOCK))  # 18 of 16 blocks: two must go
         assert restore(c, ns, old) == old_data
