@@ -5,6 +5,7 @@ reason, where torch or CUDA is unavailable."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 
@@ -49,6 +50,18 @@ def _wait(pred, what: str, deadline_s: float = 60.0) -> None:  # type: ignore[no
         time.sleep(0.0005)
 
 
+@contextlib.contextmanager
+def _client_and_arena(m):  # type: ignore[no-untyped-def]
+    """A client of Manager `m` and its arena on the device, both closed on leaving."""
+    c = m.client()
+    arena = ArenaView(c, DEV)
+    try:
+        yield c, arena
+    finally:
+        arena.close()
+        c.close()
+
+
 @pytest.mark.parametrize(("layout", "shape"), [(lay, sh) for lay in LAYOUTS for sh in SHAPES])
 def test_cuda_round_trip_matches_the_host_oracle(layout: str, shape: str, manager) -> None:  # type: ignore[no-untyped-def]
     s = SHAPES[shape]
@@ -56,9 +69,7 @@ def test_cuda_round_trip_matches_the_host_oracle(layout: str, shape: str, manage
     src_cpu = kv_layouts.random_backing(s, 11)
     dst_cpu = kv_layouts.random_backing(s, 12)
     src_raw, dst_raw = src_cpu.to(DEV), dst_cpu.to(DEV)
-    c = manager.client()
-    arena = ArenaView(c, DEV)
-    try:
+    with _client_and_arena(manager) as (c, arena):
         src = CopyEngine(layer_pages(kv_layouts.views(src_raw, layout, s), s.blocks), arena)
         dst = CopyEngine(layer_pages(kv_layouts.views(dst_raw, layout, s), s.blocks), arena)
         n = 7
@@ -87,9 +98,6 @@ def test_cuda_round_trip_matches_the_host_oracle(layout: str, shape: str, manage
         assert torch.equal(src_raw.cpu(), src_cpu), "a save wrote to its source pages"
         src.drain()
         dst.drain()
-    finally:
-        arena.close()
-        c.close()
 
 
 def test_segments_are_pinned_once_per_process_and_unpinned_by_the_last_view(manager) -> None:  # type: ignore[no-untyped-def]
@@ -122,10 +130,8 @@ def test_segments_are_pinned_once_per_process_and_unpinned_by_the_last_view(mana
 
 
 def _big(manager_factory):  # type: ignore[no-untyped-def]
-    m = manager_factory("--dram-size", "1536MiB", "--segment-size", "512MiB")
-    c = m.client()
-    arena = ArenaView(c, DEV)
-    return c, arena
+    """`_client_and_arena` on a Manager with 1.5 GiB of DRAM in 512 MiB segments."""
+    return _client_and_arena(manager_factory("--dram-size", "1536MiB", "--segment-size", "512MiB"))
 
 
 def _zeroed_engine(arena, s: Shape):  # type: ignore[no-untyped-def]
@@ -153,8 +159,7 @@ def _slots_not_holding(slot_bytes, value: int) -> list[int]:  # type: ignore[no-
 
 def test_restores_consumed_right_after_wait_layer_see_the_restored_bytes(manager_factory) -> None:  # type: ignore[no-untyped-def]
     s = BIG
-    c, arena = _big(manager_factory)
-    try:
+    with _big(manager_factory) as (c, arena):
         src_raw = kv_layouts.random_backing(s, 21, DEV)
         dst_raw = torch.zeros_like(src_raw)
         src = CopyEngine(layer_pages(kv_layouts.views(src_raw, "LBNHC", s), s.blocks), arena)
@@ -184,9 +189,6 @@ def test_restores_consumed_right_after_wait_layer_see_the_restored_bytes(manager
         c.abort_save(pending)
         dst.drain()
         src.drain()
-    finally:
-        arena.close()
-        c.close()
 
 
 def test_a_load_failing_its_check_in_a_later_range_leaves_no_copy_in_flight(manager_factory, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -196,8 +198,7 @@ def test_a_load_failing_its_check_in_a_later_range_leaves_no_copy_in_flight(mana
     import orbitkv.kvcopy.engine as engine_mod
 
     s = BIG
-    c, arena = _big(manager_factory)
-    try:
+    with _big(manager_factory) as (_c, arena):
         _raw, engine = _zeroed_engine(arena, s)
         monkeypatch.setattr(engine_mod, "CHUNK_BYTES", 64 * engine._layers[0].pages.page_bytes)  # 64-block ranges
         seg = min(arena.sizes)
@@ -213,15 +214,11 @@ def test_a_load_failing_its_check_in_a_later_range_leaves_no_copy_in_flight(mana
         ids[-1] = BIG_N - 1
         engine.load(slots, ids).synchronize()  # the engine still works
         engine.drain()
-    finally:
-        arena.close()
-        c.close()
 
 
 def test_saves_see_writes_before_their_event_and_not_writes_after_completion(manager_factory) -> None:  # type: ignore[no-untyped-def]
     s = BIG
-    c, arena = _big(manager_factory)
-    try:
+    with _big(manager_factory) as (c, arena):
         raw, engine = _zeroed_engine(arena, s)
         rng, pending, slots, slot_bytes = _pending_save(c, arena, engine, 6, b"\x63")
         busy = getattr(torch.cuda, "_sleep", None)
@@ -241,9 +238,6 @@ def test_saves_see_writes_before_their_event_and_not_writes_after_completion(man
             assert not bad, f"rep {rep}: slots {bad[:8]} do not hold the bytes written before the event"
         c.abort_save(pending)
         engine.drain()
-    finally:
-        arena.close()
-        c.close()
 
 
 def test_wait_saves_orders_a_page_overwrite_after_the_saves_read(manager_factory) -> None:  # type: ignore[no-untyped-def]
@@ -254,8 +248,7 @@ def test_wait_saves_orders_a_page_overwrite_after_the_saves_read(manager_factory
     if busy is None:
         pytest.skip("torch.cuda._sleep is not available: cannot hold a save back deterministically")
     s = BIG
-    c, arena = _big(manager_factory)
-    try:
+    with _big(manager_factory) as (c, arena):
         raw, engine = _zeroed_engine(arena, s)
         rng, pending, slots, slot_bytes = _pending_save(c, arena, engine, 8, b"\x65")
         slow = torch.cuda.Stream()
@@ -277,15 +270,11 @@ def test_wait_saves_orders_a_page_overwrite_after_the_saves_read(manager_factory
             assert not bad, f"rep {rep}: slots {bad[:8]} read pages overwritten after wait_saves"
         c.abort_save(pending)
         engine.drain()
-    finally:
-        arena.close()
-        c.close()
 
 
 def test_a_graph_captured_before_a_restore_reads_the_restored_bytes(manager_factory) -> None:  # type: ignore[no-untyped-def]
     s = Shape(layers=4, blocks=64, heads=8, tokens=16, content=128, pad=0)
-    c, arena = _big(manager_factory)
-    try:
+    with _big(manager_factory) as (c, arena):
         src_raw = kv_layouts.random_backing(s, 31, DEV)
         dst_raw = torch.zeros_like(src_raw)
         src = CopyEngine(layer_pages(kv_layouts.views(src_raw, "BLHNC", s), s.blocks), arena)
@@ -326,6 +315,3 @@ def test_a_graph_captured_before_a_restore_reads_the_restored_bytes(manager_fact
             c.abort_save(pending)
         dst.drain()
         src.drain()
-    finally:
-        arena.close()
-        c.close()
