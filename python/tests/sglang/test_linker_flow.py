@@ -9,7 +9,9 @@ the Manager end drained (no lookup lease, load, save or Manager lease left).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sglang_env import V0_5_23, ManagerProcess, skip_module_if_unavailable
@@ -20,6 +22,21 @@ import torch  # noqa: E402
 from sglang_harness import PAGE, Engine, prompt  # noqa: E402
 
 pytestmark = pytest.mark.sglang
+NewEngine = Callable[..., Engine]  # the `new_engine` fixture
+
+
+@pytest.fixture
+def new_engine(orbit_manager: ManagerProcess) -> Iterator[NewEngine]:
+    """Makes engines on `orbit_manager` (keywords as `Engine`'s), each closed after the test."""
+    made: list[Engine] = []
+
+    def make(**kwargs: Any) -> Engine:
+        made.append(Engine(str(orbit_manager.socket_path), **kwargs))
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.close()
 
 
 def assert_drained(*engines: Engine, manager: ManagerProcess | None = None) -> None:
@@ -30,10 +47,9 @@ def assert_drained(*engines: Engine, manager: ManagerProcess | None = None) -> N
         manager.settled_stats(live_leases=0, live_saves=0)
 
 
-def test_cold_miss_offload_then_restore_byte_exact(orbit_manager: ManagerProcess) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_cold_miss_offload_then_restore_byte_exact(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     tokens = prompt(1, 5)
-    a = Engine(sock)
+    a = new_engine()
     first = a.serve(tokens)
     assert (first.device_hit, first.external_hit, first.computed) == (0, 0, 21)
     assert first.mismatched_bytes == 0
@@ -41,7 +57,7 @@ def test_cold_miss_offload_then_restore_byte_exact(orbit_manager: ManagerProcess
     st = orbit_manager.stats()
     assert st["dram_visible_blocks"] == 5 and st["blocks_committed_total"] == 5
 
-    b = Engine(sock)  # a second engine (fresh tree and pool): only OrbitKV can serve it
+    b = new_engine()  # a second engine (fresh tree and pool): only OrbitKV can serve it
     again = b.serve(tokens)
     assert (again.device_hit, again.external_hit, again.computed) == (0, 5 * PAGE, 1)
     assert again.mismatched_bytes == 0
@@ -51,17 +67,14 @@ def test_cold_miss_offload_then_restore_byte_exact(orbit_manager: ManagerProcess
     # Nothing offloaded twice: the restored path is marked as stored in the tree.
     assert b.linker.stats["offloaded_blocks"] == 0
     assert_drained(a, b, manager=orbit_manager)
-    a.close()
-    b.close()
 
 
-def test_partial_hit_and_partial_destinations(orbit_manager: ManagerProcess) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_partial_hit_and_partial_destinations(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     base = prompt(2, 5)
-    a = Engine(sock)
+    a = new_engine()
     assert a.serve(base).mismatched_bytes == 0
 
-    b = Engine(sock)
+    b = new_engine()
     # Shares 3 pages with `base`, then diverges: OrbitKV restores exactly those 3.
     fork = base[: 3 * PAGE] + prompt(3, 2)[: 2 * PAGE + 1]
     got = b.serve(fork)
@@ -73,12 +86,10 @@ def test_partial_hit_and_partial_destinations(orbit_manager: ManagerProcess) -> 
     assert (got.device_hit, got.external_hit, got.computed) == (3 * PAGE, 2 * PAGE, 1)
     assert got.mismatched_bytes == 0
     assert_drained(a, b, manager=orbit_manager)
-    a.close()
-    b.close()
 
 
-def test_native_hbm_hit_makes_no_external_query(orbit_manager: ManagerProcess) -> None:
-    e = Engine(str(orbit_manager.socket_path))
+def test_native_hbm_hit_makes_no_external_query(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
+    e = new_engine()
     tokens = prompt(4, 4)
     assert e.serve(tokens).mismatched_bytes == 0
     lookups = e.linker.stats["lookups"]
@@ -89,16 +100,14 @@ def test_native_hbm_hit_makes_no_external_query(orbit_manager: ManagerProcess) -
     assert e.linker.stats["lookups"] == lookups  # O5: no lookup for blocks the engine holds
     assert orbit_manager.stats()["lookups_total"] == before
     assert_drained(e, manager=orbit_manager)
-    e.close()
 
 
-def test_abort_during_queued_load_then_same_prefix_exact(orbit_manager: ManagerProcess) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_abort_during_queued_load_then_same_prefix_exact(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     tokens = prompt(5, 5)
-    a = Engine(sock)
+    a = new_engine()
     a.serve(tokens)
 
-    b = Engine(sock)
+    b = new_engine()
     req = b.admit(tokens)  # admitted: the load is queued (0.5.21: its pages are already in b's tree)
     assert req.orbit_loaded == 5 * PAGE
     assert b.drained()["queued_loads"] == 1
@@ -127,19 +136,16 @@ def test_abort_during_queued_load_then_same_prefix_exact(orbit_manager: ManagerP
         assert got.device_hit == 5 * PAGE and got.external_hit == 0
     assert got.mismatched_bytes == 0
     assert_drained(a, b, manager=orbit_manager)
-    a.close()
-    b.close()
 
 
 @pytest.mark.skipif(V0_5_23, reason="0.5.21 only: 0.5.23 loads into request-private slots, so the trap does not exist")
-def test_control_a_real_cancel_serves_unloaded_pages(orbit_manager: ManagerProcess) -> None:
+def test_control_a_real_cancel_serves_unloaded_pages(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     """Control for the test above: the 0.5.21 trap is real. A linker whose
     cancel_queued_load drops the queued load and returns True makes the released cache
     serve the never-loaded pages as an ordinary hit (wrong bytes)."""
-    sock = str(orbit_manager.socket_path)
     tokens = prompt(6, 5)
-    Engine(sock).serve(tokens)
-    b = Engine(sock)
+    new_engine().serve(tokens)
+    b = new_engine()
     linker = b.linker
 
     def really_cancel(rid: str) -> bool:
@@ -159,14 +165,12 @@ def test_control_a_real_cancel_serves_unloaded_pages(orbit_manager: ManagerProce
     got = b.serve(tokens)
     assert got.device_hit == 5 * PAGE
     assert got.mismatched_bytes > 1000
-    b.close()
 
 
-def test_abort_while_waiting_releases_the_lookup_lease(orbit_manager: ManagerProcess) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_abort_while_waiting_releases_the_lookup_lease(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     tokens = prompt(7, 3)
-    Engine(sock).serve(tokens)
-    b = Engine(sock)
+    new_engine().serve(tokens)
+    b = new_engine()
     before = orbit_manager.stats()["lookups_total"]
     req = b.abort_waiting(tokens, rematch=2)  # matched in three scheduling rounds, then aborted
     assert req.host_hit_length == 3 * PAGE  # the match saw (and staged) the hit
@@ -180,16 +184,14 @@ def test_abort_while_waiting_releases_the_lookup_lease(orbit_manager: ManagerPro
     assert_drained(b, manager=orbit_manager)
     got = b.serve(tokens)  # and a later request still restores it
     assert got.external_hit == 3 * PAGE and got.mismatched_bytes == 0
-    b.close()
 
 
-def test_unselected_lookup_lease_is_released(orbit_manager: ManagerProcess) -> None:
+def test_unselected_lookup_lease_is_released(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     """L1: load-back that cannot allocate pages drops SGLang's hit marker without a
     linker call; the staged lease is released at the next event poll."""
-    sock = str(orbit_manager.socket_path)
     tokens = prompt(18, 4)
-    Engine(sock).serve(tokens)
-    b = Engine(sock)
+    new_engine().serve(tokens)
+    b = new_engine()
     hog = b.alloc.alloc(b.alloc.available_size())  # every free page held by "running" requests
     req = b.admit(tokens)
     assert req.host_hit_length == 4 * PAGE and req.orbit_loaded == 0
@@ -201,7 +203,6 @@ def test_unselected_lookup_lease_is_released(orbit_manager: ManagerProcess) -> N
     got = b.run(req, tokens)
     assert got.computed == 4 * PAGE + 1 and got.mismatched_bytes == 0
     assert_drained(b, manager=orbit_manager)
-    b.close()
 
 
 def test_manager_sigkilled_during_queued_load(orbit_manager: ManagerProcess, tmp_path: Path) -> None:
@@ -246,14 +247,13 @@ def test_manager_sigkilled_during_queued_load(orbit_manager: ManagerProcess, tmp
         restarted.stop()
 
 
-def test_load_failure_injected_in_the_manager_recomputes(orbit_manager: ManagerProcess) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_load_failure_injected_in_the_manager_recomputes(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     tokens = prompt(12, 4)
-    a = Engine(sock)
+    a = new_engine()
     a.serve(tokens)
     with orbit_manager.client() as c:
         c.inject_faults(restore_failures=1)
-    b = Engine(sock)
+    b = new_engine()
     got = b.serve(tokens)
     # The staging failed inside the lookup, before SGLang committed anything: a miss.
     assert (got.external_hit, got.computed) == (0, 4 * PAGE + 1)
@@ -261,29 +261,24 @@ def test_load_failure_injected_in_the_manager_recomputes(orbit_manager: ManagerP
     assert b.linker.stats["lookup_errors"] == 1
     assert orbit_manager.stats()["restore_failures_injected_total"] == 1
     assert_drained(a, b, manager=orbit_manager)
-    c2 = Engine(sock)  # the entries are intact: the next engine restores them
+    c2 = new_engine()  # the entries are intact: the next engine restores them
     got = c2.serve(tokens)
     assert got.external_hit == 4 * PAGE and got.mismatched_bytes == 0
-    for e in (a, b, c2):
-        e.close()
 
 
-def test_two_salts_never_share(orbit_manager: ManagerProcess) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_two_salts_never_share(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     tokens = prompt(13, 4)
-    a = Engine(sock)
+    a = new_engine()
     assert a.serve(tokens, cache_salt="tenant-a").mismatched_bytes == 0
-    b = Engine(sock)
+    b = new_engine()
     for salt in ("tenant-b", None):
         got = b.serve(tokens, cache_salt=salt)
         assert got.external_hit == 0, salt
         assert got.mismatched_bytes == 0
-    c = Engine(sock)
+    c = new_engine()
     got = c.serve(tokens, cache_salt="tenant-a")
     assert got.external_hit == 4 * PAGE and got.mismatched_bytes == 0
     assert_drained(a, b, c, manager=orbit_manager)
-    for e in (a, b, c):
-        e.close()
 
 
 def _adapter(path: Path, weights: bytes) -> str:
@@ -293,15 +288,16 @@ def _adapter(path: Path, weights: bytes) -> str:
     return str(path)
 
 
-def test_lora_set_change_moves_the_namespace(orbit_manager: ManagerProcess, tmp_path: Path) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_lora_set_change_moves_the_namespace(
+    orbit_manager: ManagerProcess, new_engine: NewEngine, tmp_path: Path
+) -> None:
     v1 = _adapter(tmp_path / "v1" / "ad", b"weights-one" * 64)
     tokens = prompt(14, 4)
 
     def engine(path: str) -> Engine:
         # The KV "model" depends on the adapter contents, as real KV would.
         tag = (Path(path) / "adapter_model.safetensors").read_bytes().hex()[:16]
-        return Engine(sock, server_args={"lora_paths": [f"ad={path}"]}, adapter_tag=tag)
+        return new_engine(server_args={"lora_paths": [f"ad={path}"]}, adapter_tag=tag)
 
     a = engine(v1)
     lora_id = a.lora_refs[0].lora_id
@@ -318,15 +314,13 @@ def test_lora_set_change_moves_the_namespace(orbit_manager: ManagerProcess, tmp_
     got = changed.serve(tokens, lora_id=lora_id)
     assert got.external_hit == 0 and got.mismatched_bytes == 0
     # LoRA off entirely: another namespace again.
-    plain = Engine(sock)
+    plain = new_engine()
     assert plain.linker.fingerprint not in (a.linker.fingerprint, changed.linker.fingerprint)
     assert plain.serve(tokens).external_hit == 0
     assert_drained(a, same, changed, plain, manager=orbit_manager)
-    for e in (a, same, changed, plain):
-        e.close()
 
 
-def test_caller_extra_key_is_rejected(orbit_manager: ManagerProcess) -> None:
+def test_caller_extra_key_is_rejected(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     """K3: a caller `extra_key` fails that request with HTTP 400 naming `extra_key`, at
     its first match (the release's mid-flight abort, `Req.to_finish`); the cache keeps
     serving other requests. It is never looked up in OrbitKV, and nothing it computed
@@ -335,10 +329,9 @@ def test_caller_extra_key_is_rejected(orbit_manager: ManagerProcess) -> None:
 
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-    sock = str(orbit_manager.socket_path)
     tokens = prompt(15, 3)
-    Engine(sock).serve(tokens)  # OrbitKV holds this prefix (no extra_key)
-    a = Engine(sock)
+    new_engine().serve(tokens)  # OrbitKV holds this prefix (no extra_key)
+    a = new_engine()
     req = a.admit(tokens, extra_key="caller-key")
     # Rejected at the match, before admission: no lookup, no load.
     assert isinstance(req.to_finish, FINISH_ABORT) and req.orbit_loaded == 0
@@ -361,17 +354,17 @@ def test_caller_extra_key_is_rejected(orbit_manager: ManagerProcess) -> None:
     assert (ok.external_hit, ok.mismatched_bytes) == (3 * PAGE, 0)
     assert_drained(a, manager=orbit_manager)
     assert orbit_manager.stats()["dram_visible_blocks"] == 3  # only the plain request's pages
-    a.close()
 
 
-def test_lora_id_alone_is_not_a_caller_extra_key(orbit_manager: ManagerProcess, tmp_path: Path) -> None:
+def test_lora_id_alone_is_not_a_caller_extra_key(
+    orbit_manager: ManagerProcess, new_engine: NewEngine, tmp_path: Path
+) -> None:
     """SGLang writes the LoRA id into `extra_key`: that alone is not rejected, a caller
     key next to it is."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-    sock = str(orbit_manager.socket_path)
     path = _adapter(tmp_path / "ad", b"weights" * 64)
-    e = Engine(sock, server_args={"lora_paths": [f"ad={path}"]})
+    e = new_engine(server_args={"lora_paths": [f"ad={path}"]})
     lora_id = e.lora_refs[0].lora_id
     tokens = prompt(19, 3)
     got = e.serve(tokens, lora_id=lora_id)
@@ -381,11 +374,10 @@ def test_lora_id_alone_is_not_a_caller_extra_key(orbit_manager: ManagerProcess, 
     assert isinstance(bad.finished_reason, FINISH_ABORT) and "extra_key" in bad.finished_reason.message
     assert e.linker.stats["offloaded_blocks"] == 3
     assert_drained(e, manager=orbit_manager)
-    e.close()
 
 
-def test_flush_cache_keeps_same_weight_external_reuse(orbit_manager: ManagerProcess) -> None:
-    e = Engine(str(orbit_manager.socket_path))
+def test_flush_cache_keeps_same_weight_external_reuse(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
+    e = new_engine()
     tokens = prompt(16, 4)
     assert e.serve(tokens).mismatched_bytes == 0
     # flush_cache: Scheduler.flush_cache -> tree_cache.reset() (linker reset first), then the
@@ -397,19 +389,15 @@ def test_flush_cache_keeps_same_weight_external_reuse(orbit_manager: ManagerProc
     assert (got.device_hit, got.external_hit) == (0, 4 * PAGE)
     assert got.mismatched_bytes == 0
     assert_drained(e, manager=orbit_manager)
-    e.close()
 
 
-def test_mla_pool_restores_byte_exact(orbit_manager: ManagerProcess) -> None:
-    sock = str(orbit_manager.socket_path)
+def test_mla_pool_restores_byte_exact(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:
     tokens = prompt(17, 5)
-    a = Engine(sock, kind="mla")
+    a = new_engine(kind="mla")
     assert a.serve(tokens).mismatched_bytes == 0
-    b = Engine(sock, kind="mla")
+    b = new_engine(kind="mla")
     got = b.serve(tokens)
     assert got.external_hit == 5 * PAGE and got.mismatched_bytes == 0
     # MHA and MLA pools never share a namespace.
-    assert b.linker.fingerprint != Engine(sock).linker.fingerprint
+    assert b.linker.fingerprint != new_engine().linker.fingerprint
     assert_drained(a, b, manager=orbit_manager)
-    a.close()
-    b.close()
