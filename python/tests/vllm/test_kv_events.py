@@ -147,17 +147,7 @@ def test_a_block_moved_to_ssd_is_in_storage_and_back_in_cpu_once_staged(
                     time.sleep(0.05)
                 for i in range(0, len(more), 16):  # 104 blocks through a 64-block arena
                     c.save(ns, more[i : i + 16], bytearray(16 * BLOCK_BYTES))
-                stream.until(
-                    lambda: (
-                        set(first)
-                        <= {
-                            h
-                            for _, e in stream.events()
-                            if isinstance(e, BlockStored) and e.medium == "STORAGE"
-                            for h in e.block_hashes
-                        }
-                    )
-                )
+                stream.until(lambda: set(first) <= {h for h, m in stream.with_media(BlockStored) if m == "STORAGE"})
                 # Slots still being written behind to SSD cannot take the staged blocks:
                 # let the writer finish (on a loaded machine it trails the saves).
                 m.quiet_counter("ssd_spilled_blocks_total")
@@ -166,17 +156,7 @@ def test_a_block_moved_to_ssd_is_in_storage_and_back_in_cpu_once_staged(
                     assert lease.hit_blocks == len(first) and len(lease.ssd_blocks) == len(first)
                     c.restore(lease, out)
                 assert bytes(out) == data
-                stream.until(
-                    lambda: (
-                        set(first)
-                        <= {
-                            h
-                            for _, e in stream.events()
-                            if isinstance(e, BlockRemoved) and e.medium == "STORAGE"
-                            for h in e.block_hashes
-                        }
-                    )
-                )
+                stream.until(lambda: set(first) <= {h for h, m in stream.with_media(BlockRemoved) if m == "STORAGE"})
             media: dict[bytes, set[str]] = {}
             seen: dict[bytes, list[tuple[str, str]]] = {}
             for _, e in stream.events():
