@@ -193,6 +193,11 @@ impl PageLayout {
     }
 }
 
+/// What [`EngineMemory::with_run`] lends a run to.
+pub type ReadRun<'a> = &'a mut dyn FnMut(&[u8]) -> Result<(), ClientError>;
+/// What [`EngineMemory::with_run_mut`] lends a run to.
+pub type WriteRun<'a> = &'a mut dyn FnMut(&mut [u8]) -> Result<(), ClientError>;
+
 /// Engine memory a host copy reads or writes, accessed one bounded run at a
 /// time (so an implementation over foreign memory only ever lends out the
 /// bytes being copied).
@@ -200,19 +205,9 @@ pub trait EngineMemory {
     /// Size of the region in bytes.
     fn region_len(&self) -> u64;
     /// Lend `[offset, offset + len)` for reading.
-    fn with_run(
-        &self,
-        offset: u64,
-        len: usize,
-        f: &mut dyn FnMut(&[u8]) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError>;
+    fn with_run(&self, offset: u64, len: usize, f: ReadRun<'_>) -> Result<(), ClientError>;
     /// Lend `[offset, offset + len)` for writing.
-    fn with_run_mut(
-        &mut self,
-        offset: u64,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError>;
+    fn with_run_mut(&mut self, offset: u64, len: usize, f: WriteRun<'_>) -> Result<(), ClientError>;
 }
 
 fn run_range(offset: u64, len: usize, size: usize) -> Result<std::ops::Range<usize>, ClientError> {
@@ -230,20 +225,10 @@ impl EngineMemory for [u8] {
     fn region_len(&self) -> u64 {
         self.len() as u64
     }
-    fn with_run(
-        &self,
-        offset: u64,
-        len: usize,
-        f: &mut dyn FnMut(&[u8]) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError> {
+    fn with_run(&self, offset: u64, len: usize, f: ReadRun<'_>) -> Result<(), ClientError> {
         f(&self[run_range(offset, len, self.len())?])
     }
-    fn with_run_mut(
-        &mut self,
-        offset: u64,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError> {
+    fn with_run_mut(&mut self, offset: u64, len: usize, f: WriteRun<'_>) -> Result<(), ClientError> {
         let r = run_range(offset, len, self.len())?;
         f(&mut self[r])
     }

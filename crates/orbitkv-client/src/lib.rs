@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock};
 
 pub use conn::SERVER_UID_ENV;
 pub use connect::ConnectOptions;
-pub use copy::{EngineMemory, PageLayout, PageSpec, SlotCopier};
+pub use copy::{EngineMemory, PageLayout, PageSpec, ReadRun, SlotCopier, WriteRun};
 pub use error::ClientError;
 pub use guard::{Lease, SaveGuard};
 pub use lookup::{LookupHit, TpHit};

@@ -81,24 +81,12 @@ impl Client {
     /// Allocate → copy → commit. A copy failure aborts the save (nothing
     /// becomes visible) and returns the error.
     pub fn save(&self, ns: &Namespace, hashes: &[Hash], src: &[&[u8]]) -> Result<SaveResult, ClientError> {
-        if src.len() != hashes.len() {
-            return Err(ClientError::Size {
-                what: "source buffers (one per hash)".into(),
-                expected: hashes.len() as u64,
-                actual: src.len() as u64,
-            });
-        }
-        if let Some((i, s)) = src
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.len() as u64 != ns.block_bytes)
-        {
-            return Err(ClientError::Size {
-                what: format!("bytes of source buffer {i} (one block)"),
-                expected: ns.block_bytes,
-                actual: s.len() as u64,
-            });
-        }
+        check_block_buffers(
+            "source",
+            src.iter().map(|s| s.len()),
+            hashes.len(),
+            ns.block_bytes,
+        )?;
         self.require_mapped()?;
         let save = self.start_save(ns, hashes)?;
         let mut res = SaveResult::default();
@@ -153,24 +141,12 @@ impl Client {
         dst: &mut [&mut [u8]],
     ) -> Result<u32, ClientError> {
         self.require_mapped()?;
-        if dst.len() != hashes.len() {
-            return Err(ClientError::Size {
-                what: "destination buffers (one per hash)".into(),
-                expected: hashes.len() as u64,
-                actual: dst.len() as u64,
-            });
-        }
-        if let Some((i, d)) = dst
-            .iter()
-            .enumerate()
-            .find(|(_, d)| d.len() as u64 != ns.block_bytes)
-        {
-            return Err(ClientError::Size {
-                what: format!("bytes of destination buffer {i} (one block)"),
-                expected: ns.block_bytes,
-                actual: d.len() as u64,
-            });
-        }
+        check_block_buffers(
+            "destination",
+            dst.iter().map(|d| d.len()),
+            hashes.len(),
+            ns.block_bytes,
+        )?;
         let mut lease = self.lease(ns, hashes)?;
         let n = lease.hit_blocks() as usize;
         if n == 0 {
@@ -181,6 +157,31 @@ impl Client {
         lease.release()?;
         Ok(n as u32)
     }
+}
+
+/// What `save` and `restore` ask of their buffers: one per hash, each one
+/// block of `block_bytes` (`lens`: the buffers' lengths; `what` names them).
+fn check_block_buffers(
+    what: &str,
+    lens: impl ExactSizeIterator<Item = usize>,
+    hashes: usize,
+    block_bytes: u64,
+) -> Result<(), ClientError> {
+    if lens.len() != hashes {
+        return Err(ClientError::Size {
+            what: format!("{what} buffers (one per hash)"),
+            expected: hashes as u64,
+            actual: lens.len() as u64,
+        });
+    }
+    if let Some((i, len)) = lens.enumerate().find(|(_, len)| *len as u64 != block_bytes) {
+        return Err(ClientError::Size {
+            what: format!("bytes of {what} buffer {i} (one block)"),
+            expected: block_bytes,
+            actual: len as u64,
+        });
+    }
+    Ok(())
 }
 
 /// Threads [`Client::copy_out`] uses for one copy of `bytes`: one below 8 MiB

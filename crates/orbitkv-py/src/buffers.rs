@@ -11,7 +11,7 @@
 //! the binding documents that a buffer must not be written by anyone else
 //! while a call copies into or out of it.
 
-use orbitkv_client::{ClientError, EngineMemory};
+use orbitkv_client::{ClientError, EngineMemory, ReadRun, WriteRun};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -115,12 +115,7 @@ impl EngineMemory for HeldRegion<'_> {
         self.range.len as u64
     }
 
-    fn with_run(
-        &self,
-        offset: u64,
-        len: usize,
-        f: &mut dyn FnMut(&[u8]) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError> {
+    fn with_run(&self, offset: u64, len: usize, f: ReadRun<'_>) -> Result<(), ClientError> {
         let r = self.run(offset, len)?;
         // SAFETY: `r` lies inside the buffer `_held` keeps alive for `'a`, which
         // outlives this call; `lib.rs` proved the region does not overlap the
@@ -128,12 +123,7 @@ impl EngineMemory for HeldRegion<'_> {
         f(unsafe { r.as_slice() })
     }
 
-    fn with_run_mut(
-        &mut self,
-        offset: u64,
-        len: usize,
-        f: &mut dyn FnMut(&mut [u8]) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError> {
+    fn with_run_mut(&mut self, offset: u64, len: usize, f: WriteRun<'_>) -> Result<(), ClientError> {
         if !self.range.writable {
             return Err(ClientError::Invalid("the KV region is read-only".into()));
         }
