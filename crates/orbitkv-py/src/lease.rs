@@ -23,10 +23,18 @@ pub(crate) struct LeaseState {
 #[pyclass(frozen, module = "orbitkv._native")]
 pub(crate) struct Lease {
     pub(crate) client: Arc<orbitkv_client::Client>,
+    #[pyo3(get)]
     pub(crate) id: u64,
+    #[pyo3(get)]
     pub(crate) hit_blocks: u32,
+    /// Indices (ascending) of the hit blocks the Manager held on SSD only at
+    /// lookup time; the other hit blocks were in DRAM.
+    #[pyo3(get)]
     pub(crate) ssd_blocks: Vec<u32>,
+    #[pyo3(get)]
     pub(crate) block_bytes: u64,
+    /// The session that holds this lease (`Client.session_id` of its client).
+    #[pyo3(get)]
     pub(crate) session: u64,
     pub(crate) state: Mutex<LeaseState>,
 }
@@ -68,29 +76,6 @@ impl Lease {
 #[pymethods]
 impl Lease {
     #[getter]
-    fn id(&self) -> u64 {
-        self.id
-    }
-    #[getter]
-    fn hit_blocks(&self) -> u32 {
-        self.hit_blocks
-    }
-    /// Indices (ascending) of the hit blocks the Manager held on SSD only at
-    /// lookup time; the other hit blocks were in DRAM.
-    #[getter]
-    fn ssd_blocks(&self) -> Vec<u32> {
-        self.ssd_blocks.clone()
-    }
-    #[getter]
-    fn block_bytes(&self) -> u64 {
-        self.block_bytes
-    }
-    /// The session that holds this lease (`Client.session_id` of its client).
-    #[getter]
-    fn session(&self) -> u64 {
-        self.session
-    }
-    #[getter]
     fn released(&self) -> bool {
         self.hit_blocks == 0 || self.state().released
     }
@@ -120,9 +105,15 @@ impl Lease {
 #[pyclass(frozen, module = "orbitkv._native")]
 pub(crate) struct TpLease {
     pub(crate) token: [u8; orbitkv_proto::TP_TOKEN_BYTES],
+    #[pyo3(get)]
     pub(crate) hit_blocks: u32,
+    /// Indices of hit blocks some shard held on SSD only at lookup time.
+    #[pyo3(get)]
     pub(crate) ssd_blocks: Vec<u32>,
+    #[pyo3(get)]
     pub(crate) generation: u64,
+    /// The session that owns it (`Client.session_id` of its client).
+    #[pyo3(get)]
     pub(crate) session: u64,
     pub(crate) released: AtomicBool,
 }
@@ -132,24 +123,6 @@ impl TpLease {
     #[getter]
     fn token<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.token)
-    }
-    #[getter]
-    fn hit_blocks(&self) -> u32 {
-        self.hit_blocks
-    }
-    #[getter]
-    fn generation(&self) -> u64 {
-        self.generation
-    }
-    /// Indices of hit blocks some shard held on SSD only at lookup time.
-    #[getter]
-    fn ssd_blocks(&self) -> Vec<u32> {
-        self.ssd_blocks.clone()
-    }
-    /// The session that owns it (`Client.session_id` of its client).
-    #[getter]
-    fn session(&self) -> u64 {
-        self.session
     }
     #[getter]
     fn released(&self) -> bool {
