@@ -6,11 +6,13 @@ filters by namespace and process; the bounded ring; the CLI's lines."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,6 +33,15 @@ def events(tracer: Any, cursor: int, *kinds: str) -> tuple[list[dict[str, Any]],
     """The events after `cursor` (only those of `kinds`, when given) and the next cursor."""
     r = tracer.trace(5000, cursor=cursor)
     return [e for e in r["events"] if not kinds or e["event"] in kinds], int(r["next"])
+
+
+@contextlib.contextmanager
+def armed(m: Any, window_ms: int) -> Iterator[tuple[Any, Any, Any, int]]:
+    """(client, tracer, namespace, cursor): a client of Manager `m` with namespace FP
+    registered, then a tracer client (no arena) that armed a trace for `window_ms`."""
+    with m.client() as c, m.client(map_arena=False) as tracer:
+        ns = c.register_namespace(FP, BLOCK)
+        yield c, tracer, ns, int(tracer.trace(window_ms)["next"])
 
 
 def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: Any) -> None:
@@ -107,9 +118,7 @@ def test_nothing_is_recorded_until_armed_then_each_stop_is_explained(manager: An
 
 def test_a_block_that_left_the_cache_while_armed_is_reported_evicted(manager_factory: Any) -> None:
     m = manager_factory("--dram-size", "1MiB")  # 256 blocks of 4 KiB
-    with m.client() as c, m.client(map_arena=False) as tracer:
-        ns = c.register_namespace(FP, BLOCK)
-        cursor = int(tracer.trace(60_000)["next"])
+    with armed(m, 60_000) as (c, tracer, ns, cursor):
         first = hashes(b"e", 1)
         c.save(ns, first, os.urandom(BLOCK))
         for i in range(8):  # 4x the arena of other blocks, never hit: the first is evicted
@@ -146,9 +155,7 @@ def test_filters_keep_one_namespace_and_one_process(manager: Any) -> None:
 
 
 def test_the_ring_is_bounded_and_a_slow_reader_is_told_what_it_missed(manager: Any) -> None:
-    with manager.client() as c, manager.client(map_arena=False) as tracer:
-        ns = c.register_namespace(FP, BLOCK)
-        cursor = int(tracer.trace(60_000)["next"])
+    with armed(manager, 60_000) as (c, tracer, ns, cursor):
         for _ in range(4096 + 100):
             c.release(c.lookup(ns, hashes(b"r", 1)))  # a miss: lookup events only
         r = tracer.trace(60_000, cursor=cursor)
@@ -273,9 +280,7 @@ def test_saves_are_traced_with_what_admission_refused(manager_factory: Any) -> N
     from orbitkv.tracecmd import describe
 
     m = manager_factory("--dram-size", "1MiB")  # 256 blocks of 4 KiB
-    with m.client() as c, m.client(map_arena=False) as tracer:
-        ns = c.register_namespace(FP, BLOCK)
-        cursor = int(tracer.trace(5000)["next"])
+    with armed(m, 5000) as (c, tracer, ns, cursor):
         full = hashes(b"s", 256)
         c.save(ns, full, os.urandom(256 * BLOCK))
         with c.lookup(ns, full):  # every block pinned: nothing can be evicted
