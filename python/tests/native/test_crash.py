@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import textwrap
 import time
 
 import pytest
@@ -18,6 +19,44 @@ BB = 64 * 1024
 FP = b"\x21" * 32
 
 
+def spawn_in_namespace(code: str, socket: str, *, vanish: bool = False) -> subprocess.Popen[str]:
+    """`spawn_client` of `code` run after the child connected (`c`) and registered the
+    namespace FP (`ns`); `os`, `sys` and `time` imported."""
+    prologue = f"""
+        import os, sys, time
+        from orbitkv import _native
+        c = _native.Client(sys.argv[1])
+        ns = c.register_namespace({FP!r}, {BB})
+    """
+    return spawn_client(textwrap.dedent(prologue) + textwrap.dedent(code), socket, vanish=vanish)
+
+
+def content(hs: list[bytes]) -> bytes:
+    """The bytes saved for blocks `hs`: each block its hash, repeated."""
+    return b"".join(h * (BB // 32) for h in hs)
+
+
+def client_with_blocks(manager, first: int, n: int):  # type: ignore[no-untyped-def]
+    """A client of `manager`, its namespace FP and the hashes of the `n` blocks, tagged
+    `first` on, that it saved there (`content`)."""
+    c = manager.client()
+    ns = c.register_namespace(FP, BB)
+    hs = [bytes([first + i]) * 32 for i in range(n)]
+    c.save(ns, hs, content(hs))
+    return c, ns, hs
+
+
+def spawn_acquirer(manager, hs: list[bytes], then: str = "", *, vanish: bool = False) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    """A child client that looked blocks `hs` up and acquired them (copies may now be in
+    flight), then ran `then`."""
+    code = f"""
+        lease = c.lookup(ns, {hs!r})
+        slots = c.acquire(lease)
+        {then}
+    """
+    return spawn_in_namespace(code, manager.socket, vanish=vanish)
+
+
 def kill(child: subprocess.Popen[str]) -> None:
     """SIGKILL a spawned client and reap it."""
     child.send_signal(signal.SIGKILL)
@@ -25,12 +64,8 @@ def kill(child: subprocess.Popen[str]) -> None:
 
 
 def test_sigkill_mid_save_leaves_nothing_visible_and_frees_slots(manager) -> None:  # type: ignore[no-untyped-def]
-    child = spawn_client(
-        f"""
-        import sys, time
-        from orbitkv import _native
-        c = _native.Client(sys.argv[1])
-        ns = c.register_namespace({FP!r}, {BB})
+    child = spawn_in_namespace(
+        """
         p = c.begin_save(ns, [bytes([i]) * 32 for i in range(1, 9)])
         assert p.statuses == ["allocated"] * 8
         """,
@@ -47,23 +82,9 @@ def test_sigkill_mid_save_leaves_nothing_visible_and_frees_slots(manager) -> Non
 
 
 def test_dropped_connection_of_a_live_process_keeps_its_holds(manager) -> None:  # type: ignore[no-untyped-def]
-    c = manager.client()
-    ns = c.register_namespace(FP, BB)
-    hs = [bytes([40 + i]) * 32 for i in range(4)]
-    c.save(ns, hs, b"".join(h * (BB // 32) for h in hs))
-    child = spawn_client(
-        f"""
-        import os, sys, time
-        from orbitkv import _native
-        c = _native.Client(sys.argv[1])
-        ns = c.register_namespace({FP!r}, {BB})
-        lease = c.lookup(ns, {hs!r})
-        slots = c.acquire(lease)          # copies may now be in flight
-        p = c.begin_save(ns, [b"\\x77" * 32])
-        """,
-        manager.socket,
-        vanish=True,  # the connection vanishes; the process lives on
-    )
+    c, ns, hs = client_with_blocks(manager, 40, 4)
+    # the child also begins a save; then its connection vanishes while the process lives on
+    child = spawn_acquirer(manager, hs, 'p = c.begin_save(ns, [b"\\x77" * 32])', vanish=True)
     eventually(lambda: manager.stats()["quarantined_sessions"] == 1, "session quarantined")
     time.sleep(0.5)
     st = manager.stats()
@@ -79,7 +100,7 @@ def test_dropped_connection_of_a_live_process_keeps_its_holds(manager) -> None: 
     buf = bytearray(4 * BB)
     c.restore(lease, buf)
     c.release(lease)
-    assert bytes(buf) == b"".join(h * (BB // 32) for h in hs)
+    assert bytes(buf) == content(hs)
     kill(child)
     eventually(lambda: manager.stats()["quarantined_sessions"] == 0, "released once the process is gone")
     st = manager.stats()
@@ -87,21 +108,8 @@ def test_dropped_connection_of_a_live_process_keeps_its_holds(manager) -> None: 
 
 
 def test_sigkill_mid_restore_keeps_blocks_pinned_until_the_process_is_gone(manager) -> None:  # type: ignore[no-untyped-def]
-    c = manager.client()
-    ns = c.register_namespace(FP, BB)
-    hs = [bytes([60 + i]) * 32 for i in range(2)]
-    c.save(ns, hs, bytes(2 * BB))
-    child = spawn_client(
-        f"""
-        import sys, time
-        from orbitkv import _native
-        c = _native.Client(sys.argv[1])
-        ns = c.register_namespace({FP!r}, {BB})
-        lease = c.lookup(ns, {hs!r})
-        c.acquire(lease)
-        """,
-        manager.socket,
-    )
+    _c, _ns, hs = client_with_blocks(manager, 60, 2)
+    child = spawn_acquirer(manager, hs)
     os.kill(child.pid, signal.SIGSTOP)  # frozen mid-copy: alive, connected
     time.sleep(0.3)
     assert manager.stats()["dram_pinned_blocks"] == 2
