@@ -15,14 +15,12 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use serde_json::{Value, json};
 
 use super::PeerTier;
@@ -32,21 +30,7 @@ use crate::parts::Shutdown;
 /// The HTTPS client configuration for etcd, built at start-up: every problem
 /// with the files is an error naming the file.
 pub fn load_tls(files: &EtcdTlsFiles) -> Result<Arc<ClientConfig>, String> {
-    let mut roots = RootCertStore::empty();
-    let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.ca)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("etcd TLS CA {}: {e}", files.ca.display()))?;
-    for ca in cas {
-        roots
-            .add(ca)
-            .map_err(|e| format!("etcd TLS CA {}: {e}", files.ca.display()))?;
-    }
-    if roots.is_empty() {
-        return Err(format!(
-            "etcd TLS CA {}: no certificate in the file",
-            files.ca.display()
-        ));
-    }
+    let roots = super::pem::roots(&files.ca, "etcd TLS")?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -55,26 +39,8 @@ pub fn load_tls(files: &EtcdTlsFiles) -> Result<Arc<ClientConfig>, String> {
     let config = match &files.client {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("etcd TLS certificate {}: {e}", cert.display()))?;
-            if certs.is_empty() {
-                return Err(format!(
-                    "etcd TLS certificate {}: no certificate in the file",
-                    cert.display()
-                ));
-            }
-            let md = std::fs::metadata(key).map_err(|e| format!("etcd TLS key {}: {e}", key.display()))?;
-            if md.mode() & 0o077 != 0 {
-                return Err(format!(
-                    "etcd TLS key {} is accessible by group/others (mode {:04o}); run `chmod 600 {}`",
-                    key.display(),
-                    md.mode() & 0o7777,
-                    key.display()
-                ));
-            }
-            let k = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| format!("etcd TLS key {}: {e}", key.display()))?;
+            let certs = super::pem::chain(cert, "etcd TLS")?;
+            let k = super::pem::private_key(key, "etcd TLS")?;
             builder
                 .with_client_auth_cert(certs, k)
                 .map_err(|e| format!("etcd TLS certificate/key: {e}"))?

@@ -48,6 +48,7 @@ mod etcd;
 mod fill;
 mod fill_session;
 mod hashing;
+mod pem;
 mod probe;
 mod source;
 mod source_context;

@@ -4,14 +4,12 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection, StreamOwned};
+use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection, StreamOwned};
 
 use crate::config::PeerTlsFiles;
 
@@ -30,42 +28,9 @@ impl std::fmt::Debug for Tls {
 impl Tls {
     /// Load the certificate chain, key and CA; every problem is an error naming the file.
     pub fn load(files: &PeerTlsFiles) -> Result<Tls, String> {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("peer TLS certificate {}: {e}", files.cert.display()))?;
-        if certs.is_empty() {
-            return Err(format!(
-                "peer TLS certificate {}: no certificate in the file",
-                files.cert.display()
-            ));
-        }
-        let md = std::fs::metadata(&files.key)
-            .map_err(|e| format!("peer TLS key {}: {e}", files.key.display()))?;
-        if md.mode() & 0o077 != 0 {
-            return Err(format!(
-                "peer TLS key {} is accessible by group/others (mode {:04o}); run `chmod 600 {}`",
-                files.key.display(),
-                md.mode() & 0o7777,
-                files.key.display()
-            ));
-        }
-        let key = PrivateKeyDer::from_pem_file(&files.key)
-            .map_err(|e| format!("peer TLS key {}: {e}", files.key.display()))?;
-        let mut roots = RootCertStore::empty();
-        let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.ca)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("peer TLS CA {}: {e}", files.ca.display()))?;
-        for ca in cas {
-            roots
-                .add(ca)
-                .map_err(|e| format!("peer TLS CA {}: {e}", files.ca.display()))?;
-        }
-        if roots.is_empty() {
-            return Err(format!(
-                "peer TLS CA {}: no certificate in the file",
-                files.ca.display()
-            ));
-        }
+        let certs = super::pem::chain(&files.cert, "peer TLS")?;
+        let key = super::pem::private_key(&files.key, "peer TLS")?;
+        let roots = super::pem::roots(&files.ca, "peer TLS")?;
         let roots = Arc::new(roots);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
