@@ -51,8 +51,8 @@ create_exception!(
 );
 
 pub(crate) fn to_py(e: ClientError) -> PyErr {
-    let code = e.code_name();
-    let msg = format!("{e} [{code}]");
+    let name = e.code_name();
+    let msg = format!("{e} [{name}]");
     match &e {
         ClientError::Unavailable(_) | ClientError::Closed => ManagerUnavailable::new_err(msg),
         ClientError::Auth(_) | ClientError::UntrustedServer(_) => AuthError::new_err(msg),
@@ -60,26 +60,14 @@ pub(crate) fn to_py(e: ClientError) -> PyErr {
         ClientError::Invalid(_) | ClientError::Size { .. } | ClientError::UnknownSegment { .. } => {
             PyValueError::new_err(msg)
         }
-        ClientError::Server {
-            code: ErrorCode::Busy,
-            ..
-        } => Busy::new_err(msg),
-        ClientError::Server {
-            code: ErrorCode::RestoreFailed,
-            ..
-        } => RestoreFailed::new_err(msg),
-        ClientError::Server {
-            code: ErrorCode::SaveFailed,
-            ..
-        } => SaveFailed::new_err(msg),
-        ClientError::Server {
-            code: ErrorCode::Auth,
-            ..
-        } => AuthError::new_err(msg),
-        ClientError::Server {
-            code: ErrorCode::InvalidArgument,
-            ..
-        } => PyValueError::new_err(msg),
+        ClientError::Server { code, .. } => match code {
+            ErrorCode::Busy => Busy::new_err(msg),
+            ErrorCode::RestoreFailed => RestoreFailed::new_err(msg),
+            ErrorCode::SaveFailed => SaveFailed::new_err(msg),
+            ErrorCode::Auth => AuthError::new_err(msg),
+            ErrorCode::InvalidArgument => PyValueError::new_err(msg),
+            _ => OrbitKVError::new_err(msg),
+        },
         _ => OrbitKVError::new_err(msg),
     }
 }
