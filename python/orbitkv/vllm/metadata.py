@@ -8,26 +8,27 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 
 @dataclass(frozen=True)
-class LoadSpec:
-    """Restore `hashes` (a prefix hit the scheduler holds a lease on) into `block_ids`."""
+class _BlocksSpec:
+    """Blocks of request `req_id` (cache salt `salt`): `hashes[i]` is in engine block `block_ids[i]`."""
 
     req_id: str
     salt: bytes
     hashes: tuple[bytes, ...]
     block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoadSpec(_BlocksSpec):
+    """Restore `hashes` (a prefix hit the scheduler holds a lease on) into `block_ids`."""
+
     # Query control (TP, contract T1): the scheduler's TP lease token; each worker
     # redeems its own shard's part with it instead of looking up again.
     token: bytes | None = None
 
 
 @dataclass(frozen=True)
-class SaveSpec:
+class SaveSpec(_BlocksSpec):
     """Save the complete blocks `block_ids` under `hashes` after this step's forward."""
-
-    req_id: str
-    salt: bytes
-    hashes: tuple[bytes, ...]
-    block_ids: tuple[int, ...]
 
 
 @dataclass
