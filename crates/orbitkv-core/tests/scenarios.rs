@@ -70,6 +70,11 @@ fn take_with_results<J>(pending: &mut Vec<J>, fl: Vec<bool>, what: &str) -> Resu
     Ok(jobs.into_iter().zip(fl).collect())
 }
 
+/// The id a script named `name` (`what`: the kind of thing, for the error).
+fn named<T: Copy>(ids: &HashMap<String, T>, what: &str, name: &str) -> Result<T, String> {
+    ids.get(name).copied().ok_or(format!("unknown {what} {name}"))
+}
+
 #[derive(Default)]
 struct Run {
     cache: Option<CacheState>,
@@ -91,31 +96,19 @@ impl Run {
     }
 
     fn session(&self, name: &str) -> Result<SessionId, String> {
-        self.sessions
-            .get(name)
-            .copied()
-            .ok_or(format!("unknown session {name}"))
+        named(&self.sessions, "session", name)
     }
 
     fn ns(&self, name: &str) -> Result<NsId, String> {
-        self.namespaces
-            .get(name)
-            .copied()
-            .ok_or(format!("unknown namespace {name}"))
+        named(&self.namespaces, "namespace", name)
     }
 
     fn lease(&self, name: &str) -> Result<LeaseId, String> {
-        self.leases
-            .get(name)
-            .copied()
-            .ok_or(format!("unknown lease {name}"))
+        named(&self.leases, "lease", name)
     }
 
     fn save_id(&self, name: &str) -> Result<SaveId, String> {
-        self.saves
-            .get(name)
-            .copied()
-            .ok_or(format!("unknown save {name}"))
+        named(&self.saves, "save", name)
     }
 
     /// Run one command: `Ok(result)` to compare, `Err` for a malformed script.
