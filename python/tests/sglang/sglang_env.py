@@ -17,6 +17,7 @@ from pathlib import Path
 _SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 if _SUPPORT not in sys.path:
     sys.path.append(_SUPPORT)
+import engine_env  # noqa: E402
 from engine_env import ManagerProcess, adapter_from_working_tree, skip_module  # noqa: E402,F401
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,23 +30,18 @@ ADAPTER_MODULE = "orbitkv.sglang.v0_5_23" if V0_5_23 else "orbitkv.sglang.v0_5_2
 REPO_PYTHON = Path(__file__).resolve().parents[2]
 
 
-def _unavailable_reason() -> str | None:
-    reason = os.environ.get("ORBITKV_SGLANG_UNAVAILABLE")
-    if reason:
-        return f"sglang=={PINNED_SGLANG} venv unavailable on this platform: {reason}"
+def _not_the_pin() -> str | None:
+    """Why this interpreter does not have the pinned SGLang, or None."""
     try:
         found = version("sglang")
     except PackageNotFoundError:
-        return (
-            f"sglang=={PINNED_SGLANG} is not installed for {sys.executable}; "
-            "run python/tests/sglang/run.sh, which builds the pinned venv"
-        )
+        return engine_env.not_installed("sglang", PINNED_SGLANG)
     if found != PINNED_SGLANG:
         return f"found sglang {found}, the adapter is pinned to {PINNED_SGLANG}"
     return None
 
 
-UNAVAILABLE = _unavailable_reason()
+UNAVAILABLE = engine_env.venv_unavailable("sglang", PINNED_SGLANG) or _not_the_pin()
 
 
 def skip_module_if_unavailable() -> None:

@@ -4,6 +4,8 @@ unavailable, the Manager fixture, and loading this checkout's adapter packages."
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,13 +14,35 @@ import pytest
 from engine_manager import ManagerProcess, manager_in_short_dir
 from working_tree import use_working_tree
 
-__all__ = ["ManagerProcess", "adapter_from_working_tree", "orbit_manager_fixture", "skip_module"]
+__all__ = [
+    "ManagerProcess",
+    "adapter_from_working_tree",
+    "not_installed",
+    "orbit_manager_fixture",
+    "skip_module",
+    "venv_unavailable",
+]
 
 
 def skip_module(unavailable: str | None) -> None:
     """Skip the calling test module with `unavailable` (the pin's reason), if any."""
     if unavailable:
         pytest.skip(unavailable, allow_module_level=True)
+
+
+def venv_unavailable(package: str, pin: str) -> str | None:
+    """Why run.sh could not provide the `package` venv of `pin` (it exports that reason as
+    ORBITKV_<PACKAGE>_UNAVAILABLE), or None."""
+    reason = os.environ.get(f"ORBITKV_{package.upper()}_UNAVAILABLE")
+    return f"{package}=={pin} venv unavailable on this platform: {reason}" if reason else None
+
+
+def not_installed(package: str, pin: str) -> str:
+    """The reason to skip when `package` is not installed for this interpreter."""
+    return (
+        f"{package}=={pin} is not installed for {sys.executable}; "
+        f"run python/tests/{package}/run.sh, which builds the pinned venv"
+    )
 
 
 def adapter_from_working_tree(adapter: str) -> None:

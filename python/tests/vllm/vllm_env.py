@@ -18,6 +18,7 @@ from pathlib import Path
 _SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 if _SUPPORT not in sys.path:
     sys.path.append(_SUPPORT)
+import engine_env  # noqa: E402
 from engine_env import ManagerProcess, adapter_from_working_tree, skip_module  # noqa: E402,F401
 
 
@@ -43,10 +44,8 @@ PINNED_VLLM = os.environ.get("ORBITKV_VLLM_PIN") or "/".join(QUALIFIED_PINS)
 REPO_PYTHON = Path(__file__).resolve().parents[2]
 
 
-def _unavailable_reason() -> str | None:
-    reason = os.environ.get("ORBITKV_VLLM_UNAVAILABLE")
-    if reason:
-        return f"vllm=={PINNED_VLLM} venv unavailable on this platform: {reason}"
+def _not_the_pin() -> str | None:
+    """Why this interpreter does not have the pinned vLLM, or None."""
     try:
         import vllm
     except Exception as exc:
@@ -56,16 +55,13 @@ def _unavailable_reason() -> str | None:
         )
     version = getattr(vllm, "__version__", None)
     if version is None:  # e.g. only this test directory, seen as a namespace package
-        return (
-            f"vllm=={PINNED_VLLM} is not installed for {sys.executable}; "
-            "run python/tests/vllm/run.sh, which builds the pinned venv"
-        )
+        return engine_env.not_installed("vllm", PINNED_VLLM)
     if version not in PINNED_VLLM.split("/"):
         return f"found vllm {version}, this run is pinned to {PINNED_VLLM}"
     return None
 
 
-UNAVAILABLE = _unavailable_reason()
+UNAVAILABLE = engine_env.venv_unavailable("vllm", PINNED_VLLM) or _not_the_pin()
 
 if UNAVAILABLE is None and INSTALLED_VLLM == "0.34.0":
     # vLLM 0.34 refuses to build a CPU config on x86 without Triton for CPUs ("vLLM on x86
