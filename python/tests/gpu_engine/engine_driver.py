@@ -50,6 +50,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -382,27 +383,22 @@ class Driver:
 
     def run(self) -> dict[str, Any]:
         result: dict[str, Any] = {"startup_s": self.startup_s, "engine": self.engine_config(), "phases": []}
+        ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "generate": self.generate,
+            "reset_prefix_cache": lambda _phase: {"reset": bool(self.llm.reset_prefix_cache())},
+            "abort_mid_load": self.abort_mid_load,
+            "kill_manager_mid_load": self.kill_manager_mid_load,
+            "kill_worker_mid_load": self.kill_worker_mid_load,
+            "steps": self.steps,
+            "serve_trace": self.serve_trace,
+            "settle": self.settle,
+        }
         for phase in self.plan["phases"]:
             op = phase["op"]
-            t = time.perf_counter()
-            if op == "generate":
-                rec = self.generate(phase)
-            elif op == "reset_prefix_cache":
-                rec = {"reset": bool(self.llm.reset_prefix_cache())}
-            elif op == "abort_mid_load":
-                rec = self.abort_mid_load(phase)
-            elif op == "kill_manager_mid_load":
-                rec = self.kill_manager_mid_load(phase)
-            elif op == "kill_worker_mid_load":
-                rec = self.kill_worker_mid_load(phase)
-            elif op == "steps":
-                rec = self.steps(phase)
-            elif op == "serve_trace":
-                rec = self.serve_trace(phase)
-            elif op == "settle":
-                rec = self.settle(phase)
-            else:
+            if op not in ops:
                 raise ValueError(f"unknown phase op {op!r}")
+            t = time.perf_counter()
+            rec = ops[op](phase)
             rec |= {"op": op, "tag": phase.get("tag", op), "phase_s": time.perf_counter() - t}
             if self.plan.get("metrics") and op != "kill_worker_mid_load":  # the engine is gone after it
                 rec["vllm_metrics"] = self.vllm_metrics()
