@@ -189,3 +189,31 @@ impl std::fmt::Debug for Shared {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+impl Shared {
+    /// A Manager's state for unit tests: `config`, `slots` DRAM slots of
+    /// `block` bytes in one segment, the tier `tier` opens on the cache (setting
+    /// its SSD bookkeeping up there), one open session and one namespace of
+    /// `block`-byte blocks.
+    pub(crate) fn for_test(
+        config: ManagerConfig,
+        slots: u64,
+        block: u64,
+        tier: impl FnOnce(&mut CacheState) -> Box<dyn Tier>,
+    ) -> (Shared, orbitkv_core::SessionId, orbitkv_core::NsId) {
+        use orbitkv_core::{Fingerprint, NamespaceKey};
+        let segment =
+            Segment::create("orbitkv-unit-test", slots * block, orbitkv_shm::PageSize::Base).expect("memfd");
+        let mut cache = CacheState::new(&[slots * block]);
+        let tier = tier(&mut cache);
+        let s = cache.open_session();
+        let key = NamespaceKey {
+            fingerprint: Fingerprint([7; 32]),
+            shard: 0,
+            salt: [0; 32],
+        };
+        let (ns, _) = cache.register_namespace(key, block).expect("namespace");
+        (Shared::new(config, vec![segment], cache, Some(tier)), s, ns)
+    }
+}

@@ -374,11 +374,8 @@ mod tests {
     use std::path::Path;
     use std::time::{Duration, Instant};
 
-    use orbitkv_core::{
-        BlockHash, CacheState, Fingerprint, LeaseId, NamespaceKey, NsId, SaveStatus, SessionId,
-    };
+    use orbitkv_core::{BlockHash, LeaseId, NsId, SaveStatus, SessionId};
     use orbitkv_proto::{ErrorCode, Response};
-    use orbitkv_shm::{PageSize, Segment};
 
     use super::acquire;
     use crate::config::ManagerConfig;
@@ -407,22 +404,10 @@ mod tests {
             "eager",
         ];
         let config = ManagerConfig::from_argv(argv).expect("config");
-        let segment = Segment::create("orbitkv-acquire-test", slots * BLOCK, PageSize::Base).expect("memfd");
-        let mut cache = CacheState::new(&[slots * BLOCK]);
         let settings = config.ssd.clone().expect("ssd settings");
-        let tier = crate::tier::open(&settings, &mut cache).expect("ssd tier");
-        let s = cache.open_session();
-        let key = NamespaceKey {
-            fingerprint: Fingerprint([7; 32]),
-            shard: 0,
-            salt: [0; 32],
-        };
-        let (ns, _) = cache.register_namespace(key, BLOCK).expect("namespace");
-        (
-            Shared::new(config, vec![segment], cache, Some(Box::new(tier))),
-            s,
-            ns,
-        )
+        Shared::for_test(config, slots, BLOCK, |cache| {
+            Box::new(crate::tier::open(&settings, cache).expect("ssd tier"))
+        })
     }
 
     /// Save block `i` with every byte `i`, as a client does: slot, bytes, commit.

@@ -344,10 +344,7 @@ pub fn stage_for_lease(arena: Arena<'_>, tier: Option<&dyn Tier>, jobs: Vec<Stag
 mod tests {
     use std::panic::{AssertUnwindSafe, catch_unwind};
 
-    use orbitkv_core::{
-        AcquireStep, BlockHash, Fingerprint, NamespaceKey, NsId, SaveStatus, SessionId, SpillPolicy,
-    };
-    use orbitkv_shm::PageSize;
+    use orbitkv_core::{AcquireStep, BlockHash, NsId, SaveStatus, SessionId, SpillPolicy};
 
     use super::write_behind::spill_batch;
     use super::*;
@@ -384,18 +381,10 @@ mod tests {
     fn shared(slots: u64) -> (Shared, SessionId, NsId) {
         let config =
             ManagerConfig::from_argv(["x", "--socket", "/nonexistent/orbitkv-test.sock"]).expect("config");
-        let segment = Segment::create("orbitkv-tier-test", slots * BLOCK, PageSize::Base).expect("memfd");
-        let mut cache = CacheState::new(&[slots * BLOCK]);
-        cache.enable_ssd_with(0, SpillPolicy::Eager);
-        let s = cache.open_session();
-        let key = NamespaceKey {
-            fingerprint: Fingerprint([9; 32]),
-            shard: 0,
-            salt: [0; 32],
-        };
-        let (ns, _) = cache.register_namespace(key, BLOCK).expect("namespace");
-        let shared = Shared::new(config, vec![segment], cache, Some(Box::new(PanickingTier)));
-        (shared, s, ns)
+        Shared::for_test(config, slots, BLOCK, |cache| {
+            cache.enable_ssd_with(0, SpillPolicy::Eager);
+            Box::new(PanickingTier)
+        })
     }
 
     fn save(c: &mut CacheState, s: SessionId, ns: NsId, hs: &[BlockHash]) {
