@@ -10,16 +10,8 @@ use orbitkv_proto::{ErrorCode, MAX_QUIET_RELEASES, MAX_TP_SHARDS, Request, Respo
 use crate::{Client, ClientError, Hash, Lease, Namespace, check_count};
 
 /// Result of a lookup: the longest contiguous hit, pinned under `lease`
-/// (`lease == 0` when nothing was hit).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LookupHit {
-    pub lease: u64,
-    pub hit_blocks: u32,
-    pub generation: u64,
-    /// Indices (ascending) of the hit blocks the Manager held on SSD only at
-    /// lookup time (staged back into DRAM by `acquire`); the others were DRAM hits.
-    pub ssd_blocks: Vec<u32>,
-}
+/// (`lease == 0` when nothing was hit); the Manager's `LookupOk` as it came.
+pub use orbitkv_proto::LookupGrant as LookupHit;
 
 /// Result of a TP lookup (contract T1): the common prefix of every declared
 /// shard, pinned in each under one TP lease named by `token` (None when the
@@ -41,21 +33,11 @@ fn lookup_hit(
     consistent: impl FnOnce(u64, u32) -> bool,
 ) -> Result<LookupHit, ClientError> {
     match reply {
-        Response::LookupOk {
-            lease,
-            hit_blocks,
-            generation,
-            ssd_blocks,
-        } => {
-            if !consistent(lease, hit_blocks) {
+        Response::LookupOk(hit) => {
+            if !consistent(hit.lease, hit.hit_blocks) {
                 return Err(ClientError::Protocol(inconsistent.into()));
             }
-            Ok(LookupHit {
-                lease,
-                hit_blocks,
-                generation,
-                ssd_blocks,
-            })
+            Ok(hit)
         }
         r => Err(Client::unexpected(r)),
     }

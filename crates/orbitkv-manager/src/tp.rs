@@ -15,7 +15,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use orbitkv_core::{CacheError, NsId, SessionId, TpToken};
-use orbitkv_proto::{ErrorCode, Request, Response, TP_TOKEN_BYTES};
+use orbitkv_proto::{ErrorCode, LookupGrant, Request, Response, TP_TOKEN_BYTES};
 
 use crate::parts::{Cache, Clock};
 use crate::peer::PeerTier;
@@ -111,11 +111,13 @@ pub fn handle(
                 .cache()
                 .write()
                 .redeem_tp(s, uid, TpToken(*token), NsId(*ns))
-                .map(|r| Response::LookupOk {
-                    lease: r.lease.0,
-                    hit_blocks: r.hit_blocks,
-                    generation: r.generation,
-                    ssd_blocks: r.ssd_blocks,
+                .map(|r| {
+                    Response::LookupOk(LookupGrant {
+                        lease: r.lease.0,
+                        hit_blocks: r.hit_blocks,
+                        generation: r.generation,
+                        ssd_blocks: r.ssd_blocks,
+                    })
                 }))
         }
         Request::ReleaseTp { token } => {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use orbitkv_core::{BlockKey, MissReason, NamespaceKey, NsId, SessionId};
-use orbitkv_proto::{HASH_BYTES, Request, Response, SaveItem};
+use orbitkv_proto::{HASH_BYTES, LookupGrant, Request, Response, SaveItem};
 use serde_json::{Value, json};
 
 use crate::parts::{Cache, Clock};
@@ -224,9 +224,9 @@ impl Tracer {
             (Request::LookupTp { nss, hashes }, _) => self.lookup_tp(cache, s, pid, nss, hashes, reply),
             (
                 Request::RedeemTp { ns, .. },
-                Response::LookupOk {
+                Response::LookupOk(LookupGrant {
                     lease, hit_blocks, ..
-                },
+                }),
             ) => {
                 let Some(fp) = self.namespace_if_traced(cache, Some(pid), NsId(*ns)) else {
                     return;
@@ -374,11 +374,11 @@ impl Tracer {
         let stop = {
             let cache = cache.read();
             match reply {
-                Response::LookupOk {
+                Response::LookupOk(LookupGrant {
                     hit_blocks,
                     generation,
                     ..
-                } => {
+                }) => {
                     let hit = *hit_blocks as usize;
                     hashes.get(hit).map(|h| {
                         let block = BlockKey {
@@ -401,17 +401,12 @@ impl Tracer {
         };
         let mut granted = None;
         match reply {
-            Response::LookupOk {
-                lease,
-                hit_blocks,
-                generation,
-                ssd_blocks,
-            } => {
-                m.insert("hit".into(), (*hit_blocks).into());
-                m.insert("ssd_only".into(), ssd_blocks.len().into());
-                m.insert("generation".into(), (*generation).into());
-                m.insert("lease".into(), (*lease).into());
-                granted = Some(*lease); // `remember` skips 0 (nothing pinned)
+            Response::LookupOk(g) => {
+                m.insert("hit".into(), g.hit_blocks.into());
+                m.insert("ssd_only".into(), g.ssd_blocks.len().into());
+                m.insert("generation".into(), g.generation.into());
+                m.insert("lease".into(), g.lease.into());
+                granted = Some(g.lease); // `remember` skips 0 (nothing pinned)
             }
             Response::Error { message, .. } => {
                 m.insert("error".into(), message.clone().into());

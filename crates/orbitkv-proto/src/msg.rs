@@ -200,6 +200,19 @@ pub enum SaveItem {
     Refused,
 }
 
+/// A `LookupOk` (the answer to `Lookup` and `RedeemTp`): the longest
+/// contiguous hit, pinned under `lease` (`lease == 0` when nothing was hit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupGrant {
+    pub lease: u64,
+    pub hit_blocks: u32,
+    pub generation: u64,
+    /// Indices (ascending, each `< hit_blocks`) of the hit blocks the Manager
+    /// held on SSD only at lookup time (staged back into DRAM by `Acquire`);
+    /// the others were DRAM hits.
+    pub ssd_blocks: Vec<u32>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
     /// Carries, when `presence_slots > 0`, the fd of the read-only presence
@@ -237,14 +250,7 @@ pub enum Response {
         /// see `orbitkv_shm::presence`). Handed only to registrants.
         presence_key: [u8; PRESENCE_KEY_BYTES],
     },
-    LookupOk {
-        lease: u64,
-        hit_blocks: u32,
-        generation: u64,
-        /// Indices of the hit blocks held on SSD only at lookup time (read
-        /// back by `Acquire`): strictly ascending, each `< hit_blocks`.
-        ssd_blocks: Vec<u32>,
-    },
+    LookupOk(LookupGrant),
     Slots {
         slots: Vec<(u32, u64)>,
     },
@@ -490,7 +496,7 @@ impl Response {
         match self {
             Response::HelloOk { .. } => Kind::HelloOk,
             Response::Namespace { .. } => Kind::Namespace,
-            Response::LookupOk { .. } => Kind::LookupOk,
+            Response::LookupOk(_) => Kind::LookupOk,
             Response::Slots { .. } => Kind::Slots,
             Response::Ok => Kind::Ok,
             Response::SaveBegun { .. } => Kind::SaveBegun,
@@ -541,13 +547,11 @@ impl Response {
             } => {
                 w.u32(*ns).u64(*generation).raw(presence_key);
             }
-            Response::LookupOk {
-                lease,
-                hit_blocks,
-                generation,
-                ssd_blocks,
-            } => {
-                w.u64(*lease).u32(*hit_blocks).u64(*generation).u32s(ssd_blocks);
+            Response::LookupOk(g) => {
+                w.u64(g.lease)
+                    .u32(g.hit_blocks)
+                    .u64(g.generation)
+                    .u32s(&g.ssd_blocks);
             }
             Response::Slots { slots } => {
                 w.list(slots, |w, (seg, off)| {
@@ -646,13 +650,12 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
             let lease = r.u64("lease")?;
             let hit_blocks = r.u32("hit_blocks")?;
             let generation = r.u64("generation")?;
-            let ssd_blocks = read_ssd_blocks(&mut r, hit_blocks)?;
-            Response::LookupOk {
+            Response::LookupOk(LookupGrant {
                 lease,
                 hit_blocks,
                 generation,
-                ssd_blocks,
-            }
+                ssd_blocks: read_ssd_blocks(&mut r, hit_blocks)?,
+            })
         }
         0x84 => {
             let n = r.count("slots", MAX_HASHES, 12)?;

@@ -125,12 +125,12 @@ fn every_response_round_trips() {
             generation: 2,
             presence_key: [7; 16],
         },
-        Response::LookupOk {
+        Response::LookupOk(LookupGrant {
             lease: 3,
             hit_blocks: 4,
             generation: 5,
             ssd_blocks: vec![1, 3],
-        },
+        }),
         Response::Slots {
             slots: vec![(0, 4096), (1, 0)],
         },
@@ -200,12 +200,12 @@ fn arena_fd_batches_are_bounded() {
 #[test]
 fn lookup_ssd_indices_must_be_ascending_and_inside_the_hit() {
     let reply = |hit_blocks: u32, ssd_blocks: Vec<u32>| {
-        Response::LookupOk {
+        Response::LookupOk(LookupGrant {
             lease: 9,
             hit_blocks,
             generation: 1,
             ssd_blocks,
-        }
+        })
         .encode()
     };
     let ok = reply(3, vec![0, 2]);

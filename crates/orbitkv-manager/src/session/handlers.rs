@@ -5,7 +5,7 @@
 use orbitkv_core::{
     CacheError, Fingerprint, LeaseId, NamespaceKey, NsId, Retain, SaveId, SaveStatus, SessionId,
 };
-use orbitkv_proto::{ErrorCode, Request, Response, RetainHold, SaveItem};
+use orbitkv_proto::{ErrorCode, LookupGrant, Request, Response, RetainHold, SaveItem};
 use std::time::Instant;
 
 use crate::parts::ServerCounters;
@@ -84,14 +84,14 @@ pub(super) fn handle(shared: &Shared, s: SessionId, req: Request) -> Response {
                     presence_key: shared.presence.as_ref().map_or([0; 16], |p| p.namespace_key(ns)),
                 }))
         }
-        Request::Lookup { ns, hashes } => {
-            map(lookup(shared, s, NsId(ns), &hashes).map(|r| Response::LookupOk {
+        Request::Lookup { ns, hashes } => map(lookup(shared, s, NsId(ns), &hashes).map(|r| {
+            Response::LookupOk(LookupGrant {
                 lease: r.lease.map_or(0, |l| l.0),
                 hit_blocks: r.hit_blocks,
                 generation: r.generation,
                 ssd_blocks: r.ssd_blocks,
-            }))
-        }
+            })
+        })),
         Request::Acquire { lease } => {
             if let Some(resp) = acquire_from_dram(shared, s, lease) {
                 return resp;
