@@ -136,6 +136,14 @@ impl Client {
         }
     }
 
+    /// `call` for a request whose one good answer is `Ok`.
+    fn call_ok(&self, req: &Request) -> Result<(), ClientError> {
+        match self.call(req)? {
+            Response::Ok => Ok(()),
+            r => Err(Self::unexpected(r)),
+        }
+    }
+
     /// Enter a copy section: fails once the client is closing.
     fn copy_guard(&self) -> Result<std::sync::RwLockReadGuard<'_, ()>, ClientError> {
         let g = self.copies.read().unwrap_or_else(|p| p.into_inner());
@@ -152,13 +160,10 @@ impl Client {
     /// Make the next `restore_failures` acquires and `commit_failures` commits
     /// fail (Manager started with `--enable-fault-injection` only).
     pub fn inject_faults(&self, restore_failures: u32, commit_failures: u32) -> Result<(), ClientError> {
-        match self.call(&Request::InjectFault {
+        self.call_ok(&Request::InjectFault {
             restore_failures,
             commit_failures,
-        })? {
-            Response::Ok => Ok(()),
-            r => Err(Self::unexpected(r)),
-        }
+        })
     }
 
     /// Manager statistics as a JSON object text.

@@ -126,10 +126,7 @@ impl Client {
 
     /// Retire a lease: the caller asserts every copy out of it has drained.
     pub fn release(&self, lease: u64) -> Result<(), ClientError> {
-        match self.call(&Request::Release { lease })? {
-            Response::Ok => Ok(()),
-            r => Err(Self::unexpected(r)),
-        }
+        self.call_ok(&Request::Release { lease })
     }
 
     /// Retire leases without waiting for the Manager (`ReleaseQuiet`: no

@@ -57,10 +57,7 @@ impl Client {
     }
 
     pub fn abort_save(&self, save: u64) -> Result<(), ClientError> {
-        match self.call(&Request::AbortSave { save })? {
-            Response::Ok => Ok(()),
-            r => Err(Self::unexpected(r)),
-        }
+        self.call_ok(&Request::AbortSave { save })
     }
 
     /// [`Client::begin_save`] as a guard that aborts the save when dropped
