@@ -398,44 +398,47 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
+    /// A query in the namespace `([1; 32], shard, [2; 32])`.
+    fn query(shard: u32, block_bytes: u64, generation: u64, hashes: Vec<[u8; HASH_BYTES]>) -> BlockQuery {
+        BlockQuery {
+            fingerprint: [1; 32],
+            shard,
+            salt: [2; 32],
+            block_bytes,
+            generation,
+            hashes,
+        }
+    }
+
+    /// A TP pin over `shards`, valid but for them.
+    fn tp_pin(shards: Vec<u32>) -> PeerRequest {
+        PeerRequest::TpPin(TpPinQuery {
+            token: [4; 16],
+            fingerprint: [1; 32],
+            salt: [2; 32],
+            block_bytes: 4096,
+            generation: 3,
+            ttl_ms: 1000,
+            shards,
+            hashes: vec![[9; 32]],
+        })
+    }
+
     #[test]
     fn round_trips() {
         let reqs = [
-            PeerRequest::Fetch(BlockQuery {
-                fingerprint: [1; 32],
-                shard: 3,
-                salt: [2; 32],
-                block_bytes: 4096,
-                generation: 7,
-                hashes: vec![[9; 32], [8; 32]],
-            }),
+            PeerRequest::Fetch(query(3, 4096, 7, vec![[9; 32], [8; 32]])),
             PeerRequest::Done {
                 lease: 5,
                 stored: true,
             },
-            PeerRequest::TpPin(TpPinQuery {
-                token: [4; 16],
-                fingerprint: [1; 32],
-                salt: [2; 32],
-                block_bytes: 4096,
-                generation: 3,
-                ttl_ms: 1000,
-                shards: vec![1, 3],
-                hashes: vec![[9; 32]],
-            }),
+            tp_pin(vec![1, 3]),
             PeerRequest::TpSettle {
                 token: [4; 16],
                 blocks: 2,
             },
             PeerRequest::TpRelease { token: [4; 16] },
-            PeerRequest::Probe(BlockQuery {
-                fingerprint: [1; 32],
-                shard: 0,
-                salt: [2; 32],
-                block_bytes: 64,
-                generation: 1,
-                hashes: vec![[3; 32]],
-            }),
+            PeerRequest::Probe(query(0, 64, 1, vec![[3; 32]])),
             PeerRequest::Send { lease: 9 },
         ];
         for r in reqs {
@@ -493,20 +496,8 @@ mod tests {
 
     #[test]
     fn refuses_tp_pins_without_shards_or_past_the_shard_limit_and_lying_ssd_indices() {
-        let pin = |shards: Vec<u32>| {
-            PeerRequest::TpPin(TpPinQuery {
-                token: [1; 16],
-                fingerprint: [1; 32],
-                salt: [0; 32],
-                block_bytes: 4096,
-                generation: 0,
-                ttl_ms: 10,
-                shards,
-                hashes: vec![],
-            })
-        };
         for shards in [vec![], vec![MAX_TP_SHARDS as u32]] {
-            let p = pin(shards);
+            let p = tp_pin(shards);
             assert!(decode_peer_request(p.kind(), &p.encode()).is_err());
         }
         for ssd in [vec![2], vec![1, 1], vec![1, 0]] {
