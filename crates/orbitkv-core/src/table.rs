@@ -43,11 +43,11 @@ impl SlotTable {
     }
 
     fn home(&self, tag: u32) -> usize {
-        ((u64::from(tag) * self.buckets.len() as u64) >> 32) as usize
+        home_of(tag, self.buckets.len())
     }
 
     fn next(&self, at: usize) -> usize {
-        if at + 1 == self.buckets.len() { 0 } else { at + 1 }
+        next_of(at, self.buckets.len())
     }
 
     /// The bucket of the key hashed to `hash` for which `is_key(slot)` holds.
@@ -86,24 +86,10 @@ impl SlotTable {
 
     /// Unindex the key hashed to `hash`; its slot.
     pub(crate) fn remove(&mut self, hash: u64, is_key: impl FnMut(usize) -> bool) -> Option<usize> {
-        let mut at = self.find(hash, is_key)?;
+        let at = self.find(hash, is_key)?;
         let slot = slot_of(self.buckets[at]);
-        self.buckets[at] = EMPTY;
+        remove_shifting(&mut self.buckets, at, EMPTY, |b| (b >> 32) as u32);
         self.len -= 1;
-        let mut j = at;
-        loop {
-            j = self.next(j);
-            let b = self.buckets[j];
-            if b == EMPTY {
-                break;
-            }
-            let k = self.home((b >> 32) as u32);
-            if !home_in(at, k, j) {
-                self.buckets[at] = b;
-                self.buckets[j] = EMPTY;
-                at = j;
-            }
-        }
         Some(slot)
     }
 
@@ -340,11 +326,49 @@ impl<'m, K: Hash + Eq, V> IntoIterator for &'m SlabMap<K, V> {
     }
 }
 
+/// The home bucket of `tag` among `buckets` (multiply-shift: the tag's high
+/// bits pick it), in this table and the ghost history's.
+pub(crate) fn home_of(tag: u32, buckets: usize) -> usize {
+    ((u64::from(tag) * buckets as u64) >> 32) as usize
+}
+
+/// The bucket after `at` among `buckets`, wrapping (linear probing).
+pub(crate) fn next_of(at: usize, buckets: usize) -> usize {
+    if at + 1 == buckets { 0 } else { at + 1 }
+}
+
+/// Empty bucket `at` of a linear-probing table (`empty` marks a free bucket)
+/// and shift the later entries of its probe run back (backward-shift
+/// deletion), so each stays reachable from its home; `tag(entry)` is the tag
+/// its home is computed from.
+pub(crate) fn remove_shifting<T: Copy + PartialEq>(
+    buckets: &mut [T],
+    mut at: usize,
+    empty: T,
+    tag: impl Fn(T) -> u32,
+) {
+    buckets[at] = empty;
+    let mut j = at;
+    loop {
+        j = next_of(j, buckets.len());
+        let b = buckets[j];
+        if b == empty {
+            return;
+        }
+        // Move `b` back to `at` unless its home lies cyclically in (at, j].
+        if !home_in(at, home_of(tag(b), buckets.len()), j) {
+            buckets[at] = b;
+            buckets[j] = empty;
+            at = j;
+        }
+    }
+}
+
 /// Backward-shift deletion in a linear-probing table: whether an entry whose
 /// home is `k`, found at `j` while closing the hole at `at`, may stay where it
 /// is (its home lies cyclically in `(at, j]`, so moving it to `at` would put it
 /// before its home).
-pub(crate) fn home_in(at: usize, k: usize, j: usize) -> bool {
+fn home_in(at: usize, k: usize, j: usize) -> bool {
     if at <= j {
         at < k && k <= j
     } else {

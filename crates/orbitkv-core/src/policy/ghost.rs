@@ -120,6 +120,12 @@ impl Values {
     }
 }
 
+/// Ring offset of the held element numbered `number` in the index (element
+/// number modulo [`MODULUS`] + 1), the ring's first element being number `head`.
+fn ring_offset(number: u32, head: u64) -> usize {
+    ((u64::from(number - 1) + MODULUS - head % MODULUS) % MODULUS) as usize
+}
+
 #[derive(Debug, Clone, Default)]
 pub(super) struct Ghost {
     /// Element fingerprints, oldest first; element `j` has number `head + j`.
@@ -219,7 +225,7 @@ impl Ghost {
 
     /// Ring offset of the held element whose table slot holds `number`.
     fn offset(&self, number: u32) -> usize {
-        ((u64::from(number - 1) + MODULUS - self.head % MODULUS) % MODULUS) as usize
+        ring_offset(number, self.head)
     }
 
     /// Room for `n` elements without growing the table or the rings.
@@ -234,11 +240,11 @@ impl Ghost {
     }
 
     fn home(&self, fp: u32) -> usize {
-        ((u64::from(fp) * self.table.len() as u64) >> 32) as usize
+        crate::table::home_of(fp, self.table.len())
     }
 
     fn next(&self, at: usize) -> usize {
-        if at + 1 == self.table.len() { 0 } else { at + 1 }
+        crate::table::next_of(at, self.table.len())
     }
 
     /// The table slot pointing at the element of fingerprint `hash`.
@@ -260,24 +266,10 @@ impl Ghost {
     }
 
     /// Empty slot `at`, shifting later entries of its probe run back.
-    fn remove_at(&mut self, mut at: usize) {
-        self.table[at] = EMPTY;
+    fn remove_at(&mut self, at: usize) {
         self.indexed -= 1;
-        let mut j = at;
-        loop {
-            j = self.next(j);
-            let v = self.table[j];
-            if v == EMPTY {
-                return;
-            }
-            let k = self.home(self.hashes[self.offset(v)]);
-            // Move `v` back to `at` unless its home lies cyclically in (at, j].
-            if !crate::table::home_in(at, k, j) {
-                self.table[at] = v;
-                self.table[j] = EMPTY;
-                at = j;
-            }
-        }
+        let (hashes, head) = (&self.hashes, self.head);
+        crate::table::remove_shifting(&mut self.table, at, EMPTY, |v| hashes[ring_offset(v, head)]);
     }
 
     fn grow(&mut self) {
