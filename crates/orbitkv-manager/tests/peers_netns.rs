@@ -145,6 +145,16 @@ impl InNs {
         Client::connect(&self.socket, None, Duration::from_secs(10)).expect("connect")
     }
 
+    /// Save `data` as the blocks `hs` of namespace `FP` through a fresh client,
+    /// every one stored.
+    fn save(&self, hs: &[[u8; 32]], data: &[Vec<u8>]) {
+        let c = self.client();
+        let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
+        let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        assert_eq!(c.save(&ns, hs, &src).expect("save").stored as usize, hs.len());
+        c.close().expect("close");
+    }
+
     /// Restore the blocks `hs` of namespace `FP` through a fresh client: the
     /// blocks hit and a buffer for each hash.
     fn restore(&self, hs: &[[u8; 32]]) -> (u32, Vec<Vec<u8>>) {
@@ -197,11 +207,7 @@ fn two_network_namespaces_over_mutual_tls() {
 
     let data: Vec<Vec<u8>> = (0..4).map(|i| block(90 + i, BB)).collect();
     let hs: Vec<[u8; 32]> = (0..4).map(|i| hash(21, i)).collect();
-    let c = a.client();
-    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
-    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    assert_eq!(c.save(&ns, &hs, &src).expect("save").stored, 4);
-    c.close().expect("close");
+    a.save(&hs, &data);
 
     // B, in the other namespace, reaches A only across the veth, over mutual TLS.
     {
@@ -315,11 +321,7 @@ fn a_redis_cluster_in_one_namespace_serves_a_manager_in_the_other_over_mutual_tl
 
     let data: Vec<Vec<u8>> = (0..6).map(|i| block(60 + i, BB)).collect();
     let hs: Vec<[u8; 32]> = (0..6).map(|i| hash(31, i)).collect();
-    let c = a.client();
-    let ns = c.register_namespace(FP, BB as u64, 0, b"").expect("ns");
-    let src: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    assert_eq!(c.save(&ns, &hs, &src).expect("save").stored, 6);
-    c.close().expect("close");
+    a.save(&hs, &data);
     eventually("A wrote the blocks behind", || {
         a.stats()["remote_puts_total"].as_u64() >= Some(6)
     });

@@ -61,18 +61,30 @@ fn stat(m: &ManagerProc, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in the stats"))
 }
 
+/// Managers A and B of `cluster` (started in that order), and `n` blocks (from
+/// `seed`) that A saved as chain `chain` and wrote behind to the cluster.
+fn two_managers_a_wrote_behind(
+    cluster: &Cluster,
+    seed: u8,
+    n: usize,
+    chain: u8,
+) -> (ManagerProc, ManagerProc, Vec<Vec<u8>>) {
+    let a = manager(cluster);
+    let b = manager(cluster);
+    let data = blocks(seed, n);
+    save(&a, chain, &data);
+    eventually(&format!("A wrote its {n} blocks behind"), || {
+        stat(&a, "remote_puts_total") >= n as u64
+    });
+    (a, b, data)
+}
+
 #[test]
 fn what_one_manager_commits_another_serves_from_the_cluster_byte_exact() {
     let Some(cluster) = Cluster::start(21260) else {
         return;
     };
-    let a = manager(&cluster);
-    let b = manager(&cluster);
-    let data = blocks(40, 12);
-    save(&a, 1, &data);
-    eventually("A wrote its 12 blocks behind", || {
-        stat(&a, "remote_puts_total") >= 12
-    });
+    let (a, b, data) = two_managers_a_wrote_behind(&cluster, 40, 12, 1);
     assert_eq!(stat(&a, "remote_dropped_blocks_total"), 0);
     // B never saw the chain: DRAM misses, the remote tier serves every block.
     let (hit, got) = restore_blocks(&b, FP, BB, &hashes(1, 12));
@@ -203,13 +215,7 @@ fn over_mutual_tls_what_one_manager_commits_another_serves_byte_exact() {
     let Some(cluster) = Cluster::start_with(21300, &["--tls"]) else {
         return;
     };
-    let a = manager(&cluster);
-    let b = manager(&cluster);
-    let data = blocks(50, 8);
-    save(&a, 5, &data);
-    eventually("A wrote its 8 blocks behind over TLS", || {
-        stat(&a, "remote_puts_total") >= 8
-    });
+    let (a, b, data) = two_managers_a_wrote_behind(&cluster, 50, 8, 5);
     let (hit, got) = restore_blocks(&b, FP, BB, &hashes(5, 8));
     assert!(hit == 8 && got == data, "B served over TLS, byte-exact");
     assert_eq!(stat(&b, "remote_hits_total"), 8);
@@ -321,13 +327,8 @@ fn a_fill_into_a_full_dram_keeps_the_blocks_it_read_until_the_lookup_holds_them(
     let Some(cluster) = Cluster::start(21390) else {
         return;
     };
-    let a = manager(&cluster);
-    let b = manager(&cluster); // 8 MiB of DRAM: 128 blocks of 64 KiB
-    let data = blocks(60, 64);
-    save(&a, 1, &data);
-    eventually("A wrote its 64 blocks behind", || {
-        stat(&a, "remote_puts_total") >= 64
-    });
+    // B: 8 MiB of DRAM, 128 blocks of 64 KiB.
+    let (_a, b, data) = two_managers_a_wrote_behind(&cluster, 60, 64, 1);
     // B's DRAM holds a chain its clients reuse (the policy's protected queue) and
     // has room for half of chain 1: the fill (4 groups of 16) must evict.
     let reused = blocks(90, 96);
