@@ -50,7 +50,6 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -381,24 +380,29 @@ class Driver:
         threading.Thread(target=stop, daemon=True).start()
         return "clean" if done.wait(timeout) else f"timed out after {timeout:.0f} s"
 
+    def reset_prefix_cache(self, phase: dict[str, Any]) -> dict[str, Any]:
+        return {"reset": bool(self.llm.reset_prefix_cache())}
+
+    # The ops a plan's phase may name: each runs the method of that name, given the phase.
+    OPS = (
+        "generate",
+        "reset_prefix_cache",
+        "abort_mid_load",
+        "kill_manager_mid_load",
+        "kill_worker_mid_load",
+        "steps",
+        "serve_trace",
+        "settle",
+    )
+
     def run(self) -> dict[str, Any]:
         result: dict[str, Any] = {"startup_s": self.startup_s, "engine": self.engine_config(), "phases": []}
-        ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "generate": self.generate,
-            "reset_prefix_cache": lambda _phase: {"reset": bool(self.llm.reset_prefix_cache())},
-            "abort_mid_load": self.abort_mid_load,
-            "kill_manager_mid_load": self.kill_manager_mid_load,
-            "kill_worker_mid_load": self.kill_worker_mid_load,
-            "steps": self.steps,
-            "serve_trace": self.serve_trace,
-            "settle": self.settle,
-        }
         for phase in self.plan["phases"]:
             op = phase["op"]
-            if op not in ops:
+            if op not in self.OPS:
                 raise ValueError(f"unknown phase op {op!r}")
             t = time.perf_counter()
-            rec = ops[op](phase)
+            rec = getattr(self, op)(phase)
             rec |= {"op": op, "tag": phase.get("tag", op), "phase_s": time.perf_counter() - t}
             if self.plan.get("metrics") and op != "kill_worker_mid_load":  # the engine is gone after it
                 rec["vllm_metrics"] = self.vllm_metrics()
