@@ -9,28 +9,20 @@
 
 use crate::keys::{BlockKey, Slot, TierKey};
 
-/// Read the SSD copy of `tier_key` into `slot`: the right to write that
-/// staging slot, which no one else touches until `finish_stage`.
-#[derive(Debug, Clone, Copy)]
-pub struct StageJob {
-    pub(in crate::cache) key: BlockKey,
-    pub(in crate::cache) tier_key: TierKey,
-    pub(in crate::cache) slot: Slot,
-    pub(in crate::cache) block_bytes: u64,
-}
+/// An I/O job's type: the block, its identity on disk, the arena slot and the
+/// block's bytes, with their accessors. Two types, so that a staging right is
+/// never taken for a spilling one.
+macro_rules! job {
+    ($(#[$doc:meta])* $job:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy)]
+        pub struct $job {
+            pub(in crate::cache) key: BlockKey,
+            pub(in crate::cache) tier_key: TierKey,
+            pub(in crate::cache) slot: Slot,
+            pub(in crate::cache) block_bytes: u64,
+        }
 
-/// Copy `slot` (holding `block_bytes` of data) to SSD under `tier_key`: the
-/// right to read that slot, frozen (never evicted or freed) until `spill_done`.
-#[derive(Debug, Clone, Copy)]
-pub struct SpillJob {
-    pub(in crate::cache) key: BlockKey,
-    pub(in crate::cache) tier_key: TierKey,
-    pub(in crate::cache) slot: Slot,
-    pub(in crate::cache) block_bytes: u64,
-}
-
-macro_rules! job_accessors {
-    ($job:ty) => {
         impl $job {
             /// The block.
             pub fn key(&self) -> BlockKey {
@@ -56,8 +48,17 @@ macro_rules! job_accessors {
     };
 }
 
-job_accessors!(StageJob);
-job_accessors!(SpillJob);
+job!(
+    /// Read the SSD copy of `tier_key` into `slot`: the right to write that
+    /// staging slot, which no one else touches until `finish_stage`.
+    StageJob
+);
+
+job!(
+    /// Copy `slot` (holding `block_bytes` of data) to SSD under `tier_key`: the
+    /// right to read that slot, frozen (never evicted or freed) until `spill_done`.
+    SpillJob
+);
 
 /// A slot of an open save, lent by `begin_save`: its bytes may be written until
 /// the save is committed or aborted. Only the cache makes one; it reads as the
