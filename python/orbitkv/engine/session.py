@@ -7,7 +7,8 @@
 - `ReconnectBackoff`: after a failed connect, calls fail fast until the back-off
   expires, so an unreachable Manager costs one connect attempt per back-off (0.5 s,
   doubling to 30 s), not one per engine step. Each failure is logged once, saying that
-  requests miss the external cache meanwhile.
+  requests miss the external cache meanwhile. `not_connected(msg)`: the error a
+  session raises meanwhile (not a lost connection).
 """
 
 from __future__ import annotations
@@ -38,9 +39,30 @@ def is_error(exc: BaseException, name: str) -> bool:
     return cls is not None and isinstance(exc, cls)
 
 
+_NotConnected: type[Exception] | None = None
+
+
+def not_connected(message: str) -> Exception:
+    """A `ManagerUnavailable` raised while a session has no connection (a back-off runs,
+    or a connection is being made in the background). It says nothing about any
+    connection, so `connection_lost` is False for it: a caller must not drop the session's
+    client for it (which could be the one just made by the background attempt)."""
+    global _NotConnected
+    if _NotConnected is None:
+        _NotConnected = type("NotConnected", (native().ManagerUnavailable,), {"__module__": __name__})
+    return _NotConnected(message)
+
+
+def is_not_connected(exc: BaseException) -> bool:
+    """True when `exc` came from `not_connected` (the session has no connection yet)."""
+    return _NotConnected is not None and isinstance(exc, _NotConnected)
+
+
 def connection_lost(exc: BaseException) -> bool:
     """True when `exc` says the Manager connection is gone (the Manager died, restarted
     or broke the protocol): the session must be dropped and the next call reconnects."""
+    if is_not_connected(exc):
+        return False
     return is_error(exc, "ManagerUnavailable") or is_error(exc, "ProtocolError")
 
 

@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from orbitkv.engine.session import ReconnectBackoff, connection_lost, is_error, native
+from orbitkv.engine.session import ReconnectBackoff, connection_lost, is_error, native, not_connected
 from orbitkv.vllm.config import OrbitKVSettings
 
 if TYPE_CHECKING:
@@ -55,31 +55,76 @@ class ManagerSession:
         self._lock = threading.Lock()
         # After a broken or refused connection, calls fail fast until the back-off ends.
         self._backoff = ReconnectBackoff(logger)
+        self._attempted = False  # the first connection attempt was made (inline)
+        self._connecting: threading.Thread | None = None  # a background attempt runs
+        self._closed = False
 
     @property
     def connected(self) -> bool:
         return self._client is not None
 
+    @property
+    def reconnecting(self) -> bool:
+        """A connection attempt runs in the background."""
+        return self._connecting is not None
+
     def client(self) -> Client:
+        """The session's client. The first connection is made here (at start-up: the
+        Manager is asked once before serving). Every later one (after a lost connection or
+        a failed attempt) is made on a background thread: a Manager that accepts but does
+        not answer (stopped, overloaded) would otherwise hold the calling engine step for
+        the whole call timeout at every back-off period. Meanwhile calls fail at once with
+        `ManagerUnavailable` (`not_connected`: a miss, or a save not made)."""
         with self._lock:
-            if self._client is None:
-                mod = native()
-                wait = self._backoff.wait_left()
-                if wait > 0:
-                    raise mod.ManagerUnavailable(f"Manager unreachable; next connection attempt in {wait:.2f}s")
-                try:
-                    self._client = mod.Client(
-                        self.settings.socket_path,
-                        token=self.settings.token,
-                        timeout_ms=self.timeout_ms,
-                        map_arena=self.map_arena,
-                    )
-                except Exception as exc:
-                    self._backoff.failed(exc)
-                    raise
-                self._backoff.succeeded()
-                logger.info("orbitkv: connected to Manager at %s", self._client.socket_path)
+            if self._client is not None:
+                return self._client
+            if self._connecting is not None:
+                raise not_connected("reconnecting to the Manager in the background")
+            wait = self._backoff.wait_left()
+            if wait > 0:
+                raise not_connected(f"Manager unreachable; next connection attempt in {wait:.2f}s")
+            if self._attempted:
+                self._connecting = threading.Thread(
+                    target=self._connect_in_background, name="orbitkv-reconnect", daemon=True
+                )
+                self._connecting.start()
+                raise not_connected("reconnecting to the Manager in the background")
+            self._attempted = True
+            try:
+                self._client = self._connect()
+            except Exception as exc:
+                self._backoff.failed(exc)
+                raise
+            self._backoff.succeeded()
+            logger.info("orbitkv: connected to Manager at %s", self._client.socket_path)
             return self._client
+
+    def _connect(self) -> Client:
+        return native().Client(
+            self.settings.socket_path,
+            token=self.settings.token,
+            timeout_ms=self.timeout_ms,
+            map_arena=self.map_arena,
+        )
+
+    def _connect_in_background(self) -> None:
+        try:
+            client: Client | None = self._connect()
+            failure: BaseException | None = None
+        except Exception as exc:
+            client, failure = None, exc
+        with self._lock:
+            self._connecting = None
+            if client is not None and not self._closed:
+                self._client = client
+                self._backoff.succeeded()
+                client = None
+            elif failure is not None:
+                self._backoff.failed(failure)
+        if client is not None:  # the session was closed meanwhile
+            client.close()
+        elif failure is None:
+            logger.info("orbitkv: reconnected to the Manager at %s", self.settings.socket_path)
 
     def namespace(self, salt: bytes) -> Namespace:
         client = self.client()
@@ -164,6 +209,8 @@ class ManagerSession:
                 logger.debug("orbitkv: closing a broken session failed", exc_info=True)
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self.drop_client()
 
 

@@ -34,7 +34,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 import orbitkv.vllm.compat as compat
-from orbitkv.engine.session import connection_lost
+from orbitkv.engine.session import connection_lost, is_not_connected
 from orbitkv.vllm.config import OrbitKVSettings
 from orbitkv.vllm.layout import BlockGeometry, CpuPages, LayoutError, block_geometry, describe
 from orbitkv.vllm.metadata import LoadSpec, OrbitKVConnectorMetadata, SaveSpec
@@ -61,6 +61,15 @@ def _copied(ld: KvLoad) -> bool:
         return ld.handle is None or ld.handle.query()
     except Exception:
         return True  # failed: reported by _collect_loads
+
+
+def _log_failure(exc: BaseException, what: str, req_id: str) -> None:
+    """A failed transfer: with its traceback, unless the session has no connection yet
+    (a back-off or a background reconnect runs; that was logged once, not per request)."""
+    if is_not_connected(exc):
+        logger.debug("orbitkv: " + what + " (%s)", req_id, exc)
+    else:
+        logger.warning("orbitkv: " + what, req_id, exc_info=True)
 
 
 def _is_engine_error(exc: BaseException) -> bool:
@@ -253,7 +262,7 @@ class OrbitKVWorker:
             acq.out.failed_block_ids = list(spec.block_ids[n:])
             acq.out.total_failure = n == 0
         except Exception as exc:
-            logger.warning("orbitkv: load lookup/acquire for %s failed", spec.req_id, exc_info=True)
+            _log_failure(exc, "load lookup/acquire for %s failed", spec.req_id)
             self._connection_failed(exc)
             acq.out.total_failure = True
             acq.out.failed_block_ids = list(spec.block_ids)
@@ -537,7 +546,7 @@ class OrbitKVWorker:
             pending = client.begin_save(ns, list(spec.hashes))
         except Exception as exc:
             self._wm.failed_saves += 1
-            logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
+            _log_failure(exc, "save for %s failed", spec.req_id)
             if _is_engine_error(exc):
                 raise
             self._connection_failed(exc)
@@ -651,7 +660,7 @@ class OrbitKVWorker:
             self._latency.add("save_duration", time.perf_counter() - started)
         except Exception as exc:
             self._wm.failed_saves += 1
-            logger.warning("orbitkv: save for %s failed", spec.req_id, exc_info=True)
+            _log_failure(exc, "save for %s failed", spec.req_id)
             self._connection_failed(exc)
 
     def connector_stats(self) -> OrbitKVConnectorStats | None:

@@ -389,6 +389,51 @@ def test_manager_stalled_during_a_load(model_dir: Path, orbit_manager: ManagerPr
     b.shutdown()
 
 
+@COPY_ENGINES
+def test_a_stalled_manager_holds_one_worker_step_not_one_per_reconnect(
+    model_dir: Path, orbit_manager: ManagerProcess, copy_engine: str
+) -> None:
+    """L7 under a long stall: the Manager stops answering while the engine keeps serving
+    and saving. The save call that meets the stall waits `orbitkv.timeout_ms` once and
+    drops the connection; every reconnection attempt after it (the back-off's 0.5, 1, 2,
+    4 s) runs on a background thread, so no other step waits for the stalled Manager.
+    (Made on the step, each attempt would hold a step for another full timeout: its
+    connect is accepted by the kernel, its handshake never answered.) Requests finish
+    normally meanwhile; once the Manager runs again the engine saves and hits again."""
+    timeout_s = 1.0
+    extra = {"orbitkv.copy_engine": copy_engine, "orbitkv.timeout_ms": int(timeout_s * 1000)}
+    b = Engine.build(make_vllm_config(model_dir, socket_path=str(orbit_manager.socket_path), extra=extra))
+    run_checked(b, prompt_tokens(100, seed=600))
+    b.run_until_drained()
+    assert counters(b)["saved_blocks"] > 0  # connected and saving before the stall
+    slow: list[float] = []
+    steps = 0
+    stop_all_threads(orbit_manager.proc.pid)
+    try:
+        end = time.monotonic() + 8.0  # the back-off reaches 4 s: four attempts
+        seed = 601
+        while time.monotonic() < end:
+            r = make_request(prompt_tokens(100, seed=seed))
+            seed += 1
+            b.scheduler.add_request(r)
+            while r.request_id not in b.finished:
+                assert r.request_id not in b.failed
+                t0 = time.monotonic()
+                b.step()
+                took = time.monotonic() - t0
+                steps += 1
+                if took > 0.9 * timeout_s:
+                    slow.append(round(took, 3))
+    finally:
+        os.kill(orbit_manager.proc.pid, signal.SIGCONT)
+    assert steps > 20, steps
+    assert len(slow) == 1, f"steps that waited on the stalled Manager: {slow}"
+    assert counters(b)["failed_saves"] >= 1
+    b.run_until_drained()
+    hits_again(b, orbit_manager, seed=650)
+    b.shutdown()
+
+
 # ---- operators: OrbitKV in vLLM's KV-connector stats -----------------------------------
 
 

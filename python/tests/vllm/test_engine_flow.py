@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from vllm.lora.request import LoRARequest
@@ -32,7 +33,12 @@ from vllm_harness import (
     write_peft_adapter,
 )
 
+from orbitkv.engine.session import is_not_connected
 from orbitkv.vllm.metadata import OrbitKVConnectorMetadata
+from orbitkv.vllm.native import ManagerSession
+
+if TYPE_CHECKING:
+    from orbitkv._native import Client
 
 pytestmark = [pytest.mark.vllm, pytest.mark.native]
 
@@ -390,6 +396,18 @@ def test_two_salts_never_share(model_dir: Path, manager: ManagerProcess) -> None
         assert_no_leases_held(e, manager)
 
 
+def reconnected(session: ManagerSession) -> Client:
+    """The session's client once its background reconnection finished."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return session.client()
+        except Exception as exc:
+            if not is_not_connected(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def test_dropped_scheduler_connection_loses_its_leases_not_the_next_connection(
     model_dir: Path, manager: ManagerProcess
 ) -> None:
@@ -409,7 +427,7 @@ def test_dropped_scheduler_connection_loses_its_leases_not_the_next_connection(
     assert manager.stats()["live_leases"] == held + 1
     side.session.drop_client()  # the connection is gone before the load even starts
     assert manager.stats()["live_leases"] == held, "the Manager released the lease with the session"
-    new = side.session.client()
+    new = reconnected(side.session)  # the next connection is made in the background
     assert new.session_id != old.session_id
     b.execute(so)  # the worker loads through its own session
     b.run_until(prefill_done(b, r.request_id, len(PROMPT)), what="prefill after load")
