@@ -168,7 +168,8 @@ impl PeerTier {
         let stored = {
             let mut reader = FillSession::open(arena);
             let ahead = self.hash_ahead(n, block_bytes as usize);
-            match reader.receive(&mut conn, ns, &hashes[..n], block_bytes, ahead) {
+            let received = reader.receive_verified(&mut conn, ns, &hashes[..n], block_bytes, ahead);
+            match received.and_then(|save| reader.commit(save)) {
                 Ok(stored) => stored,
                 Err(e) => {
                     conn.close();

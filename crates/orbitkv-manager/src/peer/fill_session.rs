@@ -24,24 +24,11 @@ impl<'a> FillSession<'a> {
         }
     }
 
-    /// Receive `hashes.len()` blocks into fresh save slots, check them against
-    /// the source's checksums (taken on a helper thread with `ahead`) and
-    /// commit. Returns the blocks committed.
-    pub(super) fn receive(
-        &mut self,
-        conn: &mut Conn,
-        ns: NsId,
-        hashes: &[BlockHash],
-        block_bytes: u64,
-        ahead: bool,
-    ) -> Result<usize, PeerError> {
-        let save = self.receive_verified(conn, ns, hashes, block_bytes, ahead)?;
-        self.commit(save)
-    }
-
-    /// [`FillSession::receive`] up to the commit: the blocks are in and every
-    /// checksum matched the source's, but nothing is visible yet (dropping
-    /// this session aborts the save).
+    /// Receive `hashes.len()` blocks into fresh save slots and check them
+    /// against the source's checksums (taken on a helper thread with `ahead`):
+    /// the blocks are in and every checksum matched the source's, but nothing
+    /// is visible until [`FillSession::commit`] (dropping this session aborts
+    /// the save).
     pub(super) fn receive_verified(
         &mut self,
         conn: &mut Conn,
