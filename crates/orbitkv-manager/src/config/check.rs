@@ -1,7 +1,9 @@
 //! The checks every settings section makes: a value inside its range, a choice among
-//! named values, settings that need another one, and a certificate with its key.
+//! named values, settings that need another one, a certificate with its key, and a
+//! literal loopback address.
 
 use std::fmt::Display;
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
@@ -66,6 +68,21 @@ pub(super) fn cert_and_key(
         (None, None) => Ok(None),
         _ => Err(ConfigError::Invalid(both.into())),
     }
+}
+
+/// `text` as a literal socket address on loopback; else the error `bad()` (not an
+/// address and a port) or `open(addr)` (another address): what a setting reached
+/// without authentication may name.
+pub(super) fn loopback(
+    text: &str,
+    bad: impl FnOnce() -> String,
+    open: impl FnOnce(SocketAddr) -> String,
+) -> Result<SocketAddr, ConfigError> {
+    let addr: SocketAddr = text.parse().map_err(|_| ConfigError::Invalid(bad()))?;
+    if !addr.ip().is_loopback() {
+        return Err(ConfigError::Invalid(open(addr)));
+    }
+    Ok(addr)
 }
 
 #[cfg(test)]

@@ -1,8 +1,6 @@
 //! KV-event settings (`--kv-events*`): where the Manager publishes blocks stored and
 //! removed, in vLLM's wire format, checked at start-up (loopback or a local socket only).
 
-use std::net::SocketAddr;
-
 use super::args::Args;
 use super::{ConfigError, check};
 
@@ -114,17 +112,20 @@ pub(super) fn events_settings(a: &mut Args, file: &mut Args) -> Result<Option<Ev
 /// `tcp://` with a literal loopback address and a port, or `ipc://` with an absolute path.
 fn check_endpoint(name: &str, e: &str) -> Result<(), ConfigError> {
     if let Some(addr) = e.strip_prefix("tcp://") {
-        let parsed: SocketAddr = addr.parse().map_err(|_| {
-            ConfigError::Invalid(format!(
-                "{name} {e:?}: expected tcp://127.0.0.1:PORT or tcp://[::1]:PORT (a literal address and a port)"
-            ))
-        })?;
-        if !parsed.ip().is_loopback() {
-            return Err(ConfigError::Invalid(format!(
-                "{name} {e:?} is not loopback; the KV-event stream has no authentication, so only \
-                 127.0.0.0/8, [::1] or an ipc:// socket is allowed"
-            )));
-        }
+        check::loopback(
+            addr,
+            || {
+                format!(
+                    "{name} {e:?}: expected tcp://127.0.0.1:PORT or tcp://[::1]:PORT (a literal address and a port)"
+                )
+            },
+            |_| {
+                format!(
+                    "{name} {e:?} is not loopback; the KV-event stream has no authentication, so only \
+                     127.0.0.0/8, [::1] or an ipc:// socket is allowed"
+                )
+            },
+        )?;
         return Ok(());
     }
     if let Some(path) = e.strip_prefix("ipc://") {

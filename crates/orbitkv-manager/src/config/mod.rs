@@ -137,15 +137,15 @@ impl ManagerConfig {
         let metrics_addr = if metrics.eq_ignore_ascii_case("off") {
             None
         } else {
-            let addr: SocketAddr = metrics.parse().map_err(|_| {
-                ConfigError::Invalid(format!("metrics_addr {metrics:?} is not host:port or \"off\""))
-            })?;
-            if !addr.ip().is_loopback() {
-                return Err(ConfigError::Invalid(format!(
-                    "metrics_addr {addr} is not loopback; the metrics endpoint has no authentication, so only 127.0.0.0/8 or [::1] is allowed"
-                )));
-            }
-            Some(addr)
+            Some(check::loopback(
+                &metrics,
+                || format!("metrics_addr {metrics:?} is not host:port or \"off\""),
+                |addr| {
+                    format!(
+                        "metrics_addr {addr} is not loopback; the metrics endpoint has no authentication, so only 127.0.0.0/8 or [::1] is allowed"
+                    )
+                },
+            )?)
         };
         let token = match a.token_file.or(file.token_file) {
             Some(p) => {

@@ -231,16 +231,19 @@ pub(super) fn peer_settings(a: &mut Args, file: &mut Args) -> Result<Option<Peer
                     continue;
                 }
                 let hp = e.strip_prefix("http://").unwrap_or(e).trim_end_matches('/');
-                let addr: SocketAddr = hp.parse().map_err(|_| {
-                    ConfigError::Invalid(format!(
-                        "etcd endpoint {e:?} must be http://IP:port (literal loopback) or https://HOST:PORT"
-                    ))
-                })?;
-                if !addr.ip().is_loopback() {
-                    return Err(ConfigError::Invalid(format!(
-                        "etcd endpoint {e} is not literal loopback: plain HTTP to etcd is allowed on loopback only; use https://{hp} with --etcd-tls-ca (and --etcd-tls-cert/--etcd-tls-key if etcd checks client certificates)"
-                    )));
-                }
+                let addr = check::loopback(
+                    hp,
+                    || {
+                        format!(
+                            "etcd endpoint {e:?} must be http://IP:port (literal loopback) or https://HOST:PORT"
+                        )
+                    },
+                    |_| {
+                        format!(
+                            "etcd endpoint {e} is not literal loopback: plain HTTP to etcd is allowed on loopback only; use https://{hp} with --etcd-tls-ca (and --etcd-tls-cert/--etcd-tls-key if etcd checks client certificates)"
+                        )
+                    },
+                )?;
                 https.push(false);
                 endpoints.push(addr.to_string());
             }
