@@ -41,6 +41,12 @@ fn cache(
     (c, s, nss)
 }
 
+/// [`cache`] with one namespace (salt 0).
+fn cache_one(kind: PolicyKind, blocks: u64, keep_blocks: u64) -> (CacheState, SessionId, NsId) {
+    let (c, s, nss) = cache(kind, blocks, keep_blocks, &[0]);
+    (c, s, nss[0])
+}
+
 fn save(c: &mut CacheState, s: SessionId, ns: NsId, hs: &[BlockHash]) {
     let (id, _) = c.begin_save(s, ns, hs).expect("begin");
     c.commit_save(s, id).expect("commit");
@@ -61,8 +67,7 @@ fn flood(c: &mut CacheState, s: SessionId, ns: NsId, from: u32, blocks: u32) {
 #[test]
 fn a_kept_chain_outlives_a_flood_that_evicts_the_same_chain_unhinted() {
     for kind in PolicyKind::ALL {
-        let (mut c, s, nss) = cache(kind, 16, 8, &[0]);
-        let ns = nss[0];
+        let (mut c, s, ns) = cache_one(kind, 16, 8);
         let (kept, plain) = (chain(1000, 4), chain(2000, 4));
         save(&mut c, s, ns, &kept);
         save(&mut c, s, ns, &plain);
@@ -98,8 +103,7 @@ fn a_kept_chain_outlives_a_flood_that_evicts_the_same_chain_unhinted() {
 
 #[test]
 fn an_expired_keep_protects_nothing() {
-    let (mut c, s, nss) = cache(PolicyKind::Lru, 16, 8, &[0]);
-    let ns = nss[0];
+    let (mut c, s, ns) = cache_one(PolicyKind::Lru, 16, 8);
     let kept = chain(1000, 4);
     save(&mut c, s, ns, &kept);
     c.retain(s, ns, &kept, Retain::Keep { ttl_ms: 1_000 }, 0)
@@ -113,8 +117,7 @@ fn an_expired_keep_protects_nothing() {
 
 #[test]
 fn done_blocks_leave_first_deepest_first_and_a_hit_revives_them() {
-    let (mut c, s, nss) = cache(PolicyKind::Lru, 8, 4, &[0]);
-    let ns = nss[0];
+    let (mut c, s, ns) = cache_one(PolicyKind::Lru, 8, 4);
     let (a, b) = (chain(100, 4), chain(200, 4));
     save(&mut c, s, ns, &a);
     save(&mut c, s, ns, &b);
@@ -141,8 +144,7 @@ fn done_blocks_leave_first_deepest_first_and_a_hit_revives_them() {
 
 #[test]
 fn a_hint_on_blocks_not_committed_yet_applies_when_they_commit() {
-    let (mut c, s, nss) = cache(PolicyKind::Duel, 16, 8, &[0]);
-    let ns = nss[0];
+    let (mut c, s, ns) = cache_one(PolicyKind::Duel, 16, 8);
     let late = chain(500, 4);
     save(&mut c, s, ns, &late[..2]);
     let out = c
@@ -207,8 +209,7 @@ fn the_cap_is_shared_but_a_keep_displaces_only_its_own_namespace() {
 
 #[test]
 fn a_leased_block_is_never_evicted_whatever_the_hints_say() {
-    let (mut c, s, nss) = cache(PolicyKind::Lru, 4, 4, &[0]);
-    let ns = nss[0];
+    let (mut c, s, ns) = cache_one(PolicyKind::Lru, 4, 4);
     let a = chain(1, 4);
     save(&mut c, s, ns, &a);
     let r = c.lookup(s, ns, &a).expect("lookup");
@@ -231,8 +232,7 @@ fn a_leased_block_is_never_evicted_whatever_the_hints_say() {
 
 #[test]
 fn bad_hints_and_hints_to_a_manager_without_them_are_refused() {
-    let (mut c, s, nss) = cache(PolicyKind::Duel, 8, 4, &[0]);
-    let ns = nss[0];
+    let (mut c, s, ns) = cache_one(PolicyKind::Duel, 8, 4);
     for ttl_ms in [0, orbitkv_core::MAX_RETAIN_TTL_MS + 1] {
         let e = c
             .retain(s, ns, &chain(1, 1), Retain::Keep { ttl_ms }, 0)
@@ -253,8 +253,7 @@ fn bad_hints_and_hints_to_a_manager_without_them_are_refused() {
 
 #[test]
 fn clear_returns_kept_blocks_to_the_policy() {
-    let (mut c, s, nss) = cache(PolicyKind::Lru, 16, 8, &[0]);
-    let ns = nss[0];
+    let (mut c, s, ns) = cache_one(PolicyKind::Lru, 16, 8);
     let a = chain(1, 4);
     save(&mut c, s, ns, &a);
     c.retain(s, ns, &a, Retain::Keep { ttl_ms: 60_000 }, 0)
