@@ -71,20 +71,15 @@ impl Client {
             nss: shards.iter().map(|n| n.id).collect(),
             hashes: hashes.to_vec(),
         })? {
-            Response::TpLeaseOk {
-                token,
-                hit_blocks,
-                generation,
-                ssd_blocks,
-            } => {
-                if hit_blocks as usize > hashes.len() {
+            Response::TpLeaseOk(g) => {
+                if g.hit_blocks as usize > hashes.len() {
                     return Err(ClientError::Protocol("inconsistent TP lookup reply".into()));
                 }
                 Ok(TpHit {
-                    token: (hit_blocks > 0).then_some(token),
-                    hit_blocks,
-                    ssd_blocks,
-                    generation,
+                    token: (g.hit_blocks > 0).then_some(g.token),
+                    hit_blocks: g.hit_blocks,
+                    ssd_blocks: g.ssd_blocks,
+                    generation: g.generation,
                 })
             }
             r => Err(Self::unexpected(r)),

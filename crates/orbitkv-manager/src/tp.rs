@@ -15,7 +15,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use orbitkv_core::{CacheError, NsId, SessionId, TpToken};
-use orbitkv_proto::{ErrorCode, LookupGrant, Request, Response, TP_TOKEN_BYTES};
+use orbitkv_proto::{ErrorCode, LookupGrant, Request, Response, TP_TOKEN_BYTES, TpGrant};
 
 use crate::parts::{Cache, Clock};
 use crate::peer::PeerTier;
@@ -92,11 +92,13 @@ pub fn handle(
                     .write()
                     .lookup_tp(s, uid, &nss, hashes, token, expires),
             };
-            map(found.map(|r| Response::TpLeaseOk {
-                token: r.token.map_or([0; TP_TOKEN_BYTES], |t| t.0),
-                hit_blocks: r.hit_blocks,
-                generation: r.generation,
-                ssd_blocks: r.ssd_blocks,
+            map(found.map(|r| {
+                Response::TpLeaseOk(TpGrant {
+                    token: r.token.map_or([0; TP_TOKEN_BYTES], |t| t.0),
+                    hit_blocks: r.hit_blocks,
+                    generation: r.generation,
+                    ssd_blocks: r.ssd_blocks,
+                })
             }))
         }
         Request::RedeemTp { token, ns } => {

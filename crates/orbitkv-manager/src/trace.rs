@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use orbitkv_core::{BlockKey, MissReason, NamespaceKey, NsId, SessionId};
-use orbitkv_proto::{HASH_BYTES, LookupGrant, Request, Response, SaveItem};
+use orbitkv_proto::{HASH_BYTES, LookupGrant, Request, Response, SaveItem, TpGrant};
 use serde_json::{Value, json};
 
 use crate::parts::{Cache, Clock};
@@ -466,7 +466,7 @@ impl Tracer {
             return;
         };
         match reply {
-            Response::TpLeaseOk { hit_blocks, .. } => {
+            Response::TpLeaseOk(TpGrant { hit_blocks, .. }) => {
                 m.insert("hit".into(), (*hit_blocks).into());
                 let hit = *hit_blocks as usize;
                 if let Some(h) = hashes.get(hit) {

@@ -34,8 +34,8 @@ pub use frame::{
     read_frame_guarded, write_frame,
 };
 pub use msg::{
-    ErrorCode, Kind, LookupGrant, Request, Response, RetainHold, SaveItem, SegmentInfo, decode_request,
-    decode_response,
+    ErrorCode, Kind, LookupGrant, Request, Response, RetainHold, SaveItem, SegmentInfo, TpGrant,
+    decode_request, decode_response,
 };
 
 /// Protocol version spoken by this build. 2: `LookupOk` names the SSD-only hit blocks;

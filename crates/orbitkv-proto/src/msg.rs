@@ -213,6 +213,18 @@ pub struct LookupGrant {
     pub ssd_blocks: Vec<u32>,
 }
 
+/// A `TpLeaseOk` (the answer to `LookupTp`): the common prefix of every
+/// declared shard, pinned in each under the TP lease `token` (all zeros when
+/// `hit_blocks` is 0: nothing pinned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpGrant {
+    pub token: [u8; TP_TOKEN_BYTES],
+    pub hit_blocks: u32,
+    pub generation: u64,
+    /// Indices of hit blocks that some shard held on SSD only.
+    pub ssd_blocks: Vec<u32>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
     /// Carries, when `presence_slots > 0`, the fd of the read-only presence
@@ -268,14 +280,7 @@ pub enum Response {
     StatsOk {
         json: String,
     },
-    /// `token` is all zeros when `hit_blocks` is 0 (nothing pinned).
-    /// `ssd_blocks`: indices of hit blocks that some shard held on SSD only.
-    TpLeaseOk {
-        token: [u8; TP_TOKEN_BYTES],
-        hit_blocks: u32,
-        generation: u64,
-        ssd_blocks: Vec<u32>,
-    },
+    TpLeaseOk(TpGrant),
     Error {
         code: u16,
         message: String,
@@ -503,7 +508,7 @@ impl Response {
             Response::Committed { .. } => Kind::Committed,
             Response::Generation { .. } => Kind::Generation,
             Response::StatsOk { .. } => Kind::StatsOk,
-            Response::TpLeaseOk { .. } => Kind::TpLeaseOk,
+            Response::TpLeaseOk(_) => Kind::TpLeaseOk,
             Response::ArenaFds { .. } => Kind::ArenaFds,
             Response::TraceOk { .. } => Kind::TraceOk,
             Response::Retained { .. } => Kind::Retained,
@@ -584,13 +589,11 @@ impl Response {
             } => {
                 w.u32(*applied).u32(*pending).u32(*refused);
             }
-            Response::TpLeaseOk {
-                token,
-                hit_blocks,
-                generation,
-                ssd_blocks,
-            } => {
-                w.raw(token).u32(*hit_blocks).u64(*generation).u32s(ssd_blocks);
+            Response::TpLeaseOk(g) => {
+                w.raw(&g.token)
+                    .u32(g.hit_blocks)
+                    .u64(g.generation)
+                    .u32s(&g.ssd_blocks);
             }
             Response::ArenaFds { first, count } => {
                 w.u32(*first).u32(*count);
@@ -715,12 +718,12 @@ pub fn decode_response(kind: u16, body: &[u8]) -> Result<Response, DecodeError> 
                 });
             }
             let generation = r.u64("generation")?;
-            Response::TpLeaseOk {
+            Response::TpLeaseOk(TpGrant {
                 token,
                 hit_blocks,
                 generation,
                 ssd_blocks: read_ssd_blocks(&mut r, hit_blocks)?,
-            }
+            })
         }
         0x8b => {
             let first = r.u32("first segment")?;

@@ -158,18 +158,18 @@ fn every_response_round_trips() {
             refused: u32::MAX,
         },
         Response::error(ErrorCode::Busy, "busy"),
-        Response::TpLeaseOk {
+        Response::TpLeaseOk(TpGrant {
             token: [9; 16],
             hit_blocks: 3,
             generation: 2,
             ssd_blocks: vec![0, 2],
-        },
-        Response::TpLeaseOk {
+        }),
+        Response::TpLeaseOk(TpGrant {
             token: [0; 16],
             hit_blocks: 0,
             generation: 2,
             ssd_blocks: vec![],
-        },
+        }),
     ];
     for r in resps {
         let body = r.encode();
