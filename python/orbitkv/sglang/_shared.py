@@ -32,6 +32,7 @@ from orbitkv.engine.session import ReconnectBackoff, connection_lost
 from orbitkv.hashing import fingerprint as namespace_fingerprint
 from orbitkv.kvcopy.layout import LayerPages, backing_bytes
 from orbitkv.sglang.config import OrbitKVSGLangConfigError, SGLangSettings
+from orbitkv.sglang.session import Reconnect, Session
 
 logger = logging.getLogger("orbitkv.sglang")
 
@@ -255,7 +256,7 @@ class _Query:
     index: dict[str, int]
     lease: Any
     slots: np.ndarray  # [hit, 2] int64 (segment, offset)
-    session: _Session
+    session: Session
 
 
 @dataclass
@@ -277,40 +278,8 @@ class _Batch:
 class _Offload:
     pending: Any
     handle: Any  # SaveHandle, or None when nothing had to be copied
-    session: _Session
+    session: Session
     blocks: int
-
-
-class _Session:
-    """One Manager connection: client, namespace, arena view and copy engine. Kept open
-    while any lease, load or save refers to its arena mapping, even after it broke."""
-
-    def __init__(self, settings: SGLangSettings, fingerprint: bytes, geometry: PoolGeometry) -> None:
-        from orbitkv import _native
-        from orbitkv.kvcopy import ArenaView, CopyEngine
-
-        self.native = _native
-        self.client = _native.Client(settings.socket_path, token=settings.token, timeout_ms=settings.timeout_ms)
-        try:
-            self.ns = self.client.register_namespace(fingerprint, geometry.block_bytes)
-            device = geometry.layers[0].backing.device
-            self.arena = ArenaView(self.client, device)
-            self.engine = CopyEngine(geometry.layers, self.arena)
-        except BaseException:
-            self.client.close()
-            raise
-        self.broken = False
-        self.users = 0  # queries, loads and offloads referring to this arena
-
-    def close(self) -> None:
-        try:
-            self.engine.drain()
-        finally:
-            self.arena.close()
-            try:
-                self.client.close()
-            except Exception:
-                logger.debug("orbitkv: closing a broken Manager session failed", exc_info=True)
 
 
 class _LayerCounter:
@@ -344,9 +313,11 @@ class LinkerCore:
         self.geometry = geometry
         self.page_size = 0  # set by build_tree_cache
         self.layer_done_counter = _LayerCounter(self)
-        self._session: _Session | None = None
-        self._old_sessions: list[_Session] = []
+        self._session: Session | None = None
+        self._old_sessions: list[Session] = []
         self._backoff = ReconnectBackoff(logger)
+        self._attempted = False  # the first connection attempt (made inline) was made
+        self._reconnect: Reconnect | None = None  # a later attempt, in the background
         self._queries: dict[str, _Query] = {}
         self._queued: list[_Load] = []
         self._batches: deque[_Batch] = deque()
@@ -380,7 +351,7 @@ class LinkerCore:
 
     # -- sessions --------------------------------------------------------------------
 
-    def _connect(self) -> _Session | None:
+    def _connect(self) -> Session | None:
         s = self._session
         if s is not None and s.broken:
             # Keep the broken session alive while anything refers to its arena mapping.
@@ -390,10 +361,25 @@ class LinkerCore:
         self._reap_sessions()
         if s is not None:
             return s
-        if self._backoff.wait_left() > 0:
+        client: Any = None
+        if self._reconnect is not None:
+            if not self._reconnect.done():
+                return None
+            client, self._reconnect = self._reconnect.result, None
+            if isinstance(client, BaseException):
+                self._backoff.failed(client)
+                return None
+        elif self._backoff.wait_left() > 0:
             return None
+        elif self._attempted:
+            # Only the first connection is made on the scheduler thread; later ones (after
+            # a lost connection or a failed attempt) in the background, so a Manager that
+            # accepts and never answers costs no step `timeout_ms` per back-off period.
+            self._reconnect = Reconnect(self.settings)
+            return None
+        self._attempted = True
         try:
-            s = _Session(self.settings, self.fingerprint, self.geometry)
+            s = Session(self.settings, self.fingerprint, self.geometry, client)
         except Exception as exc:
             self._backoff.failed(exc)
             return None
@@ -410,7 +396,7 @@ class LinkerCore:
                 keep.append(s)
         self._old_sessions = keep
 
-    def _failed(self, s: _Session, what: str, exc: BaseException) -> None:
+    def _failed(self, s: Session, what: str, exc: BaseException) -> None:
         if connection_lost(exc):
             s.broken = True
         logger.warning("orbitkv: %s failed (%s); the request recomputes", what, exc)
@@ -682,6 +668,9 @@ class LinkerCore:
 
     def close(self) -> None:
         self._quiesce()
+        if self._reconnect is not None:
+            self._reconnect.abandon()
+            self._reconnect = None
         if self._session is not None:
             self._old_sessions.append(self._session)
             self._session = None

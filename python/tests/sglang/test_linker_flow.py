@@ -8,6 +8,8 @@ the Manager end drained (no lookup lease, load, save or Manager lease left).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from sglang_env import V0_5_23, ManagerProcess, skip_module_if_unavailable
 skip_module_if_unavailable()
 
 import torch  # noqa: E402
+from engine_manager import stop_all_threads  # noqa: E402
 from sglang_harness import PAGE, Engine, prompt  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -245,6 +248,48 @@ def test_manager_sigkilled_during_queued_load(orbit_manager: ManagerProcess, tmp
         for e in (a, b, c):
             e.close()
         restarted.stop()
+
+
+def test_a_stalled_manager_holds_one_match_not_one_per_reconnect(
+    orbit_manager: ManagerProcess, new_engine: NewEngine
+) -> None:
+    """L7 under a long stall: the Manager stops answering (alive, socket open) while
+    requests keep arriving. The call that meets the stall waits `orbitkv.timeout_ms` once
+    and breaks the session; every reconnection attempt after it runs on a background
+    thread (a silent Manager accepts the connect and never answers the handshake: on the
+    scheduler thread each back-off period would cost another full timeout). Requests are
+    computed meanwhile, exact; once the Manager runs again the engine offloads again."""
+    timeout_s = 1.0
+    # No eviction in this harness: a pool for every request of the stall (~4 pages each).
+    e = new_engine(pages=1024, settings={"orbitkv.timeout_ms": int(timeout_s * 1000)})
+    assert e.serve(prompt(30, 3)).mismatched_bytes == 0
+    assert e.linker.stats["offloaded_blocks"] > 0  # connected before the stall
+    slow: list[float] = []
+    served = 0
+    stop_all_threads(orbit_manager.proc.pid)
+    try:
+        end = time.monotonic() + 8.0  # the back-off reaches 4 s: four attempts
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            got = e.serve(prompt(31 + served, 3))
+            took = time.monotonic() - t0
+            assert got.mismatched_bytes == 0 and got.external_hit == 0
+            served += 1
+            if took > 0.9 * timeout_s:
+                slow.append(round(took, 3))
+            time.sleep(0.1)  # requests keep arriving, not as fast as possible
+    finally:
+        os.kill(orbit_manager.proc.pid, signal.SIGCONT)
+    assert served > 10, served
+    assert len(slow) == 1, f"requests that waited on the stalled Manager: {slow}"
+    before = e.linker.stats["offloaded_blocks"]
+    deadline = time.monotonic() + 40  # the back-off may have reached 8 s
+    while e.linker.stats["offloaded_blocks"] == before:
+        assert time.monotonic() < deadline, "the engine never offloaded again"
+        e.serve(prompt(100 + served, 3))
+        served += 1
+        time.sleep(0.2)
+    assert_drained(e, manager=orbit_manager)
 
 
 def test_load_failure_injected_in_the_manager_recomputes(orbit_manager: ManagerProcess, new_engine: NewEngine) -> None:

@@ -15,6 +15,17 @@ from pathlib import Path
 from orbitkv.launch import serve_command
 
 
+def stop_all_threads(pid: int) -> None:
+    """SIGSTOP `pid` and wait until every thread is stopped (kill() only queues it): a
+    Manager alive, its sockets open, answering nothing."""
+    os.kill(pid, signal.SIGSTOP)
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + 10
+    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
+        assert time.monotonic() < deadline, "the Manager did not stop"
+        time.sleep(0.01)
+
+
 class ManagerProcess:
     """A real `python -m orbitkv serve` process on a private socket."""
 

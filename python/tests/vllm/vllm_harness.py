@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from engine_manager import stop_all_threads  # noqa: F401 - the suite's tests import it from here
 from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
@@ -317,16 +316,6 @@ def record_finished(engine_outputs: Any, finished: set[str], failed: set[str]) -
                 finished.add(o.request_id)
                 if o.finish_reason == FinishReason.ERROR:
                     failed.add(o.request_id)
-
-
-def stop_all_threads(pid: int) -> None:
-    """SIGSTOP `pid` and wait until every thread is stopped (kill() only queues it)."""
-    os.kill(pid, signal.SIGSTOP)
-    tasks = Path(f"/proc/{pid}/task")
-    deadline = time.monotonic() + 10
-    while not all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir()):
-        assert time.monotonic() < deadline, "the Manager did not stop"
-        time.sleep(0.01)
 
 
 def per_layer_storage_views(kv_caches: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
