@@ -56,6 +56,11 @@ fn error_word(e: &CacheError) -> String {
     format!("error {name}")
 }
 
+/// A namespace generation as a script result (`gen G`), or the error's word.
+fn generation_word(r: Result<u64, CacheError>) -> String {
+    r.map_or_else(|e| error_word(&e), |g| format!("gen {g}"))
+}
+
 /// Take every pending job (`what`: what they are) and pair it with its result
 /// flag; an error, the jobs gone all the same, unless there is one flag a job.
 fn take_with_results<J>(pending: &mut Vec<J>, fl: Vec<bool>, what: &str) -> Result<Vec<(J, bool)>, String> {
@@ -174,10 +179,7 @@ impl Run {
             }
             ["generation", ns] => {
                 let ns = self.ns(ns)?;
-                Ok(self
-                    .cache()?
-                    .generation_of(ns)
-                    .map_or_else(|e| error_word(&e), |g| format!("gen {g}")))
+                Ok(generation_word(self.cache()?.generation_of(ns)))
             }
             ["open", name] => {
                 let s = self.cache()?.open_session();
@@ -291,10 +293,7 @@ impl Run {
             }
             ["reset", ns] => {
                 let ns = self.ns(ns)?;
-                Ok(self
-                    .cache()?
-                    .bump_generation(ns)
-                    .map_or_else(|e| error_word(&e), |g| format!("gen {g}")))
+                Ok(generation_word(self.cache()?.bump_generation(ns)))
             }
             ["expect", what, s] if ["quarantined", "open", "ended"].contains(what) => {
                 let s = self.session(s)?;
