@@ -172,24 +172,25 @@ impl Manager {
                 .spawn(f)
                 .map_err(ManagerError::Thread)
         };
-        // Each service thread gets only its parts of `shared` (the closure
+        // Each service thread gets only its parts of `shared` (its handle
         // keeps the whole alive); see `shared.rs`.
-        if let Some(m) = metrics {
+        let service = |name: &str, f: Box<dyn FnOnce(Arc<Shared>) + Send>| {
             let sh = shared.clone();
-            threads.push(spawn(
+            spawn(name, Box::new(move || f(sh)))
+        };
+        if let Some(m) = metrics {
+            threads.push(service(
                 "orbitkv-metrics",
-                Box::new(move || metrics::serve(&sh.stats(), sh.shutdown(), m)),
+                Box::new(move |sh| metrics::serve(&sh.stats(), sh.shutdown(), m)),
             )?);
         }
-        let sh = shared.clone();
-        threads.push(spawn(
+        threads.push(service(
             "orbitkv-accept",
-            Box::new(move || server::accept_loop(sh, listener)),
+            Box::new(move |sh| server::accept_loop(sh, listener)),
         )?);
-        let sh = shared.clone();
-        threads.push(spawn(
+        threads.push(service(
             "orbitkv-reaper",
-            Box::new(move || {
+            Box::new(|sh| {
                 server::reaper(server::Reaper {
                     quarantine: sh.quarantine(),
                     cache: sh.cache(),
@@ -200,22 +201,19 @@ impl Manager {
             }),
         )?);
         if let Some(p) = events {
-            let sh = shared.clone();
-            threads.push(spawn(
+            threads.push(service(
                 "orbitkv-events",
-                Box::new(move || p.run(sh.cache(), sh.shutdown())),
+                Box::new(move |sh| p.run(sh.cache(), sh.shutdown())),
             )?);
         }
-        let sh = shared.clone();
-        threads.push(spawn(
+        threads.push(service(
             "orbitkv-policy",
-            Box::new(move || server::policy_replay(sh.cache(), sh.shutdown())),
+            Box::new(|sh| server::policy_replay(sh.cache(), sh.shutdown())),
         )?);
         if shared.tier.is_some() {
-            let sh = shared.clone();
-            threads.push(spawn(
+            threads.push(service(
                 "orbitkv-ssd",
-                Box::new(move || {
+                Box::new(|sh| {
                     if let Some(tier) = sh.tier.as_deref() {
                         tier::worker(
                             tier::WriteBehind {
@@ -230,10 +228,9 @@ impl Manager {
             )?);
         }
         if shared.remote.is_some() {
-            let sh = shared.clone();
-            threads.push(spawn(
+            threads.push(service(
                 "orbitkv-remote",
-                Box::new(move || {
+                Box::new(|sh| {
                     if let Some(r) = sh.remote.as_ref() {
                         remote::writer(
                             r,
