@@ -29,13 +29,9 @@ pub struct EtcdSettings {
     pub ttl_s: u64,
 }
 
-/// TLS files for the etcd gateway.
-#[derive(Debug, Clone)]
-pub struct EtcdTlsFiles {
-    pub ca: PathBuf,
-    /// Client certificate chain and key (both or neither).
-    pub client: Option<(PathBuf, PathBuf)>,
-}
+/// TLS files for the etcd gateway: as for the remote tier's cluster, the CA
+/// and an optional client certificate chain and key (both or neither).
+pub type EtcdTlsFiles = orbitkv_remote::store::TlsFiles;
 
 /// Validated peer-tier settings.
 #[derive(Debug, Clone)]
