@@ -15,6 +15,22 @@ use super::transport::Conn;
 use super::{DOWN_BACKOFF, PeerError, PeerTier};
 use crate::parts::Arena;
 
+/// What a fill asks a peer for: the blocks of `hashes` in namespace `ns`, each
+/// of `block_bytes`.
+#[derive(Clone, Copy)]
+pub(super) struct Want<'h> {
+    pub(super) ns: NsId,
+    pub(super) hashes: &'h [BlockHash],
+    pub(super) block_bytes: u64,
+}
+
+impl<'h> Want<'h> {
+    /// The same ask, for `hashes` instead (a range of the original).
+    pub(super) fn of(self, hashes: &'h [BlockHash]) -> Want<'h> {
+        Want { hashes, ..self }
+    }
+}
+
 impl PeerTier {
     /// Fill the blocks of `hashes` (the missing suffix of a lookup in `ns`)
     /// from peers into this Manager's DRAM. Returns how many leading blocks a
@@ -37,13 +53,18 @@ impl PeerTier {
         };
         let req = PeerRequest::Fetch(query.clone());
         let candidates = self.candidates(first);
+        let want = Want {
+            ns,
+            hashes,
+            block_bytes,
+        };
         if candidates.len() > 1 && self.settings.fill_parallel > 1 {
             let probe = PeerRequest::Probe(query);
-            return self.fill_parallel(arena, ns, (&probe, &req), hashes, block_bytes, candidates);
+            return self.fill_parallel(arena, (&probe, &req), want, candidates);
         }
         for addr in candidates {
             let t0 = Instant::now();
-            let got = self.fetch_from(arena, &addr, ns, &req, hashes, block_bytes);
+            let got = self.fetch_from(arena, &addr, &req, want);
             let n = self.note_fetch(&addr, got, t0, block_bytes);
             if n > 0 {
                 return n;
@@ -127,31 +148,28 @@ impl PeerTier {
         &self,
         arena: Arena<'_>,
         addr: &str,
-        ns: NsId,
         req: &PeerRequest,
-        hashes: &[BlockHash],
-        block_bytes: u64,
+        want: Want<'_>,
     ) -> Result<usize, PeerError> {
-        let streams = self.streams_for(hashes.len(), block_bytes as usize);
+        let (n, block_bytes) = (want.hashes.len(), want.block_bytes);
+        let streams = self.streams_for(n, block_bytes as usize);
         if streams > 1 && matches!(req, PeerRequest::Fetch(_)) {
-            return self.fetch_split(arena, addr, ns, req, hashes, block_bytes, streams);
+            return self.fetch_split(arena, addr, req, want, streams);
         }
-        let (conn, leased) = self.open_leased(addr, req.kind(), &req.encode(), hashes.len(), block_bytes)?;
-        self.receive_leased(arena, addr, conn, leased, ns, hashes, block_bytes)
+        let (conn, leased) = self.open_leased(addr, req.kind(), &req.encode(), n, block_bytes)?;
+        self.receive_leased(arena, addr, conn, leased, want)
     }
 
     /// Read the blocks a `Leased` announced into our arena, report `Done`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn receive_leased(
         &self,
         arena: Arena<'_>,
         addr: &str,
         mut conn: Conn,
         leased: (u64, u32, u64),
-        ns: NsId,
-        hashes: &[BlockHash],
-        block_bytes: u64,
+        want: Want<'_>,
     ) -> Result<usize, PeerError> {
+        let (ns, hashes, block_bytes) = (want.ns, want.hashes, want.block_bytes);
         let (lease, blocks, got_bytes) = leased;
         if blocks == 0 {
             self.put_conn(addr, conn);

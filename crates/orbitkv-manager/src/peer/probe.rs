@@ -5,11 +5,10 @@
 use std::io::Write;
 use std::time::Instant;
 
-use orbitkv_core::{BlockHash, NsId};
 use orbitkv_proto::peer::PeerRequest;
 use orbitkv_proto::{FrameError, write_frame};
 
-use super::fill::{check_leased, read_leased, send_and_read_leased, send_request};
+use super::fill::{Want, check_leased, read_leased, send_and_read_leased, send_request};
 use super::transport::Conn;
 use super::{PeerError, PeerTier, tp};
 use crate::parts::Arena;
@@ -22,12 +21,11 @@ impl PeerTier {
     pub(super) fn fill_parallel(
         &self,
         arena: Arena<'_>,
-        ns: NsId,
         asks: (&PeerRequest, &PeerRequest),
-        hashes: &[BlockHash],
-        block_bytes: u64,
+        want: Want<'_>,
         candidates: Vec<String>,
     ) -> usize {
+        let (hashes, block_bytes) = (want.hashes, want.block_bytes);
         let (probe, fetch) = asks;
         let t0 = Instant::now();
         let (kind, body) = (probe.kind(), probe.encode());
@@ -154,9 +152,9 @@ impl PeerTier {
         }
         let stored = match (winner, winner_conn) {
             (Some((addr, Go::Sent(sent))), Some(mut conn)) => {
-                let got = sent.and_then(|()| read_leased(&mut conn)).and_then(|leased| {
-                    self.receive_leased(arena, &addr, conn, leased, ns, hashes, block_bytes)
-                });
+                let got = sent
+                    .and_then(|()| read_leased(&mut conn))
+                    .and_then(|leased| self.receive_leased(arena, &addr, conn, leased, want));
                 self.note_fetch(&addr, got, t0, block_bytes)
             }
             (
@@ -173,7 +171,7 @@ impl PeerTier {
                 // The probe's lease keeps the blocks pinned at the source while
                 // the split fetch leases them range by range; released after.
                 let n = blocks as usize;
-                let got = self.fetch_split(arena, &addr, ns, fetch, &hashes[..n], block_bytes, streams);
+                let got = self.fetch_split(arena, &addr, fetch, want.of(&hashes[..n]), streams);
                 let done = PeerRequest::Done { lease, stored: false };
                 let released = write_frame(&mut conn, done.kind(), 0, &done.encode())
                     .map_err(PeerError::from)

@@ -4,10 +4,11 @@
 
 use std::io::Write;
 
-use orbitkv_core::{BlockHash, NsId, SaveId};
+use orbitkv_core::{BlockHash, SaveId};
 use orbitkv_proto::peer::PeerRequest;
 use orbitkv_proto::write_frame;
 
+use super::fill::Want;
 use super::fill_session::FillSession;
 use super::transport::Conn;
 use super::{PeerError, PeerTier};
@@ -32,17 +33,15 @@ impl PeerTier {
     /// only in part. The other ranges are asked only once the source has
     /// leased all of the first. Any failure stores nothing and closes every
     /// connection (each source lease ends with it).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn fetch_split(
         &self,
         arena: Arena<'_>,
         addr: &str,
-        ns: NsId,
         req: &PeerRequest,
-        hashes: &[BlockHash],
-        block_bytes: u64,
+        want: Want<'_>,
         streams: usize,
     ) -> Result<usize, PeerError> {
+        let (ns, hashes, block_bytes) = (want.ns, want.hashes, want.block_bytes);
         let ranges: Vec<&[BlockHash]> = hashes.chunks(hashes.len().div_ceil(streams)).collect();
         let open = |range: &[BlockHash]| -> Result<(Conn, u64, usize), PeerError> {
             // `req` with only this range's hashes.
@@ -89,9 +88,7 @@ impl PeerTier {
                 addr,
                 conn,
                 (lease, blocks as u32, block_bytes),
-                ns,
-                ranges[0],
-                block_bytes,
+                want.of(ranges[0]),
             );
         }
         let parts: Vec<Result<Part<'_>, PeerError>> = std::thread::scope(|scope| {
