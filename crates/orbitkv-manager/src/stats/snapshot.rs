@@ -34,7 +34,8 @@ impl Reading for AtomicU64 {
 }
 
 pub fn snapshot(v: &View<'_>) -> Vec<Metric> {
-    // Each source read once, under its own lock, before any metric is built.
+    // Each source read once, under its own lock, before the table is built
+    // (the lock-free server and KV-event counters as it is).
     let (c, g, h) = {
         let cache = v.cache.write();
         (cache.counters().clone(), cache.gauges(), cache.hint_stats())
