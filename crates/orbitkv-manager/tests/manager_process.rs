@@ -279,9 +279,7 @@ fn garbage_truncated_and_oversized_frames_get_clear_errors_and_others_keep_worki
 #[test]
 fn token_is_required_when_configured() {
     let dir = tempfile::tempdir().expect("tmp");
-    let tok = dir.path().join("token");
-    std::fs::write(&tok, "0123456789abcdef-secret\n").expect("write");
-    std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let tok = file_with_mode(dir.path(), "token", "0123456789abcdef-secret\n", 0o600);
     let m = ManagerProc::start(&["--token-file", tok.to_str().expect("utf8")]);
     let e = Client::connect(m.socket(), None, Duration::from_secs(5)).expect_err("no token");
     assert!(matches!(e, ClientError::Auth(_)), "{e}");
@@ -325,8 +323,8 @@ fn socket_is_private_and_a_wrong_uid_peer_is_refused() {
     assert_eq!(mode, 0o600);
     if rustix_is_root() {
         // Open the path up so that only SO_PEERCRED stands between uid 65534 and the Manager.
-        std::fs::set_permissions(m.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        std::fs::set_permissions(m.socket(), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        chmod(m.dir.path(), 0o755);
+        chmod(m.socket(), 0o666);
         let out = Command::new("setpriv")
             .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
             .arg(std::env::current_exe().expect("exe"))

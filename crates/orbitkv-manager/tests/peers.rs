@@ -803,11 +803,8 @@ fn plain_loopback_refuses_a_peer_of_another_uid() {
     let mut frame = Vec::new();
     write_frame(&mut frame, req.kind(), 1, &req.encode()).expect("frame");
     let dir = tempfile::tempdir().expect("tempdir");
-    let f = dir.path().join("fetch.bin");
-    std::fs::write(&f, &frame).expect("write");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let f = file_with_mode(dir.path(), "fetch.bin", &frame, 0o644);
+    chmod(dir.path(), 0o755);
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c"])
         .arg(format!(

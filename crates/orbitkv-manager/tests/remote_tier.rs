@@ -286,10 +286,7 @@ fn a_cluster_gone_costs_bounded_misses_local_service_goes_on_and_it_is_used_agai
 #[test]
 fn bad_remote_settings_are_refused_at_start_up_naming_the_fix() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pw = dir.path().join("password");
-    std::fs::write(&pw, "secret\n").expect("write");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let pw = file_with_mode(dir.path(), "password", "secret\n", 0o644);
     let pw = pw.display().to_string();
     let cases: [(&[&str], &str); 4] = [
         (

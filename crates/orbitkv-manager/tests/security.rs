@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orbitkv_client::{Client, ClientError, ConnectOptions};
-use support::{ManagerProc, quiet_flags};
+use support::{ManagerProc, chmod, quiet_flags};
 
 const NOBODY: u32 = 65534;
 const TOKEN: &str = "0123456789abcdef-secret";
@@ -39,10 +39,6 @@ fn private_dir_of_nobody(parent: &Path, name: &str) -> PathBuf {
     chmod(&dir, 0o700);
     chown(&dir, NOBODY);
     dir
-}
-
-fn chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
 fn chown(p: &Path, uid: u32) {

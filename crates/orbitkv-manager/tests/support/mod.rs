@@ -10,6 +10,20 @@ use std::time::{Duration, Instant};
 use orbitkv_client::{Client, ClientError, ConnectOptions};
 use orbitkv_proto::ErrorCode;
 
+/// Set the permission bits of `p` to `mode`.
+pub fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// Write `contents` to the file `name` in `dir`, with permission bits `mode`: its path.
+pub fn file_with_mode(dir: &Path, name: &str, contents: impl AsRef<[u8]>, mode: u32) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, contents).expect("write");
+    chmod(&p, mode);
+    p
+}
+
 /// The flags of a quiet test Manager: a `dram` arena, no metrics listener,
 /// warnings only.
 pub fn quiet_flags(dram: &str) -> [&str; 6] {
