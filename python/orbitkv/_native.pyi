@@ -171,6 +171,7 @@ class Client:
         timeout_ms: int = 5000,  # must be > 0 (ValueError)
         map_arena: bool = True,  # False: control-only, no copies (e.g. an engine scheduler)
         server_uid: int | None = None,  # also trust a Manager of this uid (default: $ORBITKV_SERVER_UID)
+        prefault: bool = True,  # False: the mapped arena's page tables are not filled in the background
     ) -> Client: ...
     @property
     def session_id(self) -> int: ...

@@ -26,6 +26,11 @@ pub struct ConnectOptions<'a> {
     /// of any other uid is refused with [`ClientError::UntrustedServer`]
     /// before anything, the token included, is sent to it.
     pub server_uid: Option<u32>,
+    /// Fill this process's page tables for the mapped arena on a background
+    /// thread (the default). False for a second session of a process whose
+    /// copies go through another client's mapping (a GPU copy engine pinned
+    /// there): its mapping stays unpopulated until something touches it.
+    pub prefault: bool,
 }
 
 impl<'a> ConnectOptions<'a> {
@@ -36,6 +41,7 @@ impl<'a> ConnectOptions<'a> {
             timeout,
             map_arena: true,
             server_uid: None,
+            prefault: true,
         }
     }
 }
@@ -89,7 +95,9 @@ impl Client {
             .into_iter()
             .filter_map(|v| v.mapping.map(|m| (v.id, Arc::new(m))))
             .collect();
-        prefault_in_background(&segments);
+        if opts.prefault {
+            prefault_in_background(&segments);
+        }
         Ok(Client {
             conn,
             session,

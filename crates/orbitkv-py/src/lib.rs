@@ -90,7 +90,7 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000, map_arena=true, server_uid=None))]
+    #[pyo3(signature = (socket_path=None, *, token=None, timeout_ms=5000, map_arena=true, server_uid=None, prefault=true))]
     fn new(
         py: Python<'_>,
         socket_path: Option<PathBuf>,
@@ -98,6 +98,7 @@ impl Client {
         timeout_ms: u64,
         map_arena: bool,
         server_uid: Option<u32>,
+        prefault: bool,
     ) -> PyResult<Self> {
         let path =
             socket_path.unwrap_or_else(|| orbitkv_proto::default_socket_path(orbitkv_shm::peer::my_uid()));
@@ -106,6 +107,7 @@ impl Client {
             token: token.as_deref(),
             map_arena,
             server_uid,
+            prefault,
             ..orbitkv_client::ConnectOptions::new(Duration::from_millis(timeout_ms))
         };
         let client = py

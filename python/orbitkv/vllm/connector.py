@@ -106,6 +106,9 @@ class OrbitKVConnector(compat.current().ConnectorHooks, KVConnectorBase_V1):
             timeout_ms=self.settings.scheduler_timeout_ms if scheduler else self.settings.timeout_ms,
             shard=0 if scheduler else worker_tp_rank(vllm_config.parallel_config),
             shards=tp_size,
+            # orbitkv.kvcopy copies through the main connection's pinned mapping: the
+            # loads' connection (ManagerSession.loader) needs no page tables of its own.
+            prefault_loader=not self.kvcopy,
         )
         self._scheduler: OrbitKVScheduler | None = None
         self._worker: OrbitKVWorker | None = None

@@ -39,9 +39,11 @@ class ManagerSession:
         timeout_ms: int | None = None,
         shard: int = 0,
         shards: int = 1,
+        prefault_loader: bool = True,
     ) -> None:
         self.settings = settings
         self.map_arena = map_arena
+        self.prefault_loader = prefault_loader
         self.timeout_ms = settings.timeout_ms if timeout_ms is None else timeout_ms
         self.fingerprint = fingerprint
         self.block_bytes = block_bytes
@@ -58,6 +60,10 @@ class ManagerSession:
         self._attempted = False  # the first connection attempt was made (inline)
         self._connecting: threading.Thread | None = None  # a background attempt runs
         self._closed = False
+        # A second connection for the loads' calls (see `loader`), with its namespaces.
+        self._loader: Client | None = None
+        self._loader_namespaces: dict[bytes, Namespace] = {}
+        self._loader_lock = threading.Lock()
 
     @property
     def connected(self) -> bool:
@@ -126,6 +132,49 @@ class ManagerSession:
         elif failure is None:
             logger.info("orbitkv: reconnected to the Manager at %s", self.settings.socket_path)
 
+    def loader(self) -> Client:
+        """The connection a worker's loads use (lookup or redeem, acquire, restore and the
+        lease's release), beside `client()`, which the engine step's calls use (saves). A
+        connection serves one call at a time, and an `acquire` answers only once its blocks
+        are staged (from SSD: tens of ms to seconds): on one shared connection every save
+        call of the step would wait behind it (`benches/step_calls_under_load.py`). Made on
+        first use, on the calling (pool) thread, once `client()` is connected; it maps the
+        arena like the main connection (a data session: its leases are quarantined, not
+        released, if it drops while a copy may still read them), with `prefault_loader`
+        deciding whether its page tables are filled (not when the copies go through the
+        main connection's pinned mapping). Dropped with the main connection."""
+        main = self.client()
+        # Pool threads wait for one another's connect here; the step never takes this lock.
+        with self._loader_lock:
+            with self._lock:
+                if self._loader is not None:
+                    return self._loader
+            loader = native().Client(
+                self.settings.socket_path,
+                token=self.settings.token,
+                timeout_ms=self.timeout_ms,
+                map_arena=self.map_arena,
+                prefault=self.prefault_loader,
+            )
+            with self._lock:
+                if self._client is main and not self._closed:
+                    self._loader = loader
+                    return loader
+        loader.close()  # the main connection was dropped meanwhile
+        raise not_connected("the Manager connection was dropped while the loads' connection was made")
+
+    def loader_namespace(self, salt: bytes) -> Namespace:
+        """`namespace(salt)` registered through the loads' connection."""
+        loader = self.loader()
+        with self._lock:
+            ns = self._loader_namespaces.get(salt)
+        if ns is None:
+            ns = loader.register_namespace(self.fingerprint, self.block_bytes, shard=self.shard, salt=salt)
+            with self._lock:
+                if self._loader is loader:
+                    self._loader_namespaces[salt] = ns
+        return ns
+
     def namespace(self, salt: bytes) -> Namespace:
         client = self.client()
         with self._lock:
@@ -172,6 +221,7 @@ class ManagerSession:
         with self._lock:
             self._namespaces.clear()
             self._shard_namespaces.clear()
+            self._loader_namespaces.clear()
 
     def release(self, lease: Lease | TpLease) -> bool:
         """Release `lease` through the client that holds it. False when that client's
@@ -179,9 +229,10 @@ class ManagerSession:
         with it (a never-acquired lease is not quarantined), so there is nothing to do
         and no reason to disturb the current connection."""
         with self._lock:
-            client = self._client
-        if client is None or lease.session != client.session_id:
+            held_by = [c for c in (self._client, self._loader) if c is not None and c.session_id == lease.session]
+        if not held_by:
             return False
+        client = held_by[0]
         if isinstance(lease, native().TpLease):
             client.release_tp(lease)  # parts no rank redeemed are released
         else:
@@ -197,16 +248,20 @@ class ManagerSession:
         return False
 
     def drop_client(self) -> None:
-        """Forget a broken connection; the next call reconnects."""
+        """Forget a broken connection (and the loads' connection with it); the next call
+        reconnects."""
         with self._lock:
-            client, self._client = self._client, None
+            clients = [self._client, self._loader]
+            self._client = self._loader = None
             self._namespaces.clear()
             self._shard_namespaces.clear()
-        if client is not None:
-            try:
-                client.close()
-            except Exception:
-                logger.debug("orbitkv: closing a broken session failed", exc_info=True)
+            self._loader_namespaces.clear()
+        for client in clients:
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:
+                    logger.debug("orbitkv: closing a broken session failed", exc_info=True)
 
     def close(self) -> None:
         with self._lock:

@@ -249,8 +249,10 @@ class OrbitKVWorker:
         (acquire). No copy here: the step thread issues it on the engine's load stream."""
         acq = Acquired(LoadOutcome(spec.req_id))
         try:
-            client = self.session.client()
-            ns = self.session.namespace(spec.salt)
+            # The loads' own connection: an acquire staging from SSD holds it, not the
+            # connection the step's save calls use.
+            client = self.session.loader()
+            ns = self.session.loader_namespace(spec.salt)
             acq.lease = self._take_lease(client, ns, spec)
             n = min(acq.lease.hit_blocks, len(spec.block_ids))
             if n > 0:
@@ -327,7 +329,8 @@ class OrbitKVWorker:
         if lease is None:
             return
         try:
-            self.session.client().release(lease, wait=False)
+            # Through the connection that holds it; gone with its session: nothing to do.
+            self.session.release(lease)
         except Exception as exc:
             logger.debug("orbitkv: worker lease release failed", exc_info=True)
             self._connection_failed(exc)
@@ -344,8 +347,8 @@ class OrbitKVWorker:
         out = LoadOutcome(spec.req_id)
         pages = self._cpu_pages()
         try:
-            client = self.session.client()
-            ns = self.session.namespace(spec.salt)
+            client = self.session.loader()  # the loads' own connection (see `_acquire`)
+            ns = self.session.loader_namespace(spec.salt)
             # The scheduler's lease pins these blocks until this load is reported, so
             # this lookup sees at least the same prefix (unless it was corrupted/lost).
             lease = self._take_lease(client, ns, spec)

@@ -315,15 +315,17 @@ class _KillingClient:
 
 def _inject(engine: Engine, kill: Callable[[], None], at: str) -> _KillingClient:
     session = engine.worker.worker_side.session
-    real = session.client()
+    # A load's copy goes through the loads' own connection, a save through the main one.
+    name = "loader" if at == "copy" else "client"
+    original = getattr(session, name)
+    real = original()
     proxy = _KillingClient(real, kill, at)
-    original = session.client
 
-    def client() -> Any:
+    def wrapped() -> Any:
         c = original()
-        return proxy if c is real else c  # only the session alive at injection time
+        return proxy if c is real else c  # only the connection alive at injection time
 
-    session.client = client  # type: ignore[method-assign]
+    setattr(session, name, wrapped)
     return proxy
 
 
