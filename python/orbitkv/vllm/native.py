@@ -158,30 +158,34 @@ class ManagerSession:
             )
             with self._lock:
                 if self._client is main and not self._closed:
-                    self._loader = loader
+                    self._loader, self._loader_namespaces = loader, {}
                     return loader
         loader.close()  # the main connection was dropped meanwhile
         raise not_connected("the Manager connection was dropped while the loads' connection was made")
 
     def loader_namespace(self, salt: bytes) -> Namespace:
-        """`namespace(salt)` registered through the loads' connection."""
+        """`namespace(salt)` registered through the loads' connection (serialised by the
+        loads' lock: a registration waiting behind an acquire never holds up the step)."""
         loader = self.loader()
         with self._lock:
-            ns = self._loader_namespaces.get(salt)
-        if ns is None:
-            ns = loader.register_namespace(self.fingerprint, self.block_bytes, shard=self.shard, salt=salt)
-            with self._lock:
-                if self._loader is loader:
-                    self._loader_namespaces[salt] = ns
-        return ns
+            # The cache of this loader: a new one replaces it whenever the loader changes,
+            # so a registration finishing after a drop lands in a cache no one reads.
+            cache = self._loader_namespaces if self._loader is loader else {}
+        return self._registered(loader, cache, salt, self._loader_lock)
 
     def namespace(self, salt: bytes) -> Namespace:
-        client = self.client()
-        with self._lock:
-            ns = self._namespaces.get(salt)
+        return self._registered(self.client(), self._namespaces, salt, self._lock)
+
+    def _registered(
+        self, client: Client, cache: dict[bytes, Namespace], salt: bytes, lock: threading.Lock
+    ) -> Namespace:
+        """`salt`'s namespace through `client`, registered once: two threads never register
+        the same key twice."""
+        with lock:
+            ns = cache.get(salt)
             if ns is None:
                 ns = client.register_namespace(self.fingerprint, self.block_bytes, shard=self.shard, salt=salt)
-                self._namespaces[salt] = ns
+                cache[salt] = ns
             return ns
 
     def shard_namespaces(self, salt: bytes) -> list[Namespace]:
@@ -221,7 +225,7 @@ class ManagerSession:
         with self._lock:
             self._namespaces.clear()
             self._shard_namespaces.clear()
-            self._loader_namespaces.clear()
+            self._loader_namespaces = {}
 
     def release(self, lease: Lease | TpLease) -> bool:
         """Release `lease` through the client that holds it. False when that client's
@@ -255,7 +259,7 @@ class ManagerSession:
             self._client = self._loader = None
             self._namespaces.clear()
             self._shard_namespaces.clear()
-            self._loader_namespaces.clear()
+            self._loader_namespaces = {}
         for client in clients:
             if client is not None:
                 try:
