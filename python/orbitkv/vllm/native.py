@@ -105,12 +105,13 @@ class ManagerSession:
             logger.info("orbitkv: connected to Manager at %s", self._client.socket_path)
             return self._client
 
-    def _connect(self) -> Client:
+    def _connect(self, prefault: bool = True) -> Client:
         return native().Client(
             self.settings.socket_path,
             token=self.settings.token,
             timeout_ms=self.timeout_ms,
             map_arena=self.map_arena,
+            prefault=prefault,
         )
 
     def _connect_in_background(self) -> None:
@@ -149,13 +150,7 @@ class ManagerSession:
             with self._lock:
                 if self._loader is not None:
                     return self._loader
-            loader = native().Client(
-                self.settings.socket_path,
-                token=self.settings.token,
-                timeout_ms=self.timeout_ms,
-                map_arena=self.map_arena,
-                prefault=self.prefault_loader,
-            )
+            loader = self._connect(prefault=self.prefault_loader)
             with self._lock:
                 if self._client is main and not self._closed:
                     self._loader, self._loader_namespaces = loader, {}
