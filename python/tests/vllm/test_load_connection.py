@@ -59,7 +59,7 @@ def save_during_load(start_load: Callable[[], None], save_call: Callable[[], Non
 def test_a_step_save_call_does_not_wait_behind_a_load_staging_from_ssd(tmp_path: Path) -> None:
     ssd = tmp_path / "ssd"
     ssd.mkdir()
-    args = ("--ssd-dir", str(ssd), "--ssd-capacity", "2GiB", "--ssd-write-policy", "eager")
+    args = ("--ssd-dir", str(ssd), "--ssd-capacity", "1GiB", "--ssd-write-policy", "eager")
     args += ("--ssd-mode", "kernel", "--cache-policy", "lru")  # kernel: any file system; lru: oldest leave DRAM first
     dram = f"{LOAD * BLOCK_BYTES // MiB}MiB"  # one load's worth
     with manager_in_short_dir(tmp_path / "log", "okv-lc", extra_args=args, dram_size=dram) as mgr:
