@@ -14,6 +14,8 @@ use orbitkv_manager::{Manager, ManagerConfig};
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/json_out.rs"]
+mod json_out;
 #[path = "common/stats.rs"]
 mod stats;
 use args::Args;
@@ -136,10 +138,5 @@ fn main() {
         "copy_threads": std::env::var("ORBITKV_COPY_THREADS").unwrap_or_else(|_| "default".into()),
         "results": rows,
     });
-    if let Some(parent) = std::path::Path::new(&out).parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap_or_default())
-        .unwrap_or_else(|e| panic!("write {out}: {e}"));
-    println!("wrote {out}");
+    json_out::write_json(&out, &doc).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -42,6 +42,8 @@ use std::time::Instant;
 use orbitkv_core::policy::{Policy, PolicyKind};
 use orbitkv_core::{CacheState, Retain};
 
+#[path = "common/json_out.rs"]
+mod json_out;
 #[path = "common/trace.rs"]
 mod trace;
 use trace::{Request, Tally, hash_of, open_replay, parse_requests, run_opt};
@@ -375,12 +377,7 @@ fn real_main() -> Result<(), String> {
             "block_bytes": BLOCK,
             "results": results,
         });
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())? + "\n",
-        )
-        .map_err(|e| format!("{path}: {e}"))?;
-        println!("wrote {path}");
+        json_out::write_json(&path, &doc)?;
     }
     Ok(())
 }

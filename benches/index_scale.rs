@@ -35,6 +35,9 @@ use orbitkv_client::{Client, Namespace};
 use orbitkv_core::policy::PolicyKind;
 use orbitkv_core::{BlockHash, CacheState, Fingerprint, HeapBytes, NamespaceKey};
 
+#[path = "common/json_out.rs"]
+mod json_out;
+
 const BLOCK: u64 = 4096;
 const CHAIN: usize = 32;
 const FP: [u8; 32] = [0x25; 32];
@@ -540,14 +543,5 @@ fn main() -> Res<()> {
         "seconds_per_point": o.seconds,
         "rows": rows,
     });
-    if let Some(dir) = Path::new(&o.out).parent() {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    }
-    std::fs::write(
-        &o.out,
-        serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
-    println!("wrote {}", o.out);
-    Ok(())
+    json_out::write_json(&o.out, &doc)
 }

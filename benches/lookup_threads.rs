@@ -16,20 +16,15 @@ use std::time::{Duration, Instant};
 use orbitkv_core::policy::PolicyKind;
 use orbitkv_core::{BlockHash, CacheState, Fingerprint, LeaseId, NamespaceKey, NsId, SessionId};
 
+#[path = "common/chain.rs"]
+mod chain;
+#[path = "common/json_out.rs"]
+mod json_out;
+use chain::synthetic_chain;
+
 const BLOCK: u64 = 4096;
 const CHAIN: u32 = 32;
-const CHAINS: u32 = 64;
-
-fn chain(c: u32) -> Vec<BlockHash> {
-    (0..CHAIN)
-        .map(|i| {
-            let mut h = [0u8; 32];
-            h[..4].copy_from_slice(&c.to_le_bytes());
-            h[4..8].copy_from_slice(&i.to_le_bytes());
-            h
-        })
-        .collect()
-}
+const CHAINS: u64 = 64;
 
 struct Point {
     threads: usize,
@@ -48,7 +43,7 @@ fn run(kind: PolicyKind, threads: usize, seconds: f64) -> Result<Point, String> 
         let (ns, _) = c.register_namespace(key, BLOCK).map_err(|e| e.to_string())?;
         let writer = c.open_session();
         for i in 0..CHAINS {
-            let hs = chain(i);
+            let hs = synthetic_chain(i, u64::from(CHAIN));
             let (id, _) = c.begin_save(writer, ns, &hs).map_err(|e| e.to_string())?;
             c.commit_save(writer, id).map_err(|e| e.to_string())?;
         }
@@ -76,7 +71,7 @@ fn run(kind: PolicyKind, threads: usize, seconds: f64) -> Result<Point, String> 
         .map(|(w, s)| {
             let (cache, start, stop) = (cache.clone(), start.clone(), stop.clone());
             std::thread::spawn(move || -> Result<u64, String> {
-                let hs = chain(w as u32 % CHAINS);
+                let hs = synthetic_chain(w as u64 % CHAINS, u64::from(CHAIN));
                 start.wait();
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -171,14 +166,5 @@ fn main() -> Result<(), String> {
         "seconds_per_point": seconds,
         "rows": rows,
     });
-    if let Some(dir) = std::path::Path::new(&out).parent() {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    }
-    std::fs::write(
-        &out,
-        serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
-    println!("wrote {out}");
-    Ok(())
+    json_out::write_json(&out, &doc)
 }

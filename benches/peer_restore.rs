@@ -34,6 +34,8 @@ use orbitkv_manager::{Manager, ManagerConfig};
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/json_out.rs"]
+mod json_out;
 #[path = "common/stats.rs"]
 mod stats;
 use args::Args;
@@ -753,10 +755,5 @@ fn main() {
     });
     doc["decoy_peer"] = serde_json::json!(opts.decoy);
     doc["baselines_land_in"] = serde_json::json!(landing_name);
-    if let Some(parent) = Path::new(&out).parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap_or_default())
-        .unwrap_or_else(|e| panic!("write {out}: {e}"));
-    println!("wrote {out}");
+    json_out::write_json(&out, &doc).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -18,23 +18,18 @@
 use std::time::Instant;
 
 use orbitkv_core::policy::PolicyKind;
-use orbitkv_core::{BlockHash, CacheState, Fingerprint, NamespaceKey, SpillPolicy};
+use orbitkv_core::{CacheState, Fingerprint, NamespaceKey, SpillPolicy};
+
+#[path = "common/chain.rs"]
+mod chain;
+#[path = "common/json_out.rs"]
+mod json_out;
+use chain::synthetic_chain;
 
 const BLOCK: u64 = 4096;
 const SEGMENT: u64 = 1 << 30;
 const CHAIN: u64 = 32;
 const BATCH: usize = 64;
-
-fn chain(i: u64) -> Vec<BlockHash> {
-    (0..CHAIN)
-        .map(|j| {
-            let mut h = [0u8; 32];
-            h[..8].copy_from_slice(&i.to_le_bytes());
-            h[8..16].copy_from_slice(&j.to_le_bytes());
-            h
-        })
-        .collect()
-}
 
 fn run(blocks: u64) -> Result<serde_json::Value, String> {
     let dram = blocks * BLOCK;
@@ -56,7 +51,8 @@ fn run(blocks: u64) -> Result<serde_json::Value, String> {
     // pass that did not.
     let (mut worst_completed_walk, mut worst_plain) = (false, 0f64);
     for i in 0..chains {
-        let (id, _) = c.begin_save(s, ns, &chain(i)).map_err(|e| e.to_string())?;
+        let hs = synthetic_chain(i, CHAIN);
+        let (id, _) = c.begin_save(s, ns, &hs).map_err(|e| e.to_string())?;
         c.commit_save(s, id).map_err(|e| e.to_string())?;
         if i % 32 == 0 {
             let plans_before = c.counters().spill_plans;
@@ -94,7 +90,7 @@ fn run(blocks: u64) -> Result<serde_json::Value, String> {
     let t = Instant::now();
     for k in 0..n {
         let hit = c
-            .lookup(s, ns, &chain(chains - 1 - k % 64))
+            .lookup(s, ns, &synthetic_chain(chains - 1 - k % 64, CHAIN))
             .map_err(|e| e.to_string())?;
         if let Some(l) = hit.lease {
             c.release(s, l).map_err(|e| e.to_string())?;
@@ -144,11 +140,5 @@ fn main() -> Result<(), String> {
         "what": "CacheState::spill_candidates(64) (evict policy, tiers as one capacity) vs lookup+release, in-process",
         "rows": rows,
     });
-    std::fs::write(
-        &out,
-        serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("writing {out}: {e}"))?;
-    println!("wrote {out}");
-    Ok(())
+    json_out::write_json(&out, &doc)
 }

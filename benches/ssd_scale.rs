@@ -693,6 +693,8 @@ fn main() {
     if let Some(p) = Path::new(&o.out).parent() {
         let _ = std::fs::create_dir_all(p);
     }
+    // Not json_out::write_json: the whole document goes to stdout as well, and a
+    // failed write is reported without failing the run (its exit status is `ok`).
     match serde_json::to_string_pretty(&json) {
         Ok(s) => {
             println!("{s}");

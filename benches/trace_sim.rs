@@ -23,6 +23,8 @@ use orbitkv_core::{AcquireStep, BlockRef, CacheState, NsId, SessionId, SpillPoli
 
 const BLOCK: u64 = 64 << 10;
 
+#[path = "common/json_out.rs"]
+mod json_out;
 #[path = "common/trace.rs"]
 mod trace;
 use trace::{Tally, hash_of, open_replay, parse_trace, run_opt, run_opt_with};
@@ -704,11 +706,7 @@ fn real_main() -> Result<(), String> {
             doc["ns_per_lookup_release"][k.name()] = serde_json::json!(ns);
         }
         if let Some(path) = &out {
-            std::fs::write(
-                path,
-                serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-            )
-            .map_err(|e| format!("{path}: {e}"))?;
+            json_out::save_json(path, &doc)?; // --cost prints its figures, not `wrote PATH`
         }
         return Ok(());
     }
@@ -874,16 +872,8 @@ fn real_main() -> Result<(), String> {
         }
     }
     if let Some(path) = out {
-        if let Some(dir) = std::path::Path::new(&path).parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
         let doc = serde_json::json!({"bench": "trace_sim", "block_bytes": BLOCK, "rows": rows});
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("{path}: {e}"))?;
-        println!("wrote {path}");
+        json_out::write_json(&path, &doc)?;
     }
     Ok(())
 }
