@@ -7,7 +7,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ORBITKV_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-TOOLS=(maturin==1.16.0 pytest numpy ruff==0.17.6 mypy pyyaml)
+# mypy and numpy pinned: the type check (scripts/test.sh) reads numpy's stubs, and a new release
+# of either could fail it without a change here.
+TOOLS=(maturin==1.16.0 pytest numpy==2.4.6 ruff==0.17.6 mypy==2.4.1 pyyaml)
 
 ensure_venv() {
     if [[ ! -x "$PY" ]]; then

@@ -82,6 +82,8 @@ echo "== ruff"
 "$VENV/bin/ruff" format --check python benches
 echo "== the .pyi stub matches the native module (mypy stubtest)"
 "$PY" -m mypy.stubtest orbitkv._native
+echo "== mypy (the orbitkv package)"
+"$PY" -m mypy python/orbitkv
 echo "== pytest (source-only + real Manager processes)"
 ORBITKV_REQUIRE_NATIVE=1 "$PY" -m pytest python/tests/unit python/tests/native -q -rs -p no:cacheprovider
 

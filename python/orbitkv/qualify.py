@@ -257,7 +257,7 @@ def check_ssd_direct_io(ssd_dir: str, nbytes: int, block: int, reps: int) -> Ite
     total = n * block
     d_gbps, p_gbps = total / statistics.median(direct) / 1e9, total / statistics.median(plain) / 1e9
     ratio = d_gbps / p_gbps
-    data = {
+    data: dict[str, Any] = {
         "bytes": total,
         "block_bytes": block,
         "write_direct_gbps": total / write_s / 1e9,

@@ -139,10 +139,10 @@ def main(argv: list[str]) -> int:
                 cursor = int(r["next"])
                 if r.get("missed"):
                     print(f"orbitkv trace: {r['missed']} events dropped before they were read", file=sys.stderr)
-                for e in r["events"]:
-                    if prefix and not str(e.get("namespace", prefix)).startswith(prefix):
+                for event in r["events"]:
+                    if prefix and not str(event.get("namespace", prefix)).startswith(prefix):
                         continue
-                    print(json.dumps(e, sort_keys=True) if a.json else describe(e), flush=True)
+                    print(json.dumps(event, sort_keys=True) if a.json else describe(event), flush=True)
                     shown += 1
                 if arm == 0:
                     break

@@ -7,8 +7,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    # A batch's slots: (segment, offset) pairs, or an [n, 2] integer array (`slots_array`).
+    Slots: TypeAlias = Sequence[tuple[int, int]] | npt.NDArray[np.integer[Any]]
+    # A batch's destination or source block ids: ints, or an integer array.
+    BlockIds: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 BUCKETS_PER_SLOT = 8  # a save's overlap check uses buckets up to this many per slot, else a sort
 
@@ -26,9 +35,7 @@ class BatchChecks:
         for seg, size in self.sizes.items():
             self._seg_size[seg] = size
 
-    def arrays(
-        self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self, slots: Slots, block_ids: BlockIds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Segments, offsets and block ids as int64 arrays (shapes checked, values not)."""
         if len(slots) != len(block_ids):
             raise ValueError(f"expected one slot per block id: {len(block_ids)} block ids, {len(slots)} slots")
@@ -137,7 +144,7 @@ class BatchChecks:
             return tuple(sorted((int(order[clash[0]]), int(order[clash[0] + 1]))))  # type: ignore[return-value]
         return None
 
-    def _slot_arrays(self, slots: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    def _slot_arrays(self, slots: Slots) -> tuple[np.ndarray, np.ndarray]:
         """Segments and offsets of `slots` as arrays (vectorised: a batch of tens of
         thousands of slots costs milliseconds, not a Python loop per slot); checked later."""
         if len(slots) == 0:

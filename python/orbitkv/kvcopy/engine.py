@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from orbitkv.kvcopy.dma import DmaPath
 from orbitkv.kvcopy.errors import CopyEngineError
 from orbitkv.kvcopy.handles import LoadHandle, SaveHandle, _Handle
 from orbitkv.kvcopy.layout import LayerPages
+
+if TYPE_CHECKING:
+    from orbitkv.kvcopy.checks import BlockIds, Slots
 
 UNIT_CAP = 1 << 20  # arena rows never exceed 1 MiB
 CHUNK_BYTES = 64 << 20  # one index_select / index_copy_ pair moves at most this much
@@ -319,7 +322,7 @@ class CopyEngine:
 
     # -- validation and index planning -------------------------------------------------
 
-    def _prepare(self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int], *, load: bool) -> _Batch:
+    def _prepare(self, slots: Slots, block_ids: BlockIds, *, load: bool) -> _Batch:
         """A load's or save's start: the batch as int64 arrays with the check of each of
         its ranges (`BatchChecks`), refused during CUDA graph capture."""
         checks = BatchChecks(self.arena.sizes, self.block_bytes, self.num_blocks)
@@ -415,7 +418,7 @@ class CopyEngine:
 
     # -- copies ------------------------------------------------------------------------
 
-    def load(self, slots: Sequence[tuple[int, int]], block_ids: Sequence[int]) -> LoadHandle:
+    def load(self, slots: Slots, block_ids: BlockIds) -> LoadHandle:
         """Arena slots -> pages of `block_ids`, layer by layer on the load stream, an event
         per layer. On CUDA the copy is ordered after the work already queued on the current
         stream (which may still read the destination pages)."""
@@ -527,8 +530,8 @@ class CopyEngine:
 
     def save(
         self,
-        block_ids: Sequence[int],
-        slots: Sequence[tuple[int, int]],
+        block_ids: BlockIds,
+        slots: Slots,
         *,
         after: torch.cuda.Event | None = None,
     ) -> SaveHandle:

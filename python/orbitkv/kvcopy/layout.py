@@ -13,11 +13,17 @@ from orbitkv.engine.blocks import dense_run, page_reach
 
 
 class _PageGeometryLike(Protocol):
-    base: int
-    block_stride: int
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    page_bytes: int
+    # Read-only: `from_geometry` only reads them, and `PageGeometry` is a frozen dataclass.
+    @property
+    def base(self) -> int: ...
+    @property
+    def block_stride(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    @property
+    def page_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)

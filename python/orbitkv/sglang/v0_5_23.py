@@ -215,7 +215,7 @@ def match_prefix_hook(original: Any, cache: Any, params: Any, *args: Any, **kwar
     the linker (`req=None`); every other call is the release's."""
     wrapper = getattr(cache, "linker", None)
     linker = getattr(wrapper, "cache_linker", None)
-    if not getattr(linker, "orbitkv_rejects_caller_extra_key", False):
+    if linker is None or not getattr(linker, "orbitkv_rejects_caller_extra_key", False):
         return original(cache, params, *args, **kwargs)
     if linker.wrapper is None:
         linker.attach(wrapper)

@@ -70,7 +70,14 @@ SCHEDULER_METHODS = (
 )
 
 
-class OrbitKVConnector(compat.current().ConnectorHooks, KVConnectorBase_V1):
+if TYPE_CHECKING:
+    # Checked against the newest pin's hooks: every older pin's are a subset of them.
+    from orbitkv.vllm.compat.v0_34_0 import ConnectorHooks as _ConnectorHooks
+else:
+    _ConnectorHooks = compat.current().ConnectorHooks
+
+
+class OrbitKVConnector(_ConnectorHooks, KVConnectorBase_V1):
     """Not `SupportsHMA`: vLLM turns the hybrid allocator off, one KV group remains.
     The release's own hooks (`compat.<pin>.ConnectorHooks`) come first in the MRO."""
 

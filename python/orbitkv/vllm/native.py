@@ -232,7 +232,9 @@ class ManagerSession:
         if not held_by:
             return False
         client = held_by[0]
-        if isinstance(lease, native().TpLease):
+        from orbitkv import _native  # loaded already: `client` is one of its Clients
+
+        if isinstance(lease, _native.TpLease):
             client.release_tp(lease)  # parts no rank redeemed are released
         else:
             client.release(lease, wait=False)  # no round trip on the scheduler thread

@@ -139,7 +139,7 @@ class OrbitKVConnectorStats(KVConnectorStats):
     """Per-interval increments of OrbitKV's counters (`KEYS`)."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, Any] = {}  # vLLM's KVConnectorStats.data
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for k, v in other.data.items():

@@ -373,7 +373,9 @@ class OrbitKVWorker:
                     # staging buffer, every range bounds-checked, under the client's
                     # copy lock; the interface the GPU scatter kernel implements too.
                     layout, kv = self._pages()
-                    out.bytes_copied = client.restore_pages(lease, layout, kv, dst_ids)
+                    # numpy's stubs give ndarray `__buffer__` only on Python >= 3.12
+                    # (numpy/numpy#26783); the array exports the buffer protocol on 3.11 too.
+                    out.bytes_copied = client.restore_pages(lease, layout, kv, dst_ids)  # type: ignore[arg-type]
             out.failed_block_ids = list(spec.block_ids[n:])
             out.total_failure = n == 0
         except Exception as exc:
@@ -656,7 +658,9 @@ class OrbitKVWorker:
             layout, kv = self._pages()
             # Leaving the `with` block uncommitted (any error) aborts the save.
             with client.begin_save(ns, list(spec.hashes)) as pending:
-                copied = client.save_pages(pending, layout, kv, ids)
+                # numpy's stubs give ndarray `__buffer__` only on Python >= 3.12
+                # (numpy/numpy#26783); the array exports the buffer protocol on 3.11 too.
+                copied = client.save_pages(pending, layout, kv, ids)  # type: ignore[arg-type]
                 self._wm.stored_blocks += client.commit_save(pending)
             self._wm.refused_blocks += sum(1 for st in pending.statuses if st == "refused")
             self.counters["bytes_saved"] += copied
