@@ -14,6 +14,7 @@ pub mod limits;
 #[macro_use]
 pub mod log;
 mod malloc;
+mod memory;
 mod metrics;
 mod parts;
 mod peer;
@@ -90,6 +91,11 @@ impl Manager {
                 }
                 .into());
             }
+        }
+        if config.page_size == orbitkv_shm::PageSize::Base
+            && let Some(warning) = memory::MemoryRoom::read().check(config.dram_size)?
+        {
+            log!(Warn, "{warning}");
         }
         let started = std::time::Instant::now();
         let threads = orbitkv_shm::populate_threads();

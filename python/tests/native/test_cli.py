@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from orbitkv_testing import eventually
@@ -30,6 +31,75 @@ def test_serve_rejects_bad_settings_clearly(tmp_path) -> None:  # type: ignore[n
     assert r.returncode == 2 and "unknown_key" in r.stderr
     r = orbitkv("serve", "--help")
     assert r.returncode == 0 and "--dram-size" in r.stdout
+
+
+def _address_space_cap() -> None:
+    """Child side: at most 8 GiB of address space, so that a Manager that tried to create
+    the arena anyway fails its mmap instead of meeting the OOM killer on the test host."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+
+def test_serve_refuses_an_arena_larger_than_the_machine_before_creating_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The arena is written in full at start-up: one larger than MemTotal would end in the
+    OOM killer (which may pick an engine on the host), so it is refused with both sizes."""
+    r = subprocess.run(
+        [sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"), "--dram-size", "64TiB"],
+        capture_output=True, text=True, timeout=60, preexec_fn=_address_space_cap,
+    )  # fmt: skip
+    assert r.returncode != 0, r.stderr
+    assert "--dram-size 70368744177664 bytes (65536.0 GiB) is more than this machine's memory" in r.stderr, r.stderr
+    assert "MemTotal" in r.stderr and "lower --dram-size" in r.stderr, r.stderr
+    assert not (tmp_path / "s.sock").exists()
+
+
+def _child_memory_cgroup(limit: int) -> tuple[Path, Path]:
+    """A new memory cgroup below this process's own, limited to `limit` bytes: (the
+    directory, its limit file). Skips where this host does not let us make one."""
+    import os
+
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            parent, limit_name = Path("/sys/fs/cgroup") / path.lstrip("/"), "memory.max"
+        elif "memory" in controllers.split(","):
+            parent, limit_name = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), "memory.limit_in_bytes"
+        else:
+            continue
+        child = parent / f"okv-test-{os.getpid()}"
+        try:
+            child.mkdir()
+        except OSError as e:
+            pytest.skip(f"cannot create a memory cgroup under {parent}: {e}")
+        try:
+            (child / limit_name).write_text(str(limit))
+        except OSError as e:
+            child.rmdir()
+            pytest.skip(f"cannot limit a memory cgroup under {parent} ({limit_name}): {e}")
+        return child, child / limit_name
+    pytest.skip("no memory cgroup in /proc/self/cgroup")
+
+
+def test_serve_refuses_an_arena_over_its_cgroup_memory_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A container's memory limit (a real cgroup made for the test) bounds the arena the
+    same way: refused, naming the cgroup's limit file, before anything is created."""
+    child, limit_file = _child_memory_cgroup(1 << 30)
+
+    def enter() -> None:
+        _address_space_cap()
+        (child / "cgroup.procs").write_text("0")  # this (child) process
+
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "orbitkv", "serve", "--socket", str(tmp_path / "s.sock"), "--dram-size", "2GiB"],
+            capture_output=True, text=True, timeout=60, preexec_fn=enter,
+        )  # fmt: skip
+    finally:
+        child.rmdir()  # empty again: the Manager exited
+    assert r.returncode != 0, r.stderr
+    assert "is more than the memory limit of this process's cgroup (1073741824 bytes" in r.stderr, r.stderr
+    assert str(limit_file) in r.stderr and "lower --dram-size or raise the limit" in r.stderr, r.stderr
 
 
 def test_serve_status_and_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
