@@ -141,7 +141,8 @@ class BatchChecks:
         s, o = segs[order], offs[order]
         clash = np.flatnonzero((s[1:] == s[:-1]) & (o[1:] < o[:-1] + self.block_bytes))
         if clash.size:
-            return tuple(sorted((int(order[clash[0]]), int(order[clash[0] + 1]))))  # type: ignore[return-value]
+            a, b = int(order[clash[0]]), int(order[clash[0] + 1])
+            return (a, b) if a < b else (b, a)
         return None
 
     def _slot_arrays(self, slots: Slots) -> tuple[np.ndarray, np.ndarray]:
