@@ -137,6 +137,20 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    fn room_of(total: Option<u64>, available: Option<u64>, cgroup: Option<(u64, &str)>) -> MemoryRoom {
+        MemoryRoom {
+            total,
+            available,
+            cgroup_limit: cgroup.map(|(limit, file)| (limit, PathBuf::from(file))),
+        }
+    }
+
+    /// The refusal of an arena of `size` bytes, checked to name every one of `parts`.
+    fn refusal_naming(room: &MemoryRoom, size: u64, parts: &[&str]) {
+        let e = room.check(size).expect_err("refused").to_string();
+        assert!(parts.iter().all(|p| e.contains(p)), "{e}");
+    }
+
     #[test]
     fn meminfo_fields_parse_in_bytes() {
         let t = "MemTotal:       24576000 kB\nMemFree:   100 kB\nMemAvailable:   20000000 kB\n";
@@ -149,20 +163,18 @@ mod tests {
 
     #[test]
     fn an_arena_larger_than_the_machine_is_refused_naming_the_flag_and_both_sizes() {
-        let room = MemoryRoom {
-            total: Some(24 * GIB),
-            available: Some(20 * GIB),
-            cgroup_limit: None,
-        };
-        let e = room
-            .check(64 * GIB)
-            .expect_err("larger than MemTotal")
-            .to_string();
-        assert!(
-            e.contains("--dram-size") && e.contains("64.0 GiB") && e.contains("MemTotal"),
-            "{e}"
+        let room = room_of(Some(24 * GIB), Some(20 * GIB), None);
+        refusal_naming(
+            &room,
+            64 * GIB,
+            &[
+                "--dram-size",
+                "64.0 GiB",
+                "MemTotal",
+                "24.0 GiB",
+                "lower --dram-size",
+            ],
         );
-        assert!(e.contains("24.0 GiB") && e.contains("lower --dram-size"), "{e}");
         assert_eq!(room.check(16 * GIB).expect("fits"), None);
         let warn = room
             .check(22 * GIB)
@@ -176,26 +188,24 @@ mod tests {
 
     #[test]
     fn the_cgroup_limit_bounds_the_arena_and_names_its_file() {
-        let room = MemoryRoom {
-            total: Some(256 * GIB),
-            available: None,
-            cgroup_limit: Some((8 * GIB, PathBuf::from("/sys/fs/cgroup/x/memory.max"))),
-        };
-        let e = room
-            .check(10 * GIB)
-            .expect_err("over the cgroup limit")
-            .to_string();
-        assert!(
-            e.contains("cgroup") && e.contains("/sys/fs/cgroup/x/memory.max") && e.contains("8.0 GiB"),
-            "{e}"
+        let room = room_of(
+            Some(256 * GIB),
+            None,
+            Some((8 * GIB, "/sys/fs/cgroup/x/memory.max")),
+        );
+        refusal_naming(
+            &room,
+            10 * GIB,
+            &[
+                "cgroup",
+                "/sys/fs/cgroup/x/memory.max",
+                "8.0 GiB",
+                "raise the limit",
+            ],
         );
         assert_eq!(room.check(4 * GIB).expect("fits"), None);
         // Nothing known: nothing refused.
-        let none = MemoryRoom {
-            total: None,
-            available: None,
-            cgroup_limit: None,
-        };
+        let none = room_of(None, None, None);
         assert_eq!(none.check(u64::MAX).expect("unknown"), None);
     }
 
