@@ -102,6 +102,18 @@ tls-auth-clients yes
 tls-cluster yes
 tls-replication yes"
 fi
+# A node whose port is taken fails to bind and exits, and the checks below would then talk
+# to whatever holds the port (e.g. a cluster left running by an interrupted test, with
+# another password): refuse up front, naming the port.
+for p in "${ports[@]}"; do
+    for q in "$p" "$((p + 10000))"; do
+        if (exec 3<>"/dev/tcp/$bind/$q") 2>/dev/null; then
+            echo "redis-cluster: port $q on $bind is already in use (a cluster left running by an" \
+                "interrupted test? stop it: pkill -f 'redis-server $bind:$p'); pick another base port" >&2
+            exit 1
+        fi
+    done
+done
 for p in "${ports[@]}"; do
     mkdir -p "$dir/$p"
     rm -f "$dir/$p/nodes.conf" "$dir/$p/dump.rdb"
