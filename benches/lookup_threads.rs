@@ -168,3 +168,32 @@ fn main() -> Result<(), String> {
     });
     json_out::write_json(&out, &doc)
 }
+
+/// The tests of the shared bench modules this bench includes (`common/chain.rs`,
+/// `common/json_out.rs`): here once, not in every bench that includes them.
+#[cfg(test)]
+mod common_tests {
+    use super::{json_out, synthetic_chain};
+
+    #[test]
+    fn distinct_blocks_get_distinct_hashes() {
+        let mut seen = std::collections::HashSet::new();
+        for c in [0, 1, 2, 1 << 32, u64::MAX] {
+            assert!(synthetic_chain(c, 40).into_iter().all(|h| seen.insert(h)));
+        }
+    }
+
+    #[test]
+    fn creates_the_directory_and_names_the_path_on_error() {
+        let dir = std::env::temp_dir().join(format!("orbitkv-json-out-{}", std::process::id()));
+        let path = dir.join("sub/out.json");
+        let path = path.to_str().expect("utf-8 temp path");
+        json_out::save_json(path, &serde_json::json!({"a": 1})).expect("write");
+        let text = std::fs::read_to_string(path).expect("read back");
+        assert_eq!(text, "{\n  \"a\": 1\n}\n");
+        let err = json_out::save_json(&format!("{path}/x.json"), &serde_json::json!(null))
+            .expect_err("a file as a directory");
+        assert!(err.contains(path), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -15,13 +15,5 @@ pub fn synthetic_chain(chain: u64, len: u64) -> Vec<[u8; 32]> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn distinct_blocks_get_distinct_hashes() {
-        let mut seen = std::collections::HashSet::new();
-        for c in [0, 1, 2, 1 << 32, u64::MAX] {
-            assert!(super::synthetic_chain(c, 40).into_iter().all(|h| seen.insert(h)));
-        }
-    }
-}
+// Its test is in lookup_threads.rs (one of the benches that include this file), so it
+// runs once rather than once per bench.

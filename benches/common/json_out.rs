@@ -21,19 +21,5 @@ pub fn write_json(path: &str, doc: &serde_json::Value) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn creates_the_directory_and_names_the_path_on_error() {
-        let dir = std::env::temp_dir().join(format!("orbitkv-json-out-{}", std::process::id()));
-        let path = dir.join("sub/out.json");
-        let path = path.to_str().expect("utf-8 temp path");
-        super::save_json(path, &serde_json::json!({"a": 1})).expect("write");
-        let text = std::fs::read_to_string(path).expect("read back");
-        assert_eq!(text, "{\n  \"a\": 1\n}\n");
-        let err = super::save_json(&format!("{path}/x.json"), &serde_json::json!(null))
-            .expect_err("a file as a directory");
-        assert!(err.contains(path), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+// Its test is in lookup_threads.rs (one of the benches that include this file), so it
+// runs once rather than once per bench.
